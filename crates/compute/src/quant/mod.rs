@@ -1,0 +1,1 @@
+//! Quantized tensor types: dequantization, dot products and quantization.

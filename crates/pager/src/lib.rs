@@ -1,0 +1,1 @@
+//! pager (not yet written).
