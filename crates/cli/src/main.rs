@@ -1,1 +1,33 @@
-fn main() {}
+//! `diskformer`: run, inspect, plan, serve and fetch GGUF models.
+//!
+//! Each subcommand lives in `commands/<name>.rs` with its clap `Args` and a `run` function; this
+//! file only dispatches. Errors print as one line (with their causes) and exit non-zero.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+/// Run large language models from GGUF files, on the machine you have.
+#[derive(Parser)]
+#[command(name = "diskformer", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the token ids of a text, as llama-tokenize does.
+    Tokenize(commands::tokenize::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Tokenize(a) => commands::tokenize::run(a),
+    };
+    if let Err(e) = result {
+        commands::report_error(&e);
+        std::process::exit(1);
+    }
+}
