@@ -1,4 +1,19 @@
 //! Tensors, the op set every model is written against, quantized tensor types, and back ends.
+//!
+//! [`Backend`] is the seam: a model file calls `b.matmul(&x, &w)`, `b.attention(..)`,
+//! `b.moe_ffn(..)` and never learns whether a CPU or a GPU computed them, or where an expert
+//! lived. [`cpu::CpuBackend`] computes every op in plain f32 (the exact reference, with weights
+//! used in place from the memory map) or with llama.cpp-style quantized activations.
+//! [`quant`] holds the tensor types: dequantization, dot products and quantizers.
 #![deny(missing_docs)]
 
+mod backend;
+pub mod cpu;
+mod error;
 pub mod quant;
+pub mod spec;
+mod weight;
+
+pub use backend::{Backend, Experts, Routing};
+pub use error::OpError;
+pub use weight::HostWeight;

@@ -179,6 +179,11 @@ impl GgufModel {
         })
     }
 
+    /// Which part (index into [`GgufModel::files`]) holds a tensor, and its info (offsets relative to that part's data section).
+    pub fn tensor_location(&self, name: &str) -> Option<(usize, &TensorInfo)> {
+        self.by_name.get(name).map(|&(fi, ti)| (fi, &self.files[fi].tensors[ti]))
+    }
+
     /// A tensor by name.
     ///
     /// # Errors

@@ -115,6 +115,11 @@ impl GgufFile {
         self.map.len() as u64
     }
 
+    /// The whole file's bytes (the memory map).
+    pub fn raw_bytes(&self) -> &[u8] {
+        &self.map
+    }
+
     /// The bytes of a tensor, borrowed from the memory map.
     pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
         let start = (self.data_offset + info.offset) as usize;

@@ -1,0 +1,165 @@
+//! The op set: what a back end must compute. Models are written against [`Backend`] and never
+//! ask which back end they run on.
+//!
+//! Conventions: activations are f32, row-major, shape `[n_tokens, width]` (PyTorch order, the
+//! reverse of ggml's); a weight matrix has shape `[n_out, k]` and `matmul` computes
+//! `x · Wᵀ`. Every op checks its shapes and returns [`OpError`] instead of panicking.
+
+use crate::error::OpError;
+use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
+use crate::weight::HostWeight;
+
+/// Expert weights of one MoE layer: stacked `[n_expert, n_out, k]` matrices and optional
+/// per-expert biases `[n_expert, n_out]`.
+pub struct Experts<B: Backend + ?Sized> {
+    /// Layer index (the key under which a pager caches these experts).
+    pub layer: usize,
+    /// Gate projections `[n_expert, n_ff, n_embd]` (absent for non-gated experts).
+    pub gate: Option<B::Weight>,
+    /// Up projections `[n_expert, n_ff, n_embd]`.
+    pub up: B::Weight,
+    /// Down projections `[n_expert, n_embd, n_ff]`.
+    pub down: B::Weight,
+    /// Gate biases `[n_expert, n_ff]`.
+    pub gate_bias: Option<B::Tensor>,
+    /// Up biases `[n_expert, n_ff]`.
+    pub up_bias: Option<B::Tensor>,
+    /// Down biases `[n_expert, n_embd]`.
+    pub down_bias: Option<B::Tensor>,
+}
+
+/// Routing result: for each token, `k` expert ids and their weights.
+pub struct Routing<B: Backend + ?Sized> {
+    /// Expert ids `[n_tokens, k]`.
+    pub ids: Vec<u32>,
+    /// Weights `[n_tokens, k]`.
+    pub weights: B::Tensor,
+    /// Experts per token.
+    pub k: usize,
+}
+
+/// A compute back end. `Tensor` holds f32 activations; `Weight` a matrix in its stored type;
+/// `Cache` one layer's attention KV cache.
+pub trait Backend: Send + Sync + Sized + Clone {
+    /// An f32 activation tensor.
+    type Tensor: Send + Sync;
+    /// A weight matrix (possibly quantized) as this back end keeps it.
+    type Weight: Send + Sync;
+    /// One attention layer's KV cache.
+    type Cache: Send + Sync;
+
+    /// A short name ("cpu", "wgpu").
+    fn name(&self) -> &'static str;
+
+    // ---- data movement ----
+    /// A tensor from host values.
+    fn from_host(&self, data: &[f32], shape: &[usize]) -> Result<Self::Tensor, OpError>;
+    /// Host copy of a tensor's values.
+    fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>, OpError>;
+    /// A tensor's shape.
+    fn shape<'a>(&self, t: &'a Self::Tensor) -> &'a [usize];
+    /// The same values under another shape with the same element count.
+    fn reshape(&self, t: Self::Tensor, shape: &[usize]) -> Result<Self::Tensor, OpError>;
+    /// Makes a weight usable by this back end (the CPU borrows the memory map; a GPU uploads).
+    fn weight(&self, w: &HostWeight) -> Result<Self::Weight, OpError>;
+    /// A small weight (norm, bias) dequantized to an f32 tensor of the given shape.
+    fn weight_f32(&self, w: &HostWeight, shape: &[usize]) -> Result<Self::Tensor, OpError> {
+        let v = w.to_f32().map_err(|e| OpError::Weight { name: w.name.clone(), why: e.to_string() })?;
+        self.from_host(&v, shape)
+    }
+
+    // ---- linear algebra ----
+    /// Rows of an embedding table `[n_vocab, n_embd]` for `ids`: `[ids.len(), n_embd]`.
+    fn get_rows(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor, OpError>;
+    /// `x [n, k] · Wᵀ` with `W [n_out, k]`: `[n, n_out]`.
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor, OpError>;
+
+    // ---- element-wise ----
+    /// a + b (same shape, or b one row broadcast over a's rows).
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, OpError>;
+    /// a * b (same shape, or b one row broadcast over a's rows).
+    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, OpError>;
+    /// a * s.
+    fn scale(&self, a: &Self::Tensor, s: f32) -> Result<Self::Tensor, OpError>;
+    /// act(a).
+    fn act(&self, a: &Self::Tensor, act: Act) -> Result<Self::Tensor, OpError>;
+    /// Gated combination of `gate` and `up` (same shapes).
+    fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, glu: Glu) -> Result<Self::Tensor, OpError>;
+
+    // ---- normalisation and position ----
+    /// RMS norm over the last dim of `x`, times `weight` (`[last dim]`) when given.
+    fn rms_norm(&self, x: &Self::Tensor, weight: Option<&Self::Tensor>, eps: f32) -> Result<Self::Tensor, OpError>;
+    /// Layer norm over the last dim with optional weight and bias.
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: Option<&Self::Tensor>,
+        bias: Option<&Self::Tensor>,
+        eps: f32,
+    ) -> Result<Self::Tensor, OpError>;
+    /// Rotary embedding of `x [n_tokens, n_heads * head_dim]` at `positions` (one per token).
+    fn rope(&self, x: &Self::Tensor, positions: &[u32], spec: &RopeSpec) -> Result<Self::Tensor, OpError>;
+
+    // ---- reshaping ----
+    /// Rows `start..start+len` of a 2-D tensor.
+    fn slice_rows(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor, OpError>;
+    /// Columns `start..start+len` of a 2-D tensor.
+    fn slice_cols(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor, OpError>;
+    /// Concatenation of 2-D tensors along columns.
+    fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor, OpError>;
+
+    // ---- attention ----
+    /// An empty KV cache for `n_ctx` positions of `k_width` key and `v_width` value columns.
+    fn new_cache(&self, n_ctx: usize, k_width: usize, v_width: usize) -> Result<Self::Cache, OpError>;
+    /// Writes `k`, `v` (`[n, width]`) at positions `pos0..pos0+n` of `cache`, then attends `q`
+    /// (`[n, n_head * head_dim_k]`, query i at position `pos0 + i`) causally over positions
+    /// `0..=pos0+i`; `sinks` (`[n_head]`) adds one extra logit per head to the softmax
+    /// (gpt-oss). Returns `[n, n_head * head_dim_v]`.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::Cache,
+        pos0: usize,
+        spec: &AttnSpec,
+        sinks: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor, OpError>;
+
+    // ---- mixture of experts ----
+    /// Routing from router logits `[n, n_expert]`; `selection_bias` (`[n_expert]`) shifts only
+    /// the choice.
+    fn route(
+        &self,
+        logits: &Self::Tensor,
+        selection_bias: Option<&Self::Tensor>,
+        spec: &RouteSpec,
+    ) -> Result<Routing<Self>, OpError>;
+    /// Σ_j w_tj · down_e(glu(gate_e(x_t), up_e(x_t))) over the routed experts e = ids[t][j].
+    fn moe_ffn(
+        &self,
+        x: &Self::Tensor,
+        routing: &Routing<Self>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+    ) -> Result<Self::Tensor, OpError>;
+
+    // ---- output ----
+    /// Index of the largest value of each row (lowest index on ties).
+    fn argmax_rows(&self, x: &Self::Tensor) -> Result<Vec<u32>, OpError> {
+        let shape = self.shape(x).to_vec();
+        let w = *shape.last().unwrap_or(&1);
+        let v = self.to_host(x)?;
+        Ok(v.chunks(w.max(1))
+            .map(|r| {
+                let mut best = 0;
+                for (i, &x) in r.iter().enumerate() {
+                    if x > r[best] {
+                        best = i;
+                    }
+                }
+                best as u32
+            })
+            .collect())
+    }
+}

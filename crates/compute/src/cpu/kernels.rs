@@ -1,0 +1,240 @@
+//! The arithmetic of each op on plain slices: the reference implementation.
+//!
+//! Written for clarity first; the formulas follow transformers (the fixtures' f32 reference),
+//! and the comments name the place where a model family differs.
+
+use crate::spec::{Act, AttnSpec, Gating, Glu, RopeSpec, RouteSpec};
+
+/// One activation value.
+pub fn act(x: f32, act: Act) -> f32 {
+    match act {
+        Act::Silu => x / (1.0 + (-x).exp()),
+        Act::Gelu => 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)),
+        Act::GeluTanh => {
+            let c = (2.0f32 / std::f32::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+        }
+        Act::Relu => x.max(0.0),
+    }
+}
+
+/// One gated value from a gate and an up value.
+pub fn glu(g: f32, u: f32, glu: Glu) -> f32 {
+    match glu {
+        Glu::Plain(a) => act(g, a) * u,
+        Glu::SwiGluOai { alpha, limit } => {
+            // transformers GptOssExperts: gate.clamp(max=limit), up.clamp(-limit, limit),
+            // glu = gate * sigmoid(gate * alpha), out = (up + 1) * glu.
+            let g = g.min(limit);
+            let u = u.clamp(-limit, limit);
+            let s = g / (1.0 + (-g * alpha).exp());
+            (u + 1.0) * s
+        }
+    }
+}
+
+/// RMS norm of one row in place: x / sqrt(mean(x²) + eps) * w.
+pub fn rms_norm(row: &mut [f32], weight: Option<&[f32]>, eps: f32) {
+    let ss: f64 = row.iter().map(|&x| (x as f64) * (x as f64)).sum();
+    let inv = 1.0 / ((ss / row.len() as f64) as f32 + eps).sqrt();
+    match weight {
+        Some(w) => row.iter_mut().zip(w).for_each(|(x, &w)| *x = *x * inv * w),
+        None => row.iter_mut().for_each(|x| *x *= inv),
+    }
+}
+
+/// Layer norm of one row in place.
+pub fn layer_norm(row: &mut [f32], weight: Option<&[f32]>, bias: Option<&[f32]>, eps: f32) {
+    let n = row.len() as f64;
+    let mean = row.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let var = row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    for (i, x) in row.iter_mut().enumerate() {
+        let mut y = ((*x as f64 - mean) * inv) as f32;
+        if let Some(w) = weight {
+            y *= w[i];
+        }
+        if let Some(b) = bias {
+            y += b[i];
+        }
+        *x = y;
+    }
+}
+
+/// Inverse frequencies and the cos/sin multiplier of a rope variant.
+pub struct RopeTable {
+    inv_freq: Vec<f64>,
+    mscale: f64,
+    position_scale: f64,
+}
+
+impl RopeTable {
+    /// Precomputes the frequencies of `spec` (YaRN as transformers' `_compute_yarn_parameters`).
+    pub fn new(spec: &RopeSpec) -> RopeTable {
+        let dim = spec.n_rot;
+        let half = dim / 2;
+        let base = spec.base as f64;
+        let mut inv_freq: Vec<f64> = (0..half).map(|i| 1.0 / base.powf((2 * i) as f64 / dim as f64)).collect();
+        let mut mscale = 1.0;
+        if let Some(y) = &spec.yarn {
+            let factor = y.factor as f64;
+            let corr_dim = |rot: f64| {
+                (dim as f64 * (y.original_context as f64 / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+            };
+            let (mut low, mut high) = (corr_dim(y.beta_fast as f64), corr_dim(y.beta_slow as f64));
+            if y.truncate {
+                low = low.floor();
+                high = high.ceil();
+            }
+            let low = low.max(0.0);
+            let mut high = high.min(dim as f64 - 1.0);
+            if low == high {
+                high += 0.001;
+            }
+            for (i, f) in inv_freq.iter_mut().enumerate() {
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                let interp = *f / factor;
+                *f = interp * (1.0 - extrapolation) + *f * extrapolation;
+            }
+            mscale = y.attn_factor as f64;
+        }
+        if let Some(ff) = &spec.freq_factors {
+            for (f, &d) in inv_freq.iter_mut().zip(ff) {
+                *f /= d as f64;
+            }
+        }
+        RopeTable { inv_freq, mscale, position_scale: spec.position_scale as f64 }
+    }
+
+    /// cos and sin of every frequency at a position.
+    pub fn cos_sin(&self, pos: u32) -> (Vec<f32>, Vec<f32>) {
+        let p = pos as f64 * self.position_scale;
+        self.inv_freq
+            .iter()
+            .map(|&f| {
+                // transformers computes the angle in f32; doing the same keeps long positions
+                // (where the rounding of p * f matters) on its side.
+                let a = (p as f32 * f as f32) as f64;
+                ((a.cos() * self.mscale) as f32, (a.sin() * self.mscale) as f32)
+            })
+            .unzip()
+    }
+}
+
+/// Rotates the first `n_rot` dims of one head.
+pub fn rope_head(head: &mut [f32], cos: &[f32], sin: &[f32], n_rot: usize, neox: bool) {
+    let half = n_rot / 2;
+    for i in 0..half {
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * cos[i] - x1 * sin[i];
+        head[b] = x0 * sin[i] + x1 * cos[i];
+    }
+}
+
+/// Cached keys and values as flat rows.
+#[derive(Clone, Copy)]
+pub struct CacheView<'a> {
+    /// Keys, `k_width` per position.
+    pub k: &'a [f32],
+    /// Values, `v_width` per position.
+    pub v: &'a [f32],
+    /// Key row width.
+    pub k_width: usize,
+    /// Value row width.
+    pub v_width: usize,
+}
+
+/// Attention of one query head at position `pos` over the cache, into `out` (`head_dim_v`).
+pub fn attend_one(
+    q: &[f32],
+    cache: CacheView<'_>,
+    head: usize,
+    pos: usize,
+    spec: &AttnSpec,
+    sink: Option<f32>,
+    out: &mut [f32],
+) {
+    let kv_head = head / (spec.n_head / spec.n_head_kv);
+    let lo = match spec.window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    };
+    let mut scores = Vec::with_capacity(pos + 1 - lo);
+    for j in lo..=pos {
+        let kj = &cache.k[j * cache.k_width + kv_head * spec.head_dim_k..][..spec.head_dim_k];
+        let mut s = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * spec.scale;
+        if let Some(cap) = spec.softcap {
+            s = cap * (s / cap).tanh();
+        }
+        scores.push(s);
+    }
+    let mut max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
+    let mut denom = sink.map_or(0.0, |s| (s - max).exp());
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        denom += *s;
+    }
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for (idx, j) in (lo..=pos).enumerate() {
+        let p = scores[idx] / denom;
+        let vj = &cache.v[j * cache.v_width + kv_head * spec.head_dim_v..][..spec.head_dim_v];
+        out.iter_mut().zip(vj).for_each(|(o, &v)| *o += p * v);
+    }
+}
+
+/// Routes one token: writes `k` expert ids (best first; lowest id on ties) and their weights.
+pub fn route_token(logits: &[f32], bias: Option<&[f32]>, spec: &RouteSpec, ids: &mut [u32], weights: &mut [f32]) {
+    let n = logits.len();
+    let probs: Vec<f32> = match spec.gating {
+        Gating::Softmax => {
+            let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - m).exp()).collect();
+            let s: f32 = e.iter().sum();
+            e.iter().map(|x| x / s).collect()
+        }
+        Gating::SoftmaxAfterTopK => logits.to_vec(),
+        Gating::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+    };
+    let mut select: Vec<f32> = match bias {
+        Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
+        None => probs.clone(),
+    };
+    if let Some((n_group, topk_group)) = spec.groups {
+        // DeepSeek-V3: a group's score is the sum of its two best selection scores; experts
+        // outside the best `topk_group` groups cannot be chosen.
+        let per = n / n_group;
+        let mut group_scores: Vec<(usize, f32)> = (0..n_group)
+            .map(|g| {
+                let mut s: Vec<f32> = select[g * per..(g + 1) * per].to_vec();
+                s.sort_by(|a, b| b.total_cmp(a));
+                (g, s.iter().take(2).sum())
+            })
+            .collect();
+        group_scores.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for &(g, _) in &group_scores[topk_group.min(n_group)..] {
+            select[g * per..(g + 1) * per].iter_mut().for_each(|s| *s = f32::NEG_INFINITY);
+        }
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| select[b].total_cmp(&select[a]).then(a.cmp(&b)));
+    for (j, &e) in order[..spec.k].iter().enumerate() {
+        ids[j] = e as u32;
+        weights[j] = probs[e];
+    }
+    if spec.gating == Gating::SoftmaxAfterTopK {
+        let m = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        weights.iter_mut().for_each(|w| *w = (*w - m).exp());
+        let s: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|w| *w /= s);
+    }
+    if spec.normalize {
+        let s: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|w| *w /= s);
+    }
+    weights.iter_mut().for_each(|w| *w *= spec.scale);
+}

@@ -1,0 +1,480 @@
+//! The CPU back end: f32 activations in `Vec`s, weights used in place from the memory map.
+//!
+//! Each op's arithmetic lives in [`kernels`] as a plain function over slices, written to be
+//! obviously correct (it is the reference every other back end is tested against); heavy ops run
+//! in parallel with rayon. Matrix products go through [`crate::quant::matmul`], either exact (f32
+//! math on dequantized weights: what the fixtures' `dequant_f32` references compute) or with
+//! activations quantized to Q8 the way llama.cpp does ([`MatmulMode::QuantizedActivations`]).
+
+pub mod kernels;
+
+use crate::backend::{Backend, Experts, Routing};
+use crate::error::OpError;
+use crate::quant::{self, MatmulMode};
+use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
+use crate::weight::HostWeight;
+use rayon::prelude::*;
+
+/// An f32 tensor in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuTensor {
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// Values, row-major.
+    pub data: Vec<f32>,
+}
+
+impl CpuTensor {
+    fn width(&self) -> usize {
+        *self.shape.last().unwrap_or(&1)
+    }
+    fn rows(&self) -> usize {
+        self.data.len() / self.width().max(1)
+    }
+}
+
+/// One layer's KV cache: `n_ctx` rows of keys and values.
+#[derive(Clone, Debug)]
+pub struct CpuCache {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    k_width: usize,
+    v_width: usize,
+    n_ctx: usize,
+}
+
+impl CpuCache {
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 4
+    }
+}
+
+/// The CPU back end.
+#[derive(Clone, Debug)]
+pub struct CpuBackend {
+    mode: MatmulMode,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::new(MatmulMode::Exact)
+    }
+}
+
+impl CpuBackend {
+    /// A back end computing matrix products in `mode`.
+    pub fn new(mode: MatmulMode) -> CpuBackend {
+        CpuBackend { mode }
+    }
+
+    /// The matrix-product mode.
+    pub fn mode(&self) -> MatmulMode {
+        self.mode
+    }
+
+    fn binary(
+        &self,
+        op: &'static str,
+        a: &CpuTensor,
+        b: &CpuTensor,
+        f: impl Fn(f32, f32) -> f32 + Sync,
+    ) -> Result<CpuTensor, OpError> {
+        let w = a.width();
+        if b.data.len() == a.data.len() {
+            let data = a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect();
+            Ok(CpuTensor { shape: a.shape.clone(), data })
+        } else if b.data.len() == w {
+            let mut data = a.data.clone();
+            for row in data.chunks_mut(w) {
+                for (x, &y) in row.iter_mut().zip(&b.data) {
+                    *x = f(*x, y);
+                }
+            }
+            Ok(CpuTensor { shape: a.shape.clone(), data })
+        } else {
+            Err(OpError::ShapeMismatch {
+                op,
+                expected: format!("b of shape {:?} or one row of {w}", a.shape),
+                got: b.shape.clone(),
+            })
+        }
+    }
+
+    fn matmul_raw(&self, x: &[f32], n_tok: usize, w: &HostWeight, y: &mut [f32]) -> Result<(), OpError> {
+        { let _ = n_tok; quant::matmul(w.dtype, w.bytes(), w.n_rows(), w.row_len(), x, y, self.mode) }
+            .map_err(|source| OpError::Quant { op: "matmul", source })
+    }
+}
+
+fn expect_2d(op: &'static str, t: &CpuTensor, width: usize) -> Result<(), OpError> {
+    if t.width() != width || t.data.len() % width.max(1) != 0 {
+        return Err(OpError::ShapeMismatch { op, expected: format!("[n, {width}]"), got: t.shape.clone() });
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = HostWeight;
+    type Cache = CpuCache;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn from_host(&self, data: &[f32], shape: &[usize]) -> Result<CpuTensor, OpError> {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(OpError::ShapeMismatch {
+                op: "from_host",
+                expected: format!("{} values", shape.iter().product::<usize>()),
+                got: vec![data.len()],
+            });
+        }
+        Ok(CpuTensor { shape: shape.to_vec(), data: data.to_vec() })
+    }
+
+    fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>, OpError> {
+        Ok(t.data.clone())
+    }
+
+    fn shape<'a>(&self, t: &'a CpuTensor) -> &'a [usize] {
+        &t.shape
+    }
+
+    fn reshape(&self, mut t: CpuTensor, shape: &[usize]) -> Result<CpuTensor, OpError> {
+        if shape.iter().product::<usize>() != t.data.len() {
+            return Err(OpError::ShapeMismatch {
+                op: "reshape",
+                expected: format!("{:?} ({} values)", shape, shape.iter().product::<usize>()),
+                got: t.shape,
+            });
+        }
+        t.shape = shape.to_vec();
+        Ok(t)
+    }
+
+    fn weight(&self, w: &HostWeight) -> Result<HostWeight, OpError> {
+        if !quant::is_supported(w.dtype) {
+            return Err(OpError::Weight { name: w.name.clone(), why: format!("type {} has no CPU kernel", w.dtype) });
+        }
+        Ok(w.clone())
+    }
+
+    fn get_rows(&self, table: &HostWeight, ids: &[u32]) -> Result<CpuTensor, OpError> {
+        let width = table.row_len();
+        let n_rows = table.n_rows();
+        let rb = table.row_bytes();
+        let bytes = table.bytes();
+        let mut data = vec![0f32; ids.len() * width];
+        for (&id, out) in ids.iter().zip(data.chunks_mut(width)) {
+            let i = id as usize;
+            if i >= n_rows {
+                return Err(OpError::BadTokenId { id, n_vocab: n_rows });
+            }
+            quant::dequantize(table.dtype, &bytes[i * rb..(i + 1) * rb], out)
+                .map_err(|source| OpError::Quant { op: "get_rows", source })?;
+        }
+        Ok(CpuTensor { shape: vec![ids.len(), width], data })
+    }
+
+    fn matmul(&self, x: &CpuTensor, w: &HostWeight) -> Result<CpuTensor, OpError> {
+        let k = w.row_len();
+        expect_2d("matmul", x, k)?;
+        let n = x.rows();
+        let n_out = w.n_rows();
+        let mut y = vec![0f32; n * n_out];
+        self.matmul_raw(&x.data, n, w, &mut y)?;
+        Ok(CpuTensor { shape: vec![n, n_out], data: y })
+    }
+
+    fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor, OpError> {
+        self.binary("add", a, b, |x, y| x + y)
+    }
+
+    fn mul(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor, OpError> {
+        self.binary("mul", a, b, |x, y| x * y)
+    }
+
+    fn scale(&self, a: &CpuTensor, s: f32) -> Result<CpuTensor, OpError> {
+        Ok(CpuTensor { shape: a.shape.clone(), data: a.data.iter().map(|x| x * s).collect() })
+    }
+
+    fn act(&self, a: &CpuTensor, act: Act) -> Result<CpuTensor, OpError> {
+        Ok(CpuTensor { shape: a.shape.clone(), data: a.data.iter().map(|&x| kernels::act(x, act)).collect() })
+    }
+
+    fn glu(&self, gate: &CpuTensor, up: &CpuTensor, glu: Glu) -> Result<CpuTensor, OpError> {
+        if gate.shape != up.shape {
+            return Err(OpError::ShapeMismatch { op: "glu", expected: format!("{:?}", gate.shape), got: up.shape.clone() });
+        }
+        let data = gate.data.iter().zip(&up.data).map(|(&g, &u)| kernels::glu(g, u, glu)).collect();
+        Ok(CpuTensor { shape: gate.shape.clone(), data })
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, weight: Option<&CpuTensor>, eps: f32) -> Result<CpuTensor, OpError> {
+        let w = x.width();
+        if let Some(wt) = weight {
+            if wt.data.len() != w {
+                return Err(OpError::ShapeMismatch { op: "rms_norm", expected: format!("weight of {w}"), got: wt.shape.clone() });
+            }
+        }
+        let mut data = x.data.clone();
+        data.par_chunks_mut(w).for_each(|row| kernels::rms_norm(row, weight.map(|t| &t.data[..]), eps));
+        Ok(CpuTensor { shape: x.shape.clone(), data })
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        weight: Option<&CpuTensor>,
+        bias: Option<&CpuTensor>,
+        eps: f32,
+    ) -> Result<CpuTensor, OpError> {
+        let w = x.width();
+        for t in [weight, bias].into_iter().flatten() {
+            if t.data.len() != w {
+                return Err(OpError::ShapeMismatch { op: "layer_norm", expected: format!("weight of {w}"), got: t.shape.clone() });
+            }
+        }
+        let mut data = x.data.clone();
+        data.par_chunks_mut(w)
+            .for_each(|row| kernels::layer_norm(row, weight.map(|t| &t.data[..]), bias.map(|t| &t.data[..]), eps));
+        Ok(CpuTensor { shape: x.shape.clone(), data })
+    }
+
+    fn rope(&self, x: &CpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<CpuTensor, OpError> {
+        let w = x.width();
+        if positions.len() != x.rows() || spec.head_dim == 0 || w % spec.head_dim != 0 || spec.n_rot > spec.head_dim {
+            return Err(OpError::ShapeMismatch {
+                op: "rope",
+                expected: format!("[{} positions, heads * {}] with n_rot {}", positions.len(), spec.head_dim, spec.n_rot),
+                got: x.shape.clone(),
+            });
+        }
+        let table = kernels::RopeTable::new(spec);
+        let mut data = x.data.clone();
+        data.par_chunks_mut(w).zip(positions.par_iter()).for_each(|(row, &p)| {
+            let (cos, sin) = table.cos_sin(p);
+            for head in row.chunks_mut(spec.head_dim) {
+                kernels::rope_head(head, &cos, &sin, spec.n_rot, spec.neox);
+            }
+        });
+        Ok(CpuTensor { shape: x.shape.clone(), data })
+    }
+
+    fn slice_rows(&self, x: &CpuTensor, start: usize, len: usize) -> Result<CpuTensor, OpError> {
+        let w = x.width();
+        if start + len > x.rows() {
+            return Err(OpError::ShapeMismatch {
+                op: "slice_rows",
+                expected: format!("at least {} rows", start + len),
+                got: x.shape.clone(),
+            });
+        }
+        Ok(CpuTensor { shape: vec![len, w], data: x.data[start * w..(start + len) * w].to_vec() })
+    }
+
+    fn slice_cols(&self, x: &CpuTensor, start: usize, len: usize) -> Result<CpuTensor, OpError> {
+        let w = x.width();
+        if start + len > w {
+            return Err(OpError::ShapeMismatch {
+                op: "slice_cols",
+                expected: format!("at least {} columns", start + len),
+                got: x.shape.clone(),
+            });
+        }
+        let data = x.data.chunks(w).flat_map(|r| r[start..start + len].iter().copied()).collect();
+        Ok(CpuTensor { shape: vec![x.rows(), len], data })
+    }
+
+    fn concat_cols(&self, parts: &[&CpuTensor]) -> Result<CpuTensor, OpError> {
+        let rows = parts.first().map(|p| p.rows()).unwrap_or(0);
+        if let Some(bad) = parts.iter().find(|p| p.rows() != rows) {
+            return Err(OpError::ShapeMismatch { op: "concat_cols", expected: format!("{rows} rows"), got: bad.shape.clone() });
+        }
+        let width: usize = parts.iter().map(|p| p.width()).sum();
+        let mut data = Vec::with_capacity(rows * width);
+        for r in 0..rows {
+            for p in parts {
+                let w = p.width();
+                data.extend_from_slice(&p.data[r * w..(r + 1) * w]);
+            }
+        }
+        Ok(CpuTensor { shape: vec![rows, width], data })
+    }
+
+    fn new_cache(&self, n_ctx: usize, k_width: usize, v_width: usize) -> Result<CpuCache, OpError> {
+        Ok(CpuCache { k: vec![0.0; n_ctx * k_width], v: vec![0.0; n_ctx * v_width], k_width, v_width, n_ctx })
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        cache: &mut CpuCache,
+        pos0: usize,
+        spec: &AttnSpec,
+        sinks: Option<&CpuTensor>,
+    ) -> Result<CpuTensor, OpError> {
+        let n = q.rows();
+        expect_2d("attention q", q, spec.n_head * spec.head_dim_k)?;
+        expect_2d("attention k", k, cache.k_width)?;
+        expect_2d("attention v", v, cache.v_width)?;
+        if cache.k_width != spec.n_head_kv * spec.head_dim_k
+            || cache.v_width != spec.n_head_kv * spec.head_dim_v
+            || k.rows() != n
+            || v.rows() != n
+            || spec.n_head_kv == 0
+            || spec.n_head % spec.n_head_kv != 0
+        {
+            return Err(OpError::ShapeMismatch {
+                op: "attention",
+                expected: format!(
+                    "{n} rows of k [{}] and v [{}], n_head {} divisible by n_head_kv {}",
+                    spec.n_head_kv * spec.head_dim_k,
+                    spec.n_head_kv * spec.head_dim_v,
+                    spec.n_head,
+                    spec.n_head_kv
+                ),
+                got: vec![k.rows(), cache.k_width, v.rows(), cache.v_width],
+            });
+        }
+        if pos0 + n > cache.n_ctx {
+            return Err(OpError::ContextFull { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
+        }
+        if let Some(s) = sinks {
+            if s.data.len() != spec.n_head {
+                return Err(OpError::ShapeMismatch { op: "attention sinks", expected: format!("[{}]", spec.n_head), got: s.shape.clone() });
+            }
+        }
+        cache.k[pos0 * cache.k_width..(pos0 + n) * cache.k_width].copy_from_slice(&k.data);
+        cache.v[pos0 * cache.v_width..(pos0 + n) * cache.v_width].copy_from_slice(&v.data);
+        let out_w = spec.n_head * spec.head_dim_v;
+        let mut out = vec![0f32; n * out_w];
+        let cache = &*cache;
+        out.par_chunks_mut(spec.head_dim_v).enumerate().for_each(|(idx, o)| {
+            let (i, h) = (idx / spec.n_head, idx % spec.n_head);
+            let qh = &q.data[i * q.width() + h * spec.head_dim_k..][..spec.head_dim_k];
+            kernels::attend_one(
+                qh,
+                kernels::CacheView { k: &cache.k, v: &cache.v, k_width: cache.k_width, v_width: cache.v_width },
+                h,
+                pos0 + i,
+                spec,
+                sinks.map(|s| s.data[h]),
+                o,
+            );
+        });
+        Ok(CpuTensor { shape: vec![n, out_w], data: out })
+    }
+
+    fn route(
+        &self,
+        logits: &CpuTensor,
+        selection_bias: Option<&CpuTensor>,
+        spec: &RouteSpec,
+    ) -> Result<Routing<Self>, OpError> {
+        let n_expert = logits.width();
+        if spec.k == 0 || spec.k > n_expert {
+            return Err(OpError::ShapeMismatch { op: "route", expected: format!("k = {} experts of {n_expert}", spec.k), got: logits.shape.clone() });
+        }
+        if let Some(b) = selection_bias {
+            if b.data.len() != n_expert {
+                return Err(OpError::ShapeMismatch { op: "route bias", expected: format!("[{n_expert}]"), got: b.shape.clone() });
+            }
+        }
+        let n = logits.rows();
+        let mut ids = vec![0u32; n * spec.k];
+        let mut weights = vec![0f32; n * spec.k];
+        for t in 0..n {
+            kernels::route_token(
+                &logits.data[t * n_expert..(t + 1) * n_expert],
+                selection_bias.map(|b| &b.data[..]),
+                spec,
+                &mut ids[t * spec.k..(t + 1) * spec.k],
+                &mut weights[t * spec.k..(t + 1) * spec.k],
+            );
+        }
+        Ok(Routing { ids, weights: CpuTensor { shape: vec![n, spec.k], data: weights }, k: spec.k })
+    }
+
+    fn moe_ffn(
+        &self,
+        x: &CpuTensor,
+        routing: &Routing<Self>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+    ) -> Result<CpuTensor, OpError> {
+        let n_embd = x.width();
+        let n = x.rows();
+        let k = routing.k;
+        if routing.ids.len() != n * k || experts.up.n_rows() != spec.n_expert * spec.n_ff || experts.up.row_len() != n_embd {
+            return Err(OpError::ShapeMismatch {
+                op: "moe_ffn",
+                expected: format!("{n} tokens x {k} ids, up [{}, {}, {n_embd}]", spec.n_expert, spec.n_ff),
+                got: experts.up.shape.clone(),
+            });
+        }
+        // Group the tokens of each expert so that a prefill batch streams each expert's weights once.
+        let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); spec.n_expert];
+        for t in 0..n {
+            for j in 0..k {
+                let e = routing.ids[t * k + j] as usize;
+                if e >= spec.n_expert {
+                    return Err(OpError::ShapeMismatch { op: "moe_ffn ids", expected: format!("ids < {}", spec.n_expert), got: vec![e] });
+                }
+                by_expert[e].push((t, routing.weights.data[t * k + j]));
+            }
+        }
+        let mut out = vec![0f32; n * n_embd];
+        for (e, toks) in by_expert.iter().enumerate() {
+            if toks.is_empty() {
+                continue;
+            }
+            let m = toks.len();
+            let xs: Vec<f32> = toks.iter().flat_map(|&(t, _)| x.data[t * n_embd..(t + 1) * n_embd].iter().copied()).collect();
+            let ff = spec.n_ff;
+            let expert = |w: &HostWeight, rows: usize| w.rows(e * rows, (e + 1) * rows, vec![rows, w.row_len()]);
+            let bias_row = |b: &Option<CpuTensor>, width: usize| b.as_ref().map(|b| b.data[e * width..(e + 1) * width].to_vec());
+            let mut up = vec![0f32; m * ff];
+            self.matmul_raw(&xs, m, &expert(&experts.up, ff), &mut up)?;
+            if let Some(b) = bias_row(&experts.up_bias, ff) {
+                up.chunks_mut(ff).for_each(|r| r.iter_mut().zip(&b).for_each(|(x, y)| *x += y));
+            }
+            let h: Vec<f32> = match &experts.gate {
+                Some(g) => {
+                    let mut gate = vec![0f32; m * ff];
+                    self.matmul_raw(&xs, m, &expert(g, ff), &mut gate)?;
+                    if let Some(b) = bias_row(&experts.gate_bias, ff) {
+                        gate.chunks_mut(ff).for_each(|r| r.iter_mut().zip(&b).for_each(|(x, y)| *x += y));
+                    }
+                    gate.iter().zip(&up).map(|(&g, &u)| kernels::glu(g, u, spec.glu)).collect()
+                }
+                None => {
+                    let act = match spec.glu {
+                        Glu::Plain(a) => a,
+                        Glu::SwiGluOai { .. } => Act::Silu,
+                    };
+                    up.iter().map(|&u| kernels::act(u, act)).collect()
+                }
+            };
+            let mut down = vec![0f32; m * n_embd];
+            self.matmul_raw(&h, m, &expert(&experts.down, n_embd), &mut down)?;
+            let down_bias = bias_row(&experts.down_bias, n_embd);
+            for (r, &(t, w)) in toks.iter().enumerate() {
+                let o = &mut out[t * n_embd..(t + 1) * n_embd];
+                for (c, ov) in o.iter_mut().enumerate() {
+                    let b = down_bias.as_ref().map_or(0.0, |b| b[c]);
+                    *ov += w * (down[r * n_embd + c] + b);
+                }
+            }
+        }
+        Ok(CpuTensor { shape: vec![n, n_embd], data: out })
+    }
+}

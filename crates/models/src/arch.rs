@@ -1,0 +1,100 @@
+//! The interface every architecture file implements, and the type-erased runner built on it.
+
+use crate::error::{ModelError, Result};
+use crate::hparams::Hparams;
+use crate::state::State;
+use compute::Backend;
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outputs {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (evaluation against references, perplexity).
+    All,
+}
+
+/// One architecture's weights and forward pass, for back end `B`.
+pub trait Architecture<B: Backend>: Send + Sync {
+    /// The hyper-parameters read from the file.
+    fn hparams(&self) -> &Hparams;
+    /// A fresh sequence state for `n_ctx` positions.
+    fn new_state(&self, b: &B, n_ctx: usize) -> Result<State<B>>;
+    /// Runs `ids` at positions `state.n_past..`, advances the state, and returns logits
+    /// `[rows, n_vocab]` for the rows `outputs` asks for.
+    fn forward(&self, b: &B, state: &mut State<B>, ids: &[u32], outputs: Outputs) -> Result<B::Tensor>;
+}
+
+/// A loaded model with its back end and one sequence's state, behind an object-safe interface
+/// (the CLI, planner and server hold `Box<dyn Runner>` and never name the back end).
+pub trait Runner: Send {
+    /// Hyper-parameters.
+    fn hparams(&self) -> &Hparams;
+    /// Name of the back end ("cpu", "wgpu").
+    fn backend_name(&self) -> &'static str;
+    /// Positions consumed.
+    fn n_past(&self) -> usize;
+    /// Context capacity.
+    fn n_ctx(&self) -> usize;
+    /// Feeds `ids` and returns their logits, row-major `[rows, n_vocab]`.
+    fn eval(&mut self, ids: &[u32], outputs: Outputs) -> Result<Vec<f32>>;
+    /// Forgets the sequence.
+    fn reset(&mut self) -> Result<()>;
+}
+
+/// [`Runner`] over a concrete back end and architecture.
+pub struct Session<B: Backend, A: Architecture<B>> {
+    b: B,
+    arch: A,
+    state: State<B>,
+}
+
+impl<B: Backend, A: Architecture<B>> Session<B, A> {
+    /// A session with an empty state of `n_ctx` positions.
+    pub fn new(b: B, arch: A, n_ctx: usize) -> Result<Self> {
+        let state = arch.new_state(&b, n_ctx)?;
+        Ok(Session { b, arch, state })
+    }
+}
+
+impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A> {
+    fn hparams(&self) -> &Hparams {
+        self.arch.hparams()
+    }
+    fn backend_name(&self) -> &'static str {
+        self.b.name()
+    }
+    fn n_past(&self) -> usize {
+        self.state.n_past
+    }
+    fn n_ctx(&self) -> usize {
+        self.state.n_ctx
+    }
+    fn eval(&mut self, ids: &[u32], outputs: Outputs) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(ModelError::Request { why: "no tokens to evaluate".into() });
+        }
+        if self.state.n_past + ids.len() > self.state.n_ctx {
+            return Err(compute::OpError::ContextFull { pos: self.state.n_past, n_tokens: ids.len(), n_ctx: self.state.n_ctx }.into());
+        }
+        let logits = self.arch.forward(&self.b, &mut self.state, ids, outputs)?;
+        Ok(self.b.to_host(&logits)?)
+    }
+    fn reset(&mut self) -> Result<()> {
+        self.state = self.arch.new_state(&self.b, self.state.n_ctx)?;
+        Ok(())
+    }
+}
+
+/// Positions `n_past..n_past + n` as u32.
+pub fn positions(n_past: usize, n: usize) -> Vec<u32> {
+    (n_past..n_past + n).map(|p| p as u32).collect()
+}
+
+/// The rows of hidden state whose logits `outputs` asks for.
+pub fn output_rows<B: Backend>(b: &B, x: &B::Tensor, n: usize, outputs: Outputs) -> Result<B::Tensor> {
+    Ok(match outputs {
+        Outputs::All => b.slice_rows(x, 0, n)?,
+        Outputs::Last => b.slice_rows(x, n - 1, 1)?,
+    })
+}
