@@ -28,18 +28,24 @@ mod loader;
 mod rope;
 mod state;
 pub mod refcheck;
+pub mod sampling;
+pub mod synth;
 
 pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3moe;
+pub mod olmoe;
+pub mod deepseek2;
+pub mod glm4moe;
 
 pub use arch::{output_rows, positions, Architecture, Outputs, Runner, Session};
 pub use error::{ModelError, Result};
 pub use hparams::Hparams;
 pub use loader::Loader;
 pub use rope::rope_spec;
-pub use state::{LayerState, State};
+pub use state::{Checkpoint, LayerState, State};
 
 use compute::cpu::CpuBackend;
 use compute::quant::MatmulMode;
@@ -48,7 +54,7 @@ use gguf::GgufModel;
 use std::sync::Arc;
 
 /// Architecture strings (`general.architecture`) this crate runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe", "deepseek2", "glm4moe"];
 
 /// How to load a model.
 #[derive(Clone, Debug)]
@@ -82,6 +88,10 @@ pub fn load_on<B: Backend + 'static>(b: B, model: &Arc<GgufModel>, opts: &LoadOp
         "qwen2" => Box::new(Session::new(b.clone(), qwen2::load(&ld, hp)?, n_ctx)?),
         "qwen3" => Box::new(Session::new(b.clone(), qwen3::load(&ld, hp)?, n_ctx)?),
         "gemma3" => Box::new(Session::new(b.clone(), gemma3::load(&ld, hp)?, n_ctx)?),
+        "qwen3moe" => Box::new(Session::new(b.clone(), qwen3moe::load(&ld, hp)?, n_ctx)?),
+        "olmoe" => Box::new(Session::new(b.clone(), olmoe::load(&ld, hp)?, n_ctx)?),
+        "deepseek2" => Box::new(Session::new(b.clone(), deepseek2::load(&ld, hp)?, n_ctx)?),
+        "glm4moe" => Box::new(Session::new(b.clone(), glm4moe::load(&ld, hp)?, n_ctx)?),
         _ => {
             return Err(ModelError::UnsupportedArchitecture { arch, supported: SUPPORTED_ARCHITECTURES.join(", ") });
         }

@@ -72,8 +72,8 @@ pub fn list_cases(root: &Path) -> Result<Vec<(String, String)>> {
         let mut variants: Vec<String> = r["llama_cpp"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
         variants.sort();
         for v in variants {
-            let file = r["llama_cpp"][&v]["file"].as_str().unwrap_or_default();
-            if root.join(&d).join(file).exists() {
+            let Some(file) = r["llama_cpp"][&v]["file"].as_str() else { continue };
+            if root.join(&d).join(file).is_file() {
                 out.push((d.clone(), v));
             }
         }
