@@ -97,3 +97,65 @@ pub fn random_rows(dtype: GgmlType, n_rows: usize, k: usize, rng: &mut Rng) -> V
     }
     out
 }
+
+/// The committed reference file (see testdata/quant/README.md).
+pub fn refs_path() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/quant/refs.gguf")
+}
+
+/// `../shared/fixtures` as seen from the repository root, if present.
+pub fn fixtures_dir() -> Option<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
+    dir.is_dir().then_some(dir)
+}
+
+pub fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Bit-exact comparison (NaNs compare by bits too); returns a description of the first
+/// mismatches, if any.
+pub fn bit_mismatches(got: &[f32], want: &[f32]) -> Option<String> {
+    assert_eq!(got.len(), want.len());
+    let bad: Vec<usize> = (0..got.len())
+        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+        .collect();
+    if bad.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = bad
+        .iter()
+        .take(5)
+        .map(|&i| {
+            format!(
+                "[{i}] got {:e} ({:#010x}) want {:e} ({:#010x})",
+                got[i],
+                got[i].to_bits(),
+                want[i],
+                want[i].to_bits()
+            )
+        })
+        .collect();
+    Some(format!(
+        "{} of {} differ: {}",
+        bad.len(),
+        got.len(),
+        shown.join(", ")
+    ))
+}
+
+/// test-quantize-fns' synthetic data: `0.1 + 2 * cos(i + offset)`.
+pub fn ggml_test_data(offset: f32, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
+        .collect()
+}
+
+/// test-quantize-fns' `array_rmse`: sqrt(sum of squared differences) / n (sic).
+pub fn ggml_array_rmse(a: &[f32], b: &[f32]) -> f32 {
+    let sum: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    (sum.sqrt() as f32) / a.len() as f32
+}
