@@ -146,7 +146,7 @@ impl GgmlType {
     /// Bytes of a row of `n` values, or `None` when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        if n % be != 0 {
+        if !n.is_multiple_of(be) {
             return None;
         }
         (n / be).checked_mul(self.block_bytes() as u64)
@@ -198,7 +198,10 @@ impl GgmlType {
 
     /// Parses a name as [`GgmlType::name`] prints it (case-insensitive).
     pub fn from_name(s: &str) -> Option<GgmlType> {
-        ALL_TYPES.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s))
+        ALL_TYPES
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
     }
 }
 

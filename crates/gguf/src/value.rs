@@ -194,11 +194,17 @@ impl Metadata {
 
     /// The value of a key, or [`GgufError::MissingKey`].
     pub fn require(&self, key: &str) -> Result<&Value> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
+        self.get(key).ok_or_else(|| GgufError::MissingKey {
+            key: key.to_string(),
+        })
     }
 
     fn wrong(key: &str, expected: &'static str, v: &Value) -> GgufError {
-        GgufError::WrongType { key: key.to_string(), expected, found: v.type_name() }
+        GgufError::WrongType {
+            key: key.to_string(),
+            expected,
+            found: v.type_name(),
+        }
     }
 
     fn int<T: TryFrom<i128>>(&self, key: &str, expected: &'static str) -> Result<Option<T>> {
@@ -221,7 +227,9 @@ impl Metadata {
     }
     /// An integer key as u32.
     pub fn u32(&self, key: &str) -> Result<u32> {
-        self.u32_opt(key)?.ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
+        self.u32_opt(key)?.ok_or_else(|| GgufError::MissingKey {
+            key: key.to_string(),
+        })
     }
     /// An integer key as u64 (absent: `None`).
     pub fn u64_opt(&self, key: &str) -> Result<Option<u64>> {
@@ -235,12 +243,17 @@ impl Metadata {
     pub fn f32_opt(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| Self::wrong(key, "f32", v)),
+            Some(v) => v
+                .as_f64()
+                .map(|f| Some(f as f32))
+                .ok_or_else(|| Self::wrong(key, "f32", v)),
         }
     }
     /// A float key.
     pub fn f32(&self, key: &str) -> Result<f32> {
-        self.f32_opt(key)?.ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
+        self.f32_opt(key)?.ok_or_else(|| GgufError::MissingKey {
+            key: key.to_string(),
+        })
     }
     /// A bool key (absent: `None`).
     pub fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
@@ -260,7 +273,9 @@ impl Metadata {
     }
     /// A string key.
     pub fn str(&self, key: &str) -> Result<&str> {
-        self.str_opt(key)?.ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
+        self.str_opt(key)?.ok_or_else(|| GgufError::MissingKey {
+            key: key.to_string(),
+        })
     }
     /// An array key's elements (absent: `None`).
     pub fn array_opt(&self, key: &str) -> Result<Option<&[Value]>> {
@@ -272,25 +287,38 @@ impl Metadata {
     }
     /// An array of strings (absent: `None`).
     pub fn str_array_opt(&self, key: &str) -> Result<Option<Vec<&str>>> {
-        let Some(items) = self.array_opt(key)? else { return Ok(None) };
+        let Some(items) = self.array_opt(key)? else {
+            return Ok(None);
+        };
         items
             .iter()
-            .map(|v| v.as_str().ok_or_else(|| Self::wrong(key, "array of string", v)))
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| Self::wrong(key, "array of string", v))
+            })
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }
     /// An array of numbers as f32 (absent: `None`).
     pub fn f32_array_opt(&self, key: &str) -> Result<Option<Vec<f32>>> {
-        let Some(items) = self.array_opt(key)? else { return Ok(None) };
+        let Some(items) = self.array_opt(key)? else {
+            return Ok(None);
+        };
         items
             .iter()
-            .map(|v| v.as_f64().map(|f| f as f32).ok_or_else(|| Self::wrong(key, "array of number", v)))
+            .map(|v| {
+                v.as_f64()
+                    .map(|f| f as f32)
+                    .ok_or_else(|| Self::wrong(key, "array of number", v))
+            })
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }
     /// An array of integers as i64 (absent: `None`).
     pub fn i64_array_opt(&self, key: &str) -> Result<Option<Vec<i64>>> {
-        let Some(items) = self.array_opt(key)? else { return Ok(None) };
+        let Some(items) = self.array_opt(key)? else {
+            return Ok(None);
+        };
         items
             .iter()
             .map(|v| {
