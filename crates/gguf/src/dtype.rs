@@ -47,9 +47,8 @@ pub enum GgmlType {
 pub const ALL_TYPES: [GgmlType; 32] = {
     use GgmlType::*;
     [
-        F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ2_XXS,
-        IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8, I16, I32, I64, F64, IQ1_M, BF16,
-        TQ1_0, TQ2_0, MXFP4,
+        F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ2_XXS, IQ2_XS, IQ3_XXS,
+        IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8, I16, I32, I64, F64, IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4,
     ]
 };
 
@@ -198,10 +197,7 @@ impl GgmlType {
 
     /// Parses a name as [`GgmlType::name`] prints it (case-insensitive).
     pub fn from_name(s: &str) -> Option<GgmlType> {
-        ALL_TYPES
-            .iter()
-            .copied()
-            .find(|t| t.name().eq_ignore_ascii_case(s))
+        ALL_TYPES.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s))
     }
 }
 

@@ -36,9 +36,7 @@ pub enum GgufError {
         version: u32,
     },
     /// The header ends before a field that it promises.
-    #[error(
-        "truncated header: {what} at byte {offset} needs {need} bytes, the file has {file_len}"
-    )]
+    #[error("truncated header: {what} at byte {offset} needs {need} bytes, the file has {file_len}")]
     Truncated {
         /// What was being read.
         what: String,
@@ -125,9 +123,7 @@ pub enum GgufError {
         file_len: u64,
     },
     /// A tensor offset that is not a multiple of the alignment.
-    #[error(
-        "tensor {tensor:?}: data offset {offset} is not a multiple of the alignment {alignment}"
-    )]
+    #[error("tensor {tensor:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
     MisalignedTensor {
         /// The tensor.
         tensor: String,
@@ -182,10 +178,7 @@ impl GgufError {
     pub fn in_file(self, path: impl Into<PathBuf>) -> GgufError {
         match self {
             e @ GgufError::InFile { .. } => e,
-            e => GgufError::InFile {
-                path: path.into(),
-                source: Box::new(e),
-            },
+            e => GgufError::InFile { path: path.into(), source: Box::new(e) },
         }
     }
 

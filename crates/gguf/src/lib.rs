@@ -31,8 +31,7 @@ mod writer;
 pub use dtype::{GgmlType, ALL_TYPES};
 pub use error::{GgufError, Result};
 pub use model::{
-    split_name_parts, split_path, GgufModel, TensorView, KEY_SPLIT_COUNT, KEY_SPLIT_NO,
-    KEY_SPLIT_TENSORS_COUNT,
+    split_name_parts, split_path, GgufModel, TensorView, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT,
 };
 pub use reader::{tensor_size, GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use value::{Metadata, Value, ValueType};

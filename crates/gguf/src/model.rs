@@ -75,11 +75,7 @@ impl GgufModel {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufModel> {
         let path = path.as_ref();
         let first = GgufFile::open(path)?;
-        let count = first
-            .metadata
-            .u32_opt(KEY_SPLIT_COUNT)
-            .map_err(|e| e.in_file(path))?
-            .unwrap_or(1);
+        let count = first.metadata.u32_opt(KEY_SPLIT_COUNT).map_err(|e| e.in_file(path))?.unwrap_or(1);
         if count <= 1 {
             return Self::from_files(vec![first]);
         }
@@ -102,10 +98,7 @@ impl GgufModel {
         for no in 0..count {
             let p = split_path(dir, &prefix, no, count);
             if !p.exists() {
-                return Err(GgufError::BadSplit {
-                    why: format!("part {} of {count} is missing", no + 1),
-                }
-                .in_file(p));
+                return Err(GgufError::BadSplit { why: format!("part {} of {count} is missing", no + 1) }.in_file(p));
             }
             let f = GgufFile::open(&p)?;
             let md = &f.metadata;
@@ -113,9 +106,7 @@ impl GgufModel {
             let fcount = md.u32_opt(KEY_SPLIT_COUNT).map_err(|e| e.in_file(&p))?;
             if fno != Some(no) || fcount != Some(count) {
                 return Err(GgufError::BadSplit {
-                    why: format!(
-                        "expected split.no {no} and split.count {count}, found {fno:?} and {fcount:?}"
-                    ),
+                    why: format!("expected split.no {no} and split.count {count}, found {fno:?} and {fcount:?}"),
                 }
                 .in_file(p));
             }
@@ -123,17 +114,11 @@ impl GgufModel {
         }
         drop(first);
         let model = Self::from_files(files)?;
-        if let Some(total) = model.files[0]
-            .metadata
-            .i64_opt(KEY_SPLIT_TENSORS_COUNT)
-            .map_err(|e| e.in_file(path))?
-        {
+        if let Some(total) = model.files[0].metadata.i64_opt(KEY_SPLIT_TENSORS_COUNT).map_err(|e| e.in_file(path))? {
             let found = model.by_name.len() as i64;
             if total != found {
                 return Err(GgufError::BadSplit {
-                    why: format!(
-                        "split.tensors.count is {total} but the {count} parts hold {found} tensors"
-                    ),
+                    why: format!("split.tensors.count is {total} but the {count} parts hold {found} tensors"),
                 }
                 .in_file(path));
             }
@@ -146,10 +131,7 @@ impl GgufModel {
         for (fi, f) in files.iter().enumerate() {
             for (ti, t) in f.tensors.iter().enumerate() {
                 if by_name.insert(t.name.clone(), (fi, ti)).is_some() {
-                    return Err(GgufError::DuplicateTensor {
-                        tensor: t.name.clone(),
-                    }
-                    .in_file(f.path()));
+                    return Err(GgufError::DuplicateTensor { tensor: t.name.clone() }.in_file(f.path()));
                 }
             }
         }
@@ -173,19 +155,12 @@ impl GgufModel {
 
     /// `general.architecture`.
     pub fn architecture(&self) -> Result<&str> {
-        self.metadata()
-            .str("general.architecture")
-            .map_err(|e| e.in_file(self.path()))
+        self.metadata().str("general.architecture").map_err(|e| e.in_file(self.path()))
     }
 
     /// Every tensor, in file order (parts in order).
     pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> {
-        self.files.iter().flat_map(|f| {
-            f.tensors.iter().map(move |t| TensorView {
-                info: t,
-                data: f.tensor_bytes(t),
-            })
-        })
+        self.files.iter().flat_map(|f| f.tensors.iter().map(move |t| TensorView { info: t, data: f.tensor_bytes(t) }))
     }
 
     /// Number of tensors.
@@ -198,18 +173,13 @@ impl GgufModel {
         self.by_name.get(name).map(|&(fi, ti)| {
             let f = &self.files[fi];
             let t = &f.tensors[ti];
-            TensorView {
-                info: t,
-                data: f.tensor_bytes(t),
-            }
+            TensorView { info: t, data: f.tensor_bytes(t) }
         })
     }
 
     /// Which part (index into [`GgufModel::files`]) holds a tensor, and its info (offsets relative to that part's data section).
     pub fn tensor_location(&self, name: &str) -> Option<(usize, &TensorInfo)> {
-        self.by_name
-            .get(name)
-            .map(|&(fi, ti)| (fi, &self.files[fi].tensors[ti]))
+        self.by_name.get(name).map(|&(fi, ti)| (fi, &self.files[fi].tensors[ti]))
     }
 
     /// A tensor by name.
@@ -217,12 +187,7 @@ impl GgufModel {
     /// # Errors
     /// [`GgufError::MissingTensor`] (naming the file) when it is absent.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
-        self.tensor_opt(name).ok_or_else(|| {
-            GgufError::MissingTensor {
-                tensor: name.to_string(),
-            }
-            .in_file(self.path())
-        })
+        self.tensor_opt(name).ok_or_else(|| GgufError::MissingTensor { tensor: name.to_string() }.in_file(self.path()))
     }
 
     /// Total bytes of tensor data over all parts.

@@ -85,18 +85,12 @@ impl GgufFile {
     }
 
     fn open_inner(path: &Path) -> Result<GgufFile> {
-        let file = File::open(path).map_err(|source| GgufError::Io {
-            what: "open",
-            source,
-        })?;
+        let file = File::open(path).map_err(|source| GgufError::Io { what: "open", source })?;
         // SAFETY: the map is read-only and private to this process. Another process truncating
         // or rewriting the file while it is mapped would make reads fault or change; like every
         // engine that maps model files (llama.cpp included) we accept that, and the store never
         // rewrites a file under its final name.
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| GgufError::Io {
-            what: "mmap",
-            source,
-        })?;
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| GgufError::Io { what: "mmap", source })?;
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Random);
         let header = parse_header(&map)?;
@@ -179,10 +173,7 @@ impl<'a> Cursor<'a> {
         let len = self.u64(what)?;
         let start = self.pos as u64;
         let s = self.take(len, || format!("{what} ({len} bytes)"))?;
-        String::from_utf8(s.to_vec()).map_err(|_| GgufError::BadString {
-            what: what.to_string(),
-            offset: start,
-        })
+        String::from_utf8(s.to_vec()).map_err(|_| GgufError::BadString { what: what.to_string(), offset: start })
     }
     fn value(&mut self, t: ValueType, key: &str) -> Result<Value> {
         let w = || format!("value of {key:?}");
@@ -204,11 +195,8 @@ impl<'a> Cursor<'a> {
             ValueType::String => Value::String(self.string(&w())?),
             ValueType::Array => {
                 let type_id = self.u32(&w())?;
-                let elem =
-                    ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-                        key: key.to_string(),
-                        type_id,
-                    })?;
+                let elem = ValueType::from_id(type_id)
+                    .ok_or_else(|| GgufError::UnknownValueType { key: key.to_string(), type_id })?;
                 let n = self.u64(&w())?;
                 // Refuse lengths the rest of the file cannot hold before allocating for them.
                 let remaining = (self.bytes.len() - self.pos) as u64;
@@ -251,10 +239,7 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
     for i in 0..n_kv {
         let key = c.string(&format!("key of metadata entry {i}"))?;
         let type_id = c.u32(&format!("type of {key:?}"))?;
-        let t = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-            key: key.clone(),
-            type_id,
-        })?;
+        let t = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), type_id })?;
         let v = c.value(t, &key)?;
         metadata.insert(key, v)?;
     }
@@ -262,11 +247,7 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_i128() {
             Some(a) if a > 0 && (a as u64).is_power_of_two() => a as u64,
-            Some(a) => {
-                return Err(GgufError::BadAlignment {
-                    alignment: a.max(0) as u64,
-                })
-            }
+            Some(a) => return Err(GgufError::BadAlignment { alignment: a.max(0) as u64 }),
             None => {
                 return Err(GgufError::WrongType {
                     key: "general.alignment".into(),
@@ -302,80 +283,44 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
             shape.push(c.u64(&format!("dimension {d} of {name:?}"))?);
         }
         let type_id = c.u32(&format!("type of {name:?}"))?;
-        let dtype = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
-            tensor: name.clone(),
-            type_id,
-        })?;
+        let dtype =
+            GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType { tensor: name.clone(), type_id })?;
         let offset = c.u64(&format!("offset of {name:?}"))?;
         let size_bytes = tensor_size(&name, &shape, dtype)?;
-        tensors.push(TensorInfo {
-            name,
-            shape,
-            dtype,
-            offset,
-            size_bytes,
-        });
+        tensors.push(TensorInfo { name, shape, dtype, offset, size_bytes });
     }
     let data_offset = align_up(c.pos as u64, alignment);
     validate_tensors(&tensors, data_offset, alignment, bytes.len() as u64)?;
-    Ok(Header {
-        version,
-        metadata,
-        tensors,
-        data_offset,
-        alignment,
-    })
+    Ok(Header { version, metadata, tensors, data_offset, alignment })
 }
 
 /// Size in bytes of a tensor, checking the shape (no zero dimension, no overflow, whole blocks).
 pub fn tensor_size(name: &str, shape: &[u64], dtype: GgmlType) -> Result<u64> {
-    let bad = |why: String| GgufError::BadShape {
-        tensor: name.to_string(),
-        shape: shape.to_vec(),
-        why,
-    };
+    let bad = |why: String| GgufError::BadShape { tensor: name.to_string(), shape: shape.to_vec(), why };
     if shape.contains(&0) {
         return Err(bad("a dimension is zero".into()));
     }
     let mut n: u64 = 1;
     for &d in shape {
-        n = n
-            .checked_mul(d)
-            .ok_or_else(|| bad("the element count overflows 64 bits".into()))?;
+        n = n.checked_mul(d).ok_or_else(|| bad("the element count overflows 64 bits".into()))?;
     }
     if n > i64::MAX as u64 {
         return Err(bad("the element count exceeds ggml's int64 limit".into()));
     }
     let row = dtype.row_bytes(shape[0]).ok_or_else(|| {
-        bad(format!(
-            "row length {} is not a multiple of the {dtype} block of {}",
-            shape[0],
-            dtype.block_elems()
-        ))
+        bad(format!("row length {} is not a multiple of the {dtype} block of {}", shape[0], dtype.block_elems()))
     })?;
-    row.checked_mul(n / shape[0])
-        .ok_or_else(|| bad("the byte size overflows 64 bits".into()))
+    row.checked_mul(n / shape[0]).ok_or_else(|| bad("the byte size overflows 64 bits".into()))
 }
 
-fn validate_tensors(
-    tensors: &[TensorInfo],
-    data_offset: u64,
-    alignment: u64,
-    file_len: u64,
-) -> Result<()> {
+fn validate_tensors(tensors: &[TensorInfo], data_offset: u64, alignment: u64, file_len: u64) -> Result<()> {
     let mut seen = std::collections::HashSet::with_capacity(tensors.len());
     for t in tensors {
         if !seen.insert(t.name.as_str()) {
-            return Err(GgufError::DuplicateTensor {
-                tensor: t.name.clone(),
-            });
+            return Err(GgufError::DuplicateTensor { tensor: t.name.clone() });
         }
         if t.offset % alignment != 0 {
-            return Err(GgufError::MisalignedTensor {
-                tensor: t.name.clone(),
-                offset: t.offset,
-                alignment,
-            });
+            return Err(GgufError::MisalignedTensor { tensor: t.name.clone(), offset: t.offset, alignment });
         }
         let start = data_offset.checked_add(t.offset);
         let end = start.and_then(|s| s.checked_add(t.size_bytes));
@@ -385,9 +330,7 @@ fn validate_tensors(
                 return Err(GgufError::DataPastEnd {
                     tensor: t.name.clone(),
                     start: data_offset.saturating_add(t.offset),
-                    end: data_offset
-                        .saturating_add(t.offset)
-                        .saturating_add(t.size_bytes),
+                    end: data_offset.saturating_add(t.offset).saturating_add(t.size_bytes),
                     file_len,
                 })
             }

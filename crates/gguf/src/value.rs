@@ -194,17 +194,11 @@ impl Metadata {
 
     /// The value of a key, or [`GgufError::MissingKey`].
     pub fn require(&self, key: &str) -> Result<&Value> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey {
-            key: key.to_string(),
-        })
+        self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
     }
 
     fn wrong(key: &str, expected: &'static str, v: &Value) -> GgufError {
-        GgufError::WrongType {
-            key: key.to_string(),
-            expected,
-            found: v.type_name(),
-        }
+        GgufError::WrongType { key: key.to_string(), expected, found: v.type_name() }
     }
 
     fn int<T: TryFrom<i128>>(&self, key: &str, expected: &'static str) -> Result<Option<T>> {
@@ -227,9 +221,7 @@ impl Metadata {
     }
     /// An integer key as u32.
     pub fn u32(&self, key: &str) -> Result<u32> {
-        self.u32_opt(key)?.ok_or_else(|| GgufError::MissingKey {
-            key: key.to_string(),
-        })
+        self.u32_opt(key)?.ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
     }
     /// An integer key as u64 (absent: `None`).
     pub fn u64_opt(&self, key: &str) -> Result<Option<u64>> {
@@ -243,17 +235,12 @@ impl Metadata {
     pub fn f32_opt(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|f| Some(f as f32))
-                .ok_or_else(|| Self::wrong(key, "f32", v)),
+            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| Self::wrong(key, "f32", v)),
         }
     }
     /// A float key.
     pub fn f32(&self, key: &str) -> Result<f32> {
-        self.f32_opt(key)?.ok_or_else(|| GgufError::MissingKey {
-            key: key.to_string(),
-        })
+        self.f32_opt(key)?.ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
     }
     /// A bool key (absent: `None`).
     pub fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
@@ -273,9 +260,7 @@ impl Metadata {
     }
     /// A string key.
     pub fn str(&self, key: &str) -> Result<&str> {
-        self.str_opt(key)?.ok_or_else(|| GgufError::MissingKey {
-            key: key.to_string(),
-        })
+        self.str_opt(key)?.ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
     }
     /// An array key's elements (absent: `None`).
     pub fn array_opt(&self, key: &str) -> Result<Option<&[Value]>> {
@@ -292,10 +277,7 @@ impl Metadata {
         };
         items
             .iter()
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| Self::wrong(key, "array of string", v))
-            })
+            .map(|v| v.as_str().ok_or_else(|| Self::wrong(key, "array of string", v)))
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }
@@ -306,11 +288,7 @@ impl Metadata {
         };
         items
             .iter()
-            .map(|v| {
-                v.as_f64()
-                    .map(|f| f as f32)
-                    .ok_or_else(|| Self::wrong(key, "array of number", v))
-            })
+            .map(|v| v.as_f64().map(|f| f as f32).ok_or_else(|| Self::wrong(key, "array of number", v)))
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }
@@ -322,9 +300,7 @@ impl Metadata {
         items
             .iter()
             .map(|v| {
-                v.as_i128()
-                    .and_then(|i| i64::try_from(i).ok())
-                    .ok_or_else(|| Self::wrong(key, "array of integer", v))
+                v.as_i128().and_then(|i| i64::try_from(i).ok()).ok_or_else(|| Self::wrong(key, "array of integer", v))
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)

@@ -42,22 +42,14 @@ impl Default for GgufWriter {
 impl GgufWriter {
     /// An empty writer with the default alignment (32).
     pub fn new() -> GgufWriter {
-        GgufWriter {
-            metadata: Metadata::default(),
-            tensors: Vec::new(),
-            alignment: DEFAULT_ALIGNMENT,
-            next_offset: 0,
-        }
+        GgufWriter { metadata: Metadata::default(), tensors: Vec::new(), alignment: DEFAULT_ALIGNMENT, next_offset: 0 }
     }
 
     /// Sets a metadata key (replacing an earlier value). `general.alignment` also changes the
     /// alignment used for tensors declared afterwards.
     pub fn set(&mut self, key: &str, value: Value) {
         if key == "general.alignment" {
-            if let Some(a) = value
-                .as_i128()
-                .filter(|a| *a > 0 && (*a as u64).is_power_of_two())
-            {
+            if let Some(a) = value.as_i128().filter(|a| *a > 0 && (*a as u64).is_power_of_two()) {
                 self.alignment = a as u64;
             }
         }
@@ -77,9 +69,7 @@ impl GgufWriter {
     /// A bad shape (zero, overflow, partial block) or a duplicate name.
     pub fn add_tensor(&mut self, name: &str, dtype: GgmlType, shape: &[u64]) -> Result<()> {
         if self.tensors.iter().any(|t| t.name == name) {
-            return Err(GgufError::DuplicateTensor {
-                tensor: name.to_string(),
-            });
+            return Err(GgufError::DuplicateTensor { tensor: name.to_string() });
         }
         if shape.is_empty() || shape.len() > crate::reader::MAX_DIMS {
             return Err(GgufError::BadShape {
@@ -91,13 +81,7 @@ impl GgufWriter {
         let size_bytes = tensor_size(name, shape, dtype)?;
         let offset = align_up(self.next_offset, self.alignment);
         self.next_offset = offset + size_bytes;
-        self.tensors.push(TensorInfo {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            dtype,
-            offset,
-            size_bytes,
-        });
+        self.tensors.push(TensorInfo { name: name.to_string(), shape: shape.to_vec(), dtype, offset, size_bytes });
         Ok(())
     }
 
@@ -110,28 +94,15 @@ impl GgufWriter {
     ///
     /// # Errors
     /// I/O errors, naming the file.
-    pub fn create(
-        &self,
-        path: impl AsRef<Path>,
-    ) -> Result<TensorDataSink<BufWriter<std::fs::File>>> {
+    pub fn create(&self, path: impl AsRef<Path>) -> Result<TensorDataSink<BufWriter<std::fs::File>>> {
         let path = path.as_ref();
-        let f = std::fs::File::create(path).map_err(|source| {
-            GgufError::Io {
-                what: "create",
-                source,
-            }
-            .in_file(path)
-        })?;
-        self.start(BufWriter::with_capacity(1 << 20, f))
-            .map_err(|e| e.in_file(path))
+        let f = std::fs::File::create(path).map_err(|source| GgufError::Io { what: "create", source }.in_file(path))?;
+        self.start(BufWriter::with_capacity(1 << 20, f)).map_err(|e| e.in_file(path))
     }
 
     /// Writes the header to any writer and returns a sink for the tensor data.
     pub fn start<W: Write>(&self, mut w: W) -> Result<TensorDataSink<W>> {
-        let io = |source| GgufError::Io {
-            what: "write",
-            source,
-        };
+        let io = |source| GgufError::Io { what: "write", source };
         let mut header = Vec::new();
         header.extend_from_slice(&MAGIC);
         header.extend_from_slice(&3u32.to_le_bytes());
@@ -154,13 +125,7 @@ impl GgufWriter {
         let padded = align_up(header.len() as u64, self.alignment) as usize;
         header.resize(padded, 0);
         w.write_all(&header).map_err(io)?;
-        Ok(TensorDataSink {
-            w,
-            tensors: self.tensors.clone(),
-            current: 0,
-            written_in_current: 0,
-            position: 0,
-        })
+        Ok(TensorDataSink { w, tensors: self.tensors.clone(), current: 0, written_in_current: 0, position: 0 })
     }
 }
 
@@ -179,15 +144,10 @@ impl<W: Write> TensorDataSink<W> {
     /// # Errors
     /// More bytes than the declared tensors hold, or an I/O error.
     pub fn write_data(&mut self, mut bytes: &[u8]) -> Result<()> {
-        let io = |source| GgufError::Io {
-            what: "write",
-            source,
-        };
+        let io = |source| GgufError::Io { what: "write", source };
         while !bytes.is_empty() {
             let Some(t) = self.tensors.get(self.current) else {
-                return Err(GgufError::Writer {
-                    why: format!("{} bytes past the last tensor", bytes.len()),
-                });
+                return Err(GgufError::Writer { why: format!("{} bytes past the last tensor", bytes.len()) });
             };
             if self.written_in_current == 0 && self.position < t.offset {
                 let pad = vec![0u8; (t.offset - self.position) as usize];
@@ -226,10 +186,7 @@ impl<W: Write> TensorDataSink<W> {
                 ),
             });
         }
-        self.w.flush().map_err(|source| GgufError::Io {
-            what: "flush",
-            source,
-        })?;
+        self.w.flush().map_err(|source| GgufError::Io { what: "flush", source })?;
         Ok(self.w)
     }
 }

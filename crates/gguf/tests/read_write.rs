@@ -18,20 +18,13 @@ fn fixture_root() -> (PathBuf, bool) {
 #[test]
 fn fixture_tensor_infos_match_ref_json() {
     let (root, full) = fixture_root();
-    println!(
-        "fixture set: {} ({})",
-        root.display(),
-        if full { "full" } else { "compact subset" }
-    );
+    println!("fixture set: {} ({})", root.display(), if full { "full" } else { "compact subset" });
     let mut n_files = 0;
     for dir in std::fs::read_dir(&root).unwrap().flatten() {
         let Ok(text) = std::fs::read_to_string(dir.path().join("ref.json")) else {
             continue;
         };
-        let text = text
-            .replace("-Infinity", "-1e308")
-            .replace("Infinity", "1e308")
-            .replace("NaN", "null");
+        let text = text.replace("-Infinity", "-1e308").replace("Infinity", "1e308").replace("NaN", "null");
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
         for (variant, v) in r["llama_cpp"].as_object().unwrap() {
             let Some(file) = v["file"].as_str() else {
@@ -45,36 +38,19 @@ fn fixture_tensor_infos_match_ref_json() {
                 continue;
             };
             let m = GgufModel::open(&path).unwrap();
-            assert_eq!(
-                m.architecture().unwrap(),
-                r["gguf_arch"].as_str().unwrap(),
-                "{variant}"
-            );
+            assert_eq!(m.architecture().unwrap(), r["gguf_arch"].as_str().unwrap(), "{variant}");
             assert_eq!(m.n_tensors(), tensors.len(), "{}", path.display());
             for (name, t) in tensors {
                 let ours = m.tensor(name).unwrap();
-                assert_eq!(
-                    ours.dtype().name(),
-                    t["type"].as_str().unwrap(),
-                    "{name} in {}",
-                    path.display()
-                );
-                let shape: Vec<u64> = t["shape"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_u64().unwrap())
-                    .collect();
+                assert_eq!(ours.dtype().name(), t["type"].as_str().unwrap(), "{name} in {}", path.display());
+                let shape: Vec<u64> = t["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
                 assert_eq!(ours.shape(), &shape[..], "{name}");
             }
             n_files += 1;
         }
     }
     println!("{n_files} files checked");
-    assert!(
-        !full || n_files >= 14 * 8,
-        "expected every variant of the full set, got {n_files}"
-    );
+    assert!(!full || n_files >= 14 * 8, "expected every variant of the full set, got {n_files}");
 }
 
 fn every_value_type() -> Vec<(&'static str, Value)> {
@@ -92,13 +68,7 @@ fn every_value_type() -> Vec<(&'static str, Value)> {
         ("a.i64", Value::I64(i64::MIN)),
         ("a.f64", Value::F64(-2.25)),
         ("a.empty", Value::Array(ValueType::U32, vec![])),
-        (
-            "a.strings",
-            Value::Array(
-                ValueType::String,
-                vec![Value::String("x".into()), Value::String("".into())],
-            ),
-        ),
+        ("a.strings", Value::Array(ValueType::String, vec![Value::String("x".into()), Value::String("".into())])),
         (
             "a.nested",
             Value::Array(
@@ -123,10 +93,7 @@ fn write_tiny(path: &Path, alignment: Option<u32>) -> Vec<u8> {
     }
     w.add_tensor("a", GgmlType::F32, &[3]).unwrap();
     w.add_tensor("b", GgmlType::Q8_0, &[32, 2]).unwrap();
-    let a: Vec<u8> = [1.0f32, 2.0, 3.0]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
+    let a: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
     let b: Vec<u8> = (0..68u8).collect();
     let mut sink = w.create(path).unwrap();
     sink.write_data(&a).unwrap();
@@ -153,15 +120,9 @@ fn writer_round_trips_every_value_type_and_alignment() {
         assert_eq!(f.data_offset % f.alignment, 0);
         assert_eq!(
             m.tensor("a").unwrap().data,
-            &[1.0f32, 2.0, 3.0]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>()[..]
+            &[1.0f32, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>()[..]
         );
-        assert_eq!(
-            m.tensor("b").unwrap().data,
-            &(0..68u8).collect::<Vec<_>>()[..]
-        );
+        assert_eq!(m.tensor("b").unwrap().data, &(0..68u8).collect::<Vec<_>>()[..]);
         assert_eq!(m.tensor("b").unwrap().info.offset % f.alignment, 0);
     }
 }
@@ -175,10 +136,7 @@ fn typed_getters_name_the_key_on_wrong_types() {
     let md = m.metadata();
     assert_eq!(md.u32("a.u16").unwrap(), 60000);
     let e = md.u32("a.string").unwrap_err().to_string();
-    assert!(
-        e.contains("a.string") && e.contains("string") && e.contains("u32"),
-        "{e}"
-    );
+    assert!(e.contains("a.string") && e.contains("string") && e.contains("u32"), "{e}");
     let e = md.u32("a.i64").unwrap_err().to_string();
     assert!(e.contains("out of range"), "{e}");
     let e = md.u32("no.such.key").unwrap_err().to_string();
@@ -189,10 +147,7 @@ fn typed_getters_name_the_key_on_wrong_types() {
 fn header_len_before_tensor_infos(bytes: &[u8]) -> usize {
     // Find the name of tensor "a" (u64 length 1, then 'a') after the metadata.
     let needle = [1u8, 0, 0, 0, 0, 0, 0, 0, b'a', 1, 0, 0, 0];
-    bytes
-        .windows(needle.len())
-        .rposition(|w| w == needle)
-        .unwrap()
+    bytes.windows(needle.len()).rposition(|w| w == needle).unwrap()
 }
 
 fn open_bytes(bytes: &[u8]) -> Result<GgufModel, GgufError> {
@@ -230,10 +185,7 @@ fn bad_files_are_refused_with_numbers() {
 
     for cut in [3, 10, 30, ti + 5] {
         let e = err_of(&good[..cut]);
-        assert!(
-            e.contains("truncated") || e.contains("magic"),
-            "cut at {cut}: {e}"
-        );
+        assert!(e.contains("truncated") || e.contains("magic"), "cut at {cut}: {e}");
     }
 
     // Data truncated: the header is whole but tensor b's bytes are not all there.
@@ -300,8 +252,7 @@ fn split_sets_open_as_one_model() {
         w.set(gguf::KEY_SPLIT_NO, Value::U16(no));
         w.set(gguf::KEY_SPLIT_COUNT, Value::U16(count));
         w.set(gguf::KEY_SPLIT_TENSORS_COUNT, Value::I32(3));
-        w.add_tensor(&format!("t{no}"), GgmlType::F32, &[2])
-            .unwrap();
+        w.add_tensor(&format!("t{no}"), GgmlType::F32, &[2]).unwrap();
         let p = gguf::split_path(dir.path(), "m", no as u32, count as u32);
         let mut s = w.create(&p).unwrap();
         s.write_data(&[no as u8; 8]).unwrap();
