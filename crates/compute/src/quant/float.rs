@@ -8,6 +8,12 @@ use std::sync::OnceLock;
 
 use half::f16;
 
+/// f32 rounded to f16 and back (how ggml stores, then uses, a block scale).
+#[inline(always)]
+pub(crate) fn round_f16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
 /// f16 bits to f32, exactly, NaN payloads and signalling bits kept.
 #[inline(always)]
 pub(crate) fn f16_to_f32(h: u16) -> f32 {

@@ -10,9 +10,7 @@ use super::float::{f16_at, f16_bytes};
 use super::k_quants::{nearest_int, QK_K};
 
 /// `kvalues_iq4nl`.
-pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 pub(crate) fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
@@ -38,11 +36,7 @@ pub(crate) fn dequantize_iq4_xs(src: &[u8], dst: &mut [f32]) {
         let d = f16_at(b);
         let scales_h = u16::from_le_bytes([b[2], b[3]]);
         let scales_l = &b[4..8];
-        for (ib, (qs, y)) in b[8..136]
-            .chunks_exact(16)
-            .zip(y.chunks_exact_mut(32))
-            .enumerate()
-        {
+        for (ib, (qs, y)) in b[8..136].chunks_exact(16).zip(y.chunks_exact_mut(32)).enumerate() {
             let dl = d * (iq4_xs_scale(ib, scales_h, scales_l) - 32) as f32;
             for j in 0..16 {
                 y[j] = dl * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f32;
@@ -139,11 +133,7 @@ pub(crate) fn quantize_iq4_xs(src: &[f32], dst: &mut [u8]) {
         let mut scales = [0f32; 8];
         let (mut max_scale, mut amax_scale) = (0.0f32, 0.0f32);
         for ib in 0..8 {
-            let d = fit_block(
-                &x[32 * ib..32 * ib + 32],
-                7,
-                &mut levels[32 * ib..32 * ib + 32],
-            );
+            let d = fit_block(&x[32 * ib..32 * ib + 32], 7, &mut levels[32 * ib..32 * ib + 32]);
             scales[ib] = d;
             if d.abs() > amax_scale {
                 amax_scale = d.abs();
@@ -159,10 +149,7 @@ pub(crate) fn quantize_iq4_xs(src: &[f32], dst: &mut [u8]) {
             let l = nearest_int(id * scales[ib]).clamp(-32, 31);
             let dl = d * l as f32;
             let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
-            for (o, &v) in levels[32 * ib..32 * ib + 32]
-                .iter_mut()
-                .zip(&x[32 * ib..32 * ib + 32])
-            {
+            for (o, &v) in levels[32 * ib..32 * ib + 32].iter_mut().zip(&x[32 * ib..32 * ib + 32]) {
                 *o = best_index_iq4nl(idl * v);
             }
             let l = (l + 32) as u8;

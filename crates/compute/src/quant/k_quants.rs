@@ -24,10 +24,7 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -369,23 +366,15 @@ fn make_qkx2_quants(p: &AffineSearch, x: &[f32], weights: &[f32], levels: &mut [
 fn pack_2bit(levels: &[u8; QK_K], qs: &mut [u8]) {
     for j in (0..QK_K).step_by(128) {
         for l in 0..32 {
-            qs[j / 4 + l] = levels[j + l]
-                | (levels[j + l + 32] << 2)
-                | (levels[j + l + 64] << 4)
-                | (levels[j + l + 96] << 6);
+            qs[j / 4 + l] =
+                levels[j + l] | (levels[j + l + 32] << 2) | (levels[j + l + 64] << 4) | (levels[j + l + 96] << 6);
         }
     }
 }
 
 pub(crate) fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
     const Q4SCALE: f32 = 15.0;
-    let search = AffineSearch {
-        nmax: 3,
-        rmin: -0.5,
-        rdelta: 0.1,
-        nstep: 15,
-        use_mad: true,
-    };
+    let search = AffineSearch { nmax: 3, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
     for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(84)) {
         let mut levels = [0u8; QK_K];
         let mut scales = [0f32; 16];
@@ -397,8 +386,7 @@ pub(crate) fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
             for (w, &v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            let (scale, min) =
-                make_qkx2_quants(&search, xs, &weights, &mut levels[16 * j..16 * j + 16]);
+            let (scale, min) = make_qkx2_quants(&search, xs, &weights, &mut levels[16 * j..16 * j + 16]);
             scales[j] = scale;
             mins[j] = min;
             if scale > max_scale {
@@ -452,8 +440,7 @@ pub(crate) fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
         let mut scales = [0f32; 16];
         let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
         for j in 0..16 {
-            scales[j] =
-                make_q3_quants(4, &x[16 * j..16 * j + 16], &mut levels[16 * j..16 * j + 16]);
+            scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut levels[16 * j..16 * j + 16]);
             let scale = scales[j].abs();
             if scale > amax {
                 amax = scale;
@@ -546,11 +533,7 @@ fn quantize_k_affine(x: &[f32], search: &AffineSearch, head: &mut [u8]) -> [u8; 
             max_min = min;
         }
     }
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
@@ -580,13 +563,7 @@ fn quantize_k_affine(x: &[f32], search: &AffineSearch, head: &mut [u8]) -> [u8; 
 }
 
 pub(crate) fn quantize_q4_k(src: &[f32], dst: &mut [u8]) {
-    let search = AffineSearch {
-        nmax: 15,
-        rmin: -1.0,
-        rdelta: 0.1,
-        nstep: 20,
-        use_mad: false,
-    };
+    let search = AffineSearch { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
     for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(144)) {
         let (head, qs) = b.split_at_mut(16);
         let levels = quantize_k_affine(x, &search, head);
@@ -599,13 +576,7 @@ pub(crate) fn quantize_q4_k(src: &[f32], dst: &mut [u8]) {
 }
 
 pub(crate) fn quantize_q5_k(src: &[f32], dst: &mut [u8]) {
-    let search = AffineSearch {
-        nmax: 31,
-        rmin: -0.5,
-        rdelta: 0.1,
-        nstep: 15,
-        use_mad: false,
-    };
+    let search = AffineSearch { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
     for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(176)) {
         let (head, rest) = b.split_at_mut(16);
         let (qh, ql) = rest.split_at_mut(32);
@@ -636,11 +607,7 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
         let mut scales = [0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for ib in 0..16 {
-            let scale = make_qx_quants(
-                32,
-                &x[16 * ib..16 * ib + 16],
-                &mut levels[16 * ib..16 * ib + 16],
-            );
+            let scale = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut levels[16 * ib..16 * ib + 16]);
             scales[ib] = scale;
             if scale.abs() > max_abs_scale {
                 max_abs_scale = scale.abs();
@@ -669,19 +636,12 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
         }
         let (ql, rest) = b.split_at_mut(128);
         let qh = &mut rest[..64];
-        for (half, (ql, qh)) in ql
-            .chunks_exact_mut(64)
-            .zip(qh.chunks_exact_mut(32))
-            .enumerate()
-        {
+        for (half, (ql, qh)) in ql.chunks_exact_mut(64).zip(qh.chunks_exact_mut(32)).enumerate() {
             let lv = &levels[128 * half..128 * half + 128];
             for l in 0..32 {
                 ql[l] = (lv[l] & 0xF) | ((lv[l + 64] & 0xF) << 4);
                 ql[l + 32] = (lv[l + 32] & 0xF) | ((lv[l + 96] & 0xF) << 4);
-                qh[l] = (lv[l] >> 4)
-                    | ((lv[l + 32] >> 4) << 2)
-                    | ((lv[l + 64] >> 4) << 4)
-                    | ((lv[l + 96] >> 4) << 6);
+                qh[l] = (lv[l] >> 4) | ((lv[l + 32] >> 4) << 2) | ((lv[l + 64] >> 4) << 4) | ((lv[l + 96] >> 4) << 6);
             }
         }
     }

@@ -9,6 +9,8 @@ use std::cell::RefCell;
 use gguf::GgmlType;
 use rayon::prelude::*;
 
+use super::qdot::{ActBuf, ActKind};
+use super::simd::{Kernel, QDot};
 use super::{check_encoded, dequantizer, QuantError};
 
 /// How [`matmul`] computes.
@@ -103,11 +105,15 @@ impl SharedOut {
 /// `w` holds `n_out` rows of `k` values encoded as `dtype`; `x` is `n_tok x k` row-major f32;
 /// `y` is `n_tok x n_out` row-major and is overwritten. Runs on rayon's pool.
 ///
+/// In [`MatmulMode::QuantizedActivations`] the block-quantized types use
+/// [`matmul_quantized`] with [`Kernel::best`]; F32, F16 and BF16 weights, which have no 8-bit
+/// activation scheme here, compute exactly in both modes.
+///
 /// # Errors
 /// [`QuantError::Unsupported`] for a type without a decoder, [`QuantError::NotWholeBlocks`]
 /// when `k` is not a multiple of the block size, [`QuantError::SizeMismatch`] when `w` is not
-/// `n_out` encoded rows, [`QuantError::ShapeMismatch`] when `x` is not whole rows of `k` or `y`
-/// not `n_tok x n_out`.
+/// `n_out` encoded rows, [`QuantError::RaggedRows`] when `x` is not whole rows of `k`,
+/// [`QuantError::ShapeMismatch`] when `y` is not `n_tok x n_out`.
 pub fn matmul(
     dtype: GgmlType,
     w: &[u8],
@@ -117,55 +123,14 @@ pub fn matmul(
     y: &mut [f32],
     mode: MatmulMode,
 ) -> Result<(), QuantError> {
-    let dequantize_row = dequantizer(dtype).ok_or(QuantError::Unsupported {
-        dtype,
-        op: "matmul",
-    })?;
-    let block_elems = dtype.block_elems();
-    if !k.is_multiple_of(block_elems) {
-        return Err(QuantError::NotWholeBlocks {
-            dtype,
-            n_values: k,
-            block_elems,
-        });
+    if mode == MatmulMode::QuantizedActivations && ActKind::for_weights(dtype).is_some() {
+        return matmul_quantized(dtype, w, n_out, k, x, y, Kernel::best());
     }
-    let row_bytes = k / block_elems * dtype.block_bytes();
-    let w_values = n_out.saturating_mul(k);
-    check_encoded(dtype, w_values, w.len())?;
-    // With k == 0 the token count comes from y alone (every output is an empty sum).
-    let n_tok = match (k, n_out) {
-        (0, 0) => 0,
-        (0, _) => y.len() / n_out,
-        _ => x.len() / k,
+    let dequantize_row = dequantizer(dtype).ok_or(QuantError::Unsupported { dtype, op: "matmul" })?;
+    let Some(shape) = check_shapes(dtype, w, n_out, k, x, y)? else {
+        return Ok(());
     };
-    if x.len() != n_tok * k {
-        return Err(QuantError::RaggedRows {
-            op: "matmul",
-            what: "x",
-            row_len: k,
-            got: x.len(),
-        });
-    }
-    if y.len() != n_tok * n_out {
-        return Err(QuantError::ShapeMismatch {
-            op: "matmul",
-            what: "y",
-            expected: n_tok * n_out,
-            got: y.len(),
-        });
-    }
-    if k == 0 {
-        y.fill(0.0);
-        return Ok(());
-    }
-    if n_tok == 0 || n_out == 0 {
-        return Ok(());
-    }
-    // The quantized-activation kernels are not in yet: both modes compute the reference.
-    let _ = mode;
-
-    let rows_per_task = (ROW_BLOCK_VALUES / k.max(1)).clamp(1, MAX_ROWS_PER_TASK);
-    let n_tasks = n_out.div_ceil(rows_per_task);
+    let rows_per_task = (ROW_BLOCK_VALUES / k).clamp(1, MAX_ROWS_PER_TASK);
     let out = SharedOut(y.as_mut_ptr());
     let task = |task_index: usize| {
         let o_start = task_index * rows_per_task;
@@ -177,7 +142,7 @@ pub fn matmul(
                 scratch.resize(n_rows * k, 0.0);
             }
             let rows = &mut scratch[..n_rows * k];
-            dequantize_row(&w[o_start * row_bytes..o_end * row_bytes], rows);
+            dequantize_row(&w[o_start * shape.row_bytes..o_end * shape.row_bytes], rows);
             for (t, xt) in x.chunks_exact(k).enumerate() {
                 for (r, row) in rows.chunks_exact(k).enumerate() {
                     let value = dot_f32(row, xt);
@@ -188,10 +153,117 @@ pub fn matmul(
             }
         });
     };
-    if n_out * k * n_tok < SERIAL_WORK || n_tasks == 1 {
+    run_tasks(n_out.div_ceil(rows_per_task), n_out * k * shape.n_tok, task);
+    Ok(())
+}
+
+/// Tokens per tile of the quantized path: the activations of a tile (about `k` bytes each) stay
+/// in L2 while a block of weight rows (in L1/L2) is applied to all of them.
+const TOKENS_PER_TILE: usize = 16;
+
+/// [`matmul`] with llama.cpp-style 8-bit activations, computed by the given kernel.
+///
+/// The activation rows are quantized once (Q8_0-style blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// IQ4_NL and MXFP4 weights; Q8_K blocks for Q2_K..Q6_K and IQ4_XS), then every weight row is
+/// dotted with every token by integer block sums. A kernel the CPU lacks falls back to
+/// [`Kernel::Portable`]. Decode (one token) splits output rows across threads; prefill applies
+/// each block of weight rows to tiles of tokens so a row is fetched from memory once per call.
+///
+/// # Errors
+/// As [`matmul`]; also [`QuantError::Unsupported`] for types without an 8-bit activation scheme
+/// (F32, F16, BF16, Q8_K).
+pub fn matmul_quantized(
+    dtype: GgmlType,
+    w: &[u8],
+    n_out: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+) -> Result<(), QuantError> {
+    let kind = ActKind::for_weights(dtype).ok_or(QuantError::Unsupported { dtype, op: "matmul_quantized" })?;
+    let Some(shape) = check_shapes(dtype, w, n_out, k, x, y)? else {
+        return Ok(());
+    };
+    let n_tok = shape.n_tok;
+    let mut act = ActBuf::default();
+    act.quantize(kind, x, k);
+    let qdot = QDot::new(dtype, kernel);
+    // Rows per task: decode wants many small tasks (threads share the memory bandwidth); prefill
+    // wants a block of rows reused across a tile of tokens.
+    let rows_per_task = if n_tok == 1 { 8 } else { (ROW_BLOCK_BYTES / shape.row_bytes).clamp(1, MAX_ROWS_PER_TASK) };
+    let out = SharedOut(y.as_mut_ptr());
+    let act = &act;
+    let task = |task_index: usize| {
+        let o_start = task_index * rows_per_task;
+        let o_end = (o_start + rows_per_task).min(n_out);
+        for t0 in (0..n_tok).step_by(TOKENS_PER_TILE) {
+            let t1 = (t0 + TOKENS_PER_TILE).min(n_tok);
+            for o in o_start..o_end {
+                let row = &w[o * shape.row_bytes..(o + 1) * shape.row_bytes];
+                for t in t0..t1 {
+                    let value = qdot.dot(row, act.row(kind, t, k));
+                    // SAFETY: `t < n_tok` and `o < n_out`, so the index is inside `y`
+                    // (len n_tok * n_out); this task alone owns rows o_start..o_end.
+                    unsafe { *out.at(t * n_out + o) = value };
+                }
+            }
+        }
+    };
+    run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);
+    Ok(())
+}
+
+/// Encoded bytes of weight rows per prefill task (fits L2 next to a tile of activations).
+const ROW_BLOCK_BYTES: usize = 64 * 1024;
+
+fn run_tasks(n_tasks: usize, work: usize, task: impl Fn(usize) + Sync + Send) {
+    if work < SERIAL_WORK || n_tasks == 1 {
         (0..n_tasks).for_each(task);
     } else {
         (0..n_tasks).into_par_iter().for_each(task);
     }
-    Ok(())
+}
+
+struct Shape {
+    row_bytes: usize,
+    n_tok: usize,
+}
+
+/// Validates a matmul's operands. `Ok(None)` means there is nothing to compute (and `y`, if
+/// any, has been zeroed for `k == 0`).
+fn check_shapes(
+    dtype: GgmlType,
+    w: &[u8],
+    n_out: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<Option<Shape>, QuantError> {
+    let block_elems = dtype.block_elems();
+    if !k.is_multiple_of(block_elems) {
+        return Err(QuantError::NotWholeBlocks { dtype, n_values: k, block_elems });
+    }
+    let row_bytes = k / block_elems * dtype.block_bytes();
+    check_encoded(dtype, n_out.saturating_mul(k), w.len())?;
+    // With k == 0 the token count comes from y alone (every output is an empty sum).
+    let n_tok = match (k, n_out) {
+        (0, 0) => 0,
+        (0, _) => y.len() / n_out,
+        _ => x.len() / k,
+    };
+    if x.len() != n_tok * k {
+        return Err(QuantError::RaggedRows { op: "matmul", what: "x", row_len: k, got: x.len() });
+    }
+    if y.len() != n_tok * n_out {
+        return Err(QuantError::ShapeMismatch { op: "matmul", what: "y", expected: n_tok * n_out, got: y.len() });
+    }
+    if k == 0 {
+        y.fill(0.0);
+        return Ok(None);
+    }
+    if n_tok == 0 || n_out == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Shape { row_bytes, n_tok }))
 }

@@ -23,9 +23,12 @@ mod k_quants;
 mod legacy;
 mod matmul;
 mod mxfp4;
+mod qdot;
+mod simd;
 
 pub use gguf::GgmlType;
-pub use matmul::{matmul, MatmulMode};
+pub use matmul::{matmul, matmul_quantized, MatmulMode};
+pub use simd::Kernel;
 
 use std::cell::RefCell;
 

@@ -5,17 +5,12 @@
 //! (`GGML_E8M0_TO_FP32_HALF`, ggml/src/ggml-impl.h), so every product is exact.
 
 /// `kvalues_mxfp4`: E2M1 values times two.
-pub(crate) const KVALUES_MXFP4: [i8; 16] =
-    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// 2^(e - 128): half the E8M0 scale, built from bits (subnormal for e < 2).
 #[inline(always)]
 pub(crate) fn e8m0_to_f32_half(e: u8) -> f32 {
-    let bits = if e < 2 {
-        0x0020_0000u32 << e
-    } else {
-        (e as u32 - 1) << 23
-    };
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { (e as u32 - 1) << 23 };
     f32::from_bits(bits)
 }
 
@@ -36,11 +31,7 @@ pub(crate) fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
 pub(crate) fn quantize_mxfp4(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(17)) {
         let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let e = if amax > 0.0 {
-            (amax.log2().floor() - 2.0 + 127.0) as u8
-        } else {
-            0
-        };
+        let e = if amax > 0.0 { (amax.log2().floor() - 2.0 + 127.0) as u8 } else { 0 };
         let d = e8m0_to_f32_half(e);
         b[0] = e;
         let nearest = |v: f32| -> u8 {

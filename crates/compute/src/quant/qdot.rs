@@ -1,0 +1,314 @@
+//! Dot products against 8-bit quantized activations, the way llama.cpp's `ggml_vec_dot_*_q8_*`
+//! compute them: the activation row is quantized once (Q8_0-style blocks of 32 for the 32-value
+//! weight types, Q8_K blocks of 256 for k-quants and IQ4_XS), then each weight block contributes
+//! `d_w * d_x * sum(q_w * q_x)` (minus `m_w * d_x * sum(q_x)` for types with a min) with the sum
+//! in integers.
+//!
+//! This file is the portable version: plain integer loops, one per type family, written for
+//! clarity. `simd/` holds the vectorised kernels; they compute the same integer sums and differ
+//! from these only in the order the per-block floats are added.
+
+use gguf::GgmlType;
+
+use super::float::{f16_at, round_f16};
+use super::iq4::{iq4_xs_scale, KVALUES_IQ4NL};
+use super::k_quants::{q3_k_scales, quantize_block_q8_k, scale_min_k4, QK_K};
+use super::legacy::QK;
+use super::mxfp4::{e8m0_to_f32_half, KVALUES_MXFP4};
+
+/// Which activation quantization a weight type's dot product consumes.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ActKind {
+    /// Blocks of 32: f16-rounded scale, 32 quants, and the sum of the quants (Q8_0 / Q8_1).
+    Q8_0,
+    /// Blocks of 256: f32 scale, 256 quants, 16 sums of 16 quants (Q8_K).
+    Q8_K,
+}
+
+impl ActKind {
+    pub(crate) fn for_weights(dtype: GgmlType) -> Option<ActKind> {
+        use GgmlType::*;
+        match dtype {
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | MXFP4 => Some(ActKind::Q8_0),
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(ActKind::Q8_K),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn block_elems(self) -> usize {
+        match self {
+            ActKind::Q8_0 => QK,
+            ActKind::Q8_K => QK_K,
+        }
+    }
+
+    /// Sums stored per block.
+    pub(crate) fn sums_per_block(self) -> usize {
+        match self {
+            ActKind::Q8_0 => 1,
+            ActKind::Q8_K => QK_K / 16,
+        }
+    }
+}
+
+/// One quantized activation row: `d[b]` per block, `qs` per value, `sums` per block (Q8_0) or
+/// per 16 values (Q8_K).
+#[derive(Clone, Copy)]
+pub(crate) struct ActRow<'a> {
+    pub d: &'a [f32],
+    pub qs: &'a [i8],
+    pub sums: &'a [i16],
+}
+
+/// Quantized activations of several rows, stored back to back.
+#[derive(Default)]
+pub(crate) struct ActBuf {
+    pub d: Vec<f32>,
+    pub qs: Vec<i8>,
+    pub sums: Vec<i16>,
+}
+
+impl ActBuf {
+    /// Quantizes `n_rows = x.len() / k` rows of `k` values (whole blocks of `kind`), reusing
+    /// the buffers.
+    pub(crate) fn quantize(&mut self, kind: ActKind, x: &[f32], k: usize) {
+        let be = kind.block_elems();
+        let n_blocks = x.len() / be;
+        self.d.resize(n_blocks, 0.0);
+        self.qs.resize(x.len(), 0);
+        self.sums.resize(n_blocks * kind.sums_per_block(), 0);
+        debug_assert_eq!(x.len() % k, 0);
+        match kind {
+            ActKind::Q8_0 => {
+                for (((xb, qb), d), s) in x
+                    .chunks_exact(QK)
+                    .zip(self.qs.chunks_exact_mut(QK))
+                    .zip(self.d.iter_mut())
+                    .zip(self.sums.iter_mut())
+                {
+                    *d = quantize_act_q8_0(xb, qb, s);
+                }
+            }
+            ActKind::Q8_K => {
+                for (((xb, qb), d), s) in x
+                    .chunks_exact(QK_K)
+                    .zip(self.qs.chunks_exact_mut(QK_K))
+                    .zip(self.d.iter_mut())
+                    .zip(self.sums.chunks_exact_mut(16))
+                {
+                    *d = quantize_block_q8_k(xb, qb, s);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn row(&self, kind: ActKind, t: usize, k: usize) -> ActRow<'_> {
+        let nb = k / kind.block_elems();
+        let spb = kind.sums_per_block();
+        ActRow {
+            d: &self.d[t * nb..(t + 1) * nb],
+            qs: &self.qs[t * k..(t + 1) * k],
+            sums: &self.sums[t * nb * spb..(t + 1) * nb * spb],
+        }
+    }
+}
+
+/// llama.cpp's `quantize_row_q8_0`/`q8_1`: `d = amax / 127` stored as f16 (the dot products use
+/// the rounded value), quants `round(x * 127 / amax)`, and their sum for the types with a min.
+#[inline(always)]
+fn quantize_act_q8_0(x: &[f32], qs: &mut [i8], sum: &mut i16) -> f32 {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut s = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round() as i8;
+        s += *q as i32;
+    }
+    *sum = s as i16;
+    round_f16(d)
+}
+
+/// A 32-value weight block as signed integer levels with `w = d * level + m`.
+struct Block32 {
+    levels: [i8; QK],
+    d: f32,
+    m: f32,
+}
+
+#[inline(always)]
+fn nibbles(qs: &[u8], mut f: impl FnMut(u8) -> i8) -> [i8; QK] {
+    let mut out = [0i8; QK];
+    for j in 0..16 {
+        out[j] = f(qs[j] & 0xF);
+        out[j + 16] = f(qs[j] >> 4);
+    }
+    out
+}
+
+#[inline(always)]
+fn fifth_bits(qh: &[u8], mut levels: [i8; QK], offset: i8) -> [i8; QK] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    for (j, l) in levels.iter_mut().enumerate() {
+        *l = *l + (((h >> j) & 1) << 4) as i8 - offset;
+    }
+    levels
+}
+
+fn unpack32(dtype: GgmlType, b: &[u8]) -> Block32 {
+    use GgmlType::*;
+    match dtype {
+        Q4_0 => Block32 { levels: nibbles(&b[2..18], |n| n as i8 - 8), d: f16_at(b), m: 0.0 },
+        Q4_1 => Block32 { levels: nibbles(&b[4..20], |n| n as i8), d: f16_at(b), m: f16_at(&b[2..]) },
+        Q5_0 => Block32 { levels: fifth_bits(&b[2..6], nibbles(&b[6..22], |n| n as i8), 16), d: f16_at(b), m: 0.0 },
+        Q5_1 => Block32 {
+            levels: fifth_bits(&b[4..8], nibbles(&b[8..24], |n| n as i8), 0),
+            d: f16_at(b),
+            m: f16_at(&b[2..]),
+        },
+        Q8_0 => {
+            let mut levels = [0i8; QK];
+            for (l, &q) in levels.iter_mut().zip(&b[2..34]) {
+                *l = q as i8;
+            }
+            Block32 { levels, d: f16_at(b), m: 0.0 }
+        }
+        IQ4_NL => Block32 { levels: nibbles(&b[2..18], |n| KVALUES_IQ4NL[n as usize]), d: f16_at(b), m: 0.0 },
+        MXFP4 => {
+            Block32 { levels: nibbles(&b[1..17], |n| KVALUES_MXFP4[n as usize]), d: e8m0_to_f32_half(b[0]), m: 0.0 }
+        }
+        other => unreachable!("{other} is not a 32-value type"),
+    }
+}
+
+/// A 256-value weight super-block: levels, and per 16 values an integer scale and min, with
+/// `w = d * scale * level - dmin * min`.
+struct Block256 {
+    levels: [i8; QK_K],
+    scales: [i32; 16],
+    mins: [i32; 16],
+    d: f32,
+    dmin: f32,
+}
+
+fn unpack256(dtype: GgmlType, b: &[u8]) -> Block256 {
+    use GgmlType::*;
+    let mut out = Block256 { levels: [0; QK_K], scales: [0; 16], mins: [0; 16], d: 0.0, dmin: 0.0 };
+    match dtype {
+        Q2_K => {
+            let (sc, qs) = (&b[0..16], &b[16..80]);
+            for (i, l) in out.levels.iter_mut().enumerate() {
+                *l = ((qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3) as i8;
+            }
+            for ((s, m), &packed) in out.scales.iter_mut().zip(out.mins.iter_mut()).zip(sc) {
+                *s = (packed & 0xF) as i32;
+                *m = (packed >> 4) as i32;
+            }
+            out.d = f16_at(&b[80..]);
+            out.dmin = f16_at(&b[82..]);
+        }
+        Q3_K => {
+            let (hmask, qs) = (&b[0..32], &b[32..96]);
+            for (i, l) in out.levels.iter_mut().enumerate() {
+                let low = (qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
+                let high_set = hmask[i % 32] & (1 << (i / 32)) != 0;
+                *l = low as i8 - if high_set { 0 } else { 4 };
+            }
+            for (s, &v) in out.scales.iter_mut().zip(q3_k_scales(&b[96..108]).iter()) {
+                *s = v as i32 - 32;
+            }
+            out.d = f16_at(&b[108..]);
+        }
+        Q4_K | Q5_K => {
+            let qs = if dtype == Q4_K { &b[16..144] } else { &b[48..176] };
+            for (i, l) in out.levels.iter_mut().enumerate() {
+                let (chunk, high, pos) = (i / 64, (i / 32) % 2 == 1, i % 32);
+                let byte = qs[32 * chunk + pos];
+                let mut v = if high { byte >> 4 } else { byte & 0xF };
+                if dtype == Q5_K && b[16 + pos] & (1 << (i / 32)) != 0 {
+                    v += 16;
+                }
+                *l = v as i8;
+            }
+            for j in 0..8 {
+                let (sc, m) = scale_min_k4(j, &b[4..16]);
+                out.scales[2 * j] = sc as i32;
+                out.scales[2 * j + 1] = sc as i32;
+                out.mins[2 * j] = m as i32;
+                out.mins[2 * j + 1] = m as i32;
+            }
+            out.d = f16_at(b);
+            out.dmin = f16_at(&b[2..]);
+        }
+        Q6_K => {
+            for half in 0..2 {
+                let ql = &b[64 * half..64 * half + 64];
+                let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+                let lv = &mut out.levels[128 * half..128 * half + 128];
+                for l in 0..32 {
+                    lv[l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
+                    lv[l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                    lv[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                    lv[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                }
+            }
+            for (s, &v) in out.scales.iter_mut().zip(&b[192..208]) {
+                *s = v as i8 as i32;
+            }
+            out.d = f16_at(&b[208..]);
+        }
+        IQ4_XS => {
+            let scales_h = u16::from_le_bytes([b[2], b[3]]);
+            for ib in 0..8 {
+                let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+                let lv = &mut out.levels[32 * ib..32 * ib + 32];
+                for j in 0..16 {
+                    lv[j] = KVALUES_IQ4NL[(qs[j] & 0xF) as usize];
+                    lv[j + 16] = KVALUES_IQ4NL[(qs[j] >> 4) as usize];
+                }
+                let s = iq4_xs_scale(ib, scales_h, &b[4..8]) - 32;
+                out.scales[2 * ib] = s;
+                out.scales[2 * ib + 1] = s;
+            }
+            out.d = f16_at(b);
+        }
+        other => unreachable!("{other} is not a 256-value type"),
+    }
+    out
+}
+
+/// Portable dot product of one encoded weight row with one quantized activation row.
+pub(crate) fn dot_portable(dtype: GgmlType, w: &[u8], x: ActRow<'_>) -> f32 {
+    let bb = dtype.block_bytes();
+    let mut acc = 0.0f32;
+    if dtype.block_elems() == QK {
+        for (ib, b) in w.chunks_exact(bb).enumerate() {
+            let blk = unpack32(dtype, b);
+            let xq = &x.qs[ib * QK..(ib + 1) * QK];
+            let sumi: i32 = blk.levels.iter().zip(xq).map(|(&a, &b)| a as i32 * b as i32).sum();
+            acc += blk.d * x.d[ib] * sumi as f32;
+            if blk.m != 0.0 {
+                acc += blk.m * x.d[ib] * x.sums[ib] as f32;
+            }
+        }
+    } else {
+        for (ib, b) in w.chunks_exact(bb).enumerate() {
+            let blk = unpack256(dtype, b);
+            let xq = &x.qs[ib * QK_K..(ib + 1) * QK_K];
+            let bsums = &x.sums[ib * 16..ib * 16 + 16];
+            let (mut sumi, mut summ) = (0i32, 0i32);
+            for g in 0..16 {
+                let s: i32 = blk.levels[16 * g..16 * g + 16]
+                    .iter()
+                    .zip(&xq[16 * g..16 * g + 16])
+                    .map(|(&a, &b)| a as i32 * b as i32)
+                    .sum();
+                sumi += blk.scales[g] * s;
+                summ += blk.mins[g] * bsums[g] as i32;
+            }
+            acc += x.d[ib] * (blk.d * sumi as f32 - blk.dmin * summ as f32);
+        }
+    }
+    acc
+}

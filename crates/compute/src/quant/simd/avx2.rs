@@ -1,0 +1,405 @@
+//! AVX2 kernels (with FMA and F16C) for the quantized-activation dot products.
+//!
+//! Each weight block is unpacked in registers to 32 bytes of integer levels; the products with
+//! the activation quants are summed by `maddubs` (u8 x i8 -> i16 pairs; signed weights go through
+//! the `sign` trick) and `madd` (i16 pairs -> i32, multiplied by the sub-block scale on the way
+//! for k-quants), as in llama.cpp's ggml-cpu/arch/x86/quants.c. No i16 sum can saturate: the
+//! largest is 2 * 128 * 127 (Q8_0 weights).
+
+use std::arch::x86_64::*;
+
+use gguf::GgmlType;
+
+use super::super::iq4::{iq4_xs_scale, KVALUES_IQ4NL};
+use super::super::k_quants::{q3_k_scales, scale_min_k4};
+use super::super::mxfp4::{e8m0_to_f32_half, KVALUES_MXFP4};
+use super::super::qdot::ActRow;
+use super::SimdDot;
+
+pub(super) fn detected() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+pub(super) fn kernel(dtype: GgmlType) -> Option<SimdDot> {
+    use GgmlType::*;
+    Some(match dtype {
+        Q4_0 => dot_q4_0,
+        Q4_1 => dot_q4_1,
+        Q5_0 => dot_q5_0,
+        Q5_1 => dot_q5_1,
+        Q8_0 => dot_q8_0,
+        IQ4_NL => dot_iq4_nl,
+        MXFP4 => dot_mxfp4,
+        Q2_K => dot_q2_k,
+        Q3_K => dot_q3_k,
+        Q4_K => dot_q4_k,
+        Q5_K => dot_q5_k,
+        Q6_K => dot_q6_k,
+        IQ4_XS => dot_iq4_xs,
+        _ => return None,
+    })
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let h = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_f32x8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load256(p: *const i8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// Unsigned u8 levels times signed i8 quants, pairs summed to i16 then multiplied by `scale`
+/// (per i16 lane) and summed to i32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn madd_u8_i8(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale)
+}
+
+/// Signed levels times signed quants: `|w| * (x * sign(w))`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn madd_i8_i8(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+    madd_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w), scale)
+}
+
+/// The 32 nibbles of 16 bytes in ggml's order: low nibbles (values 0..16), then high ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 bits (little-endian at `p`) to 32 bytes: 0xFF where the bit is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let bits = (p as *const u32).read_unaligned();
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+    );
+    // Each byte keeps all bits but its own: OR gives 0xFF exactly when its own bit is set.
+    let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+}
+
+/// A 16-entry i8 table in both 128-bit lanes, for `shuffle_epi8` lookups.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table16(values: &[i8; 16]) -> __m256i {
+    let t = _mm_loadu_si128(values.as_ptr() as *const __m128i);
+    _mm256_set_m128i(t, t)
+}
+
+/// The shared loop of the 32-value types: `levels(block)` gives the 32 levels, `signed` says
+/// whether they can be negative, `scales(block)` gives `(d, m)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_blocks32(
+    w: &[u8],
+    x: ActRow<'_>,
+    block_bytes: usize,
+    levels: impl Fn(*const u8) -> __m256i,
+    signed: bool,
+    scales: impl Fn(*const u8) -> (f32, f32),
+) -> f32 {
+    let nb = w.len() / block_bytes;
+    assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = 0.0f32;
+    for ib in 0..nb {
+        let b = w.as_ptr().add(ib * block_bytes);
+        let lv = levels(b);
+        let xq = load256(x.qs.as_ptr().add(ib * 32));
+        let sumi = if signed { madd_i8_i8(lv, xq, ones) } else { madd_u8_i8(lv, xq, ones) };
+        let (d, m) = scales(b);
+        let dx = *x.d.get_unchecked(ib);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc);
+        acc_min += m * dx * *x.sums.get_unchecked(ib) as f32;
+    }
+    hsum_f32x8(acc) + acc_min
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0(w: &[u8], x: ActRow<'_>) -> f32 {
+    let eight = _mm256_set1_epi8(8);
+    dot_blocks32(w, x, 18, |b| _mm256_sub_epi8(nibbles32(b.add(2)), eight), true, |b| (f16_at(b), 0.0))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1(w: &[u8], x: ActRow<'_>) -> f32 {
+    dot_blocks32(w, x, 20, |b| nibbles32(b.add(4)), false, |b| (f16_at(b), f16_at(b.add(2))))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0(w: &[u8], x: ActRow<'_>) -> f32 {
+    let high_clear = _mm256_set1_epi8(0xF0u8 as i8);
+    dot_blocks32(
+        w,
+        x,
+        22,
+        |b| {
+            // level = nibble + 16 * bit - 16: where the bit is clear, setting 0xF0 subtracts 16.
+            let clear = _mm256_andnot_si256(bytes_from_bits_32(b.add(2)), high_clear);
+            _mm256_or_si256(nibbles32(b.add(6)), clear)
+        },
+        true,
+        |b| (f16_at(b), 0.0),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1(w: &[u8], x: ActRow<'_>) -> f32 {
+    let bit4 = _mm256_set1_epi8(0x10);
+    dot_blocks32(
+        w,
+        x,
+        24,
+        |b| _mm256_or_si256(nibbles32(b.add(8)), _mm256_and_si256(bytes_from_bits_32(b.add(4)), bit4)),
+        false,
+        |b| (f16_at(b), f16_at(b.add(2))),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0(w: &[u8], x: ActRow<'_>) -> f32 {
+    dot_blocks32(w, x, 34, |b| load256(b.add(2) as *const i8), true, |b| (f16_at(b), 0.0))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_nl(w: &[u8], x: ActRow<'_>) -> f32 {
+    let table = table16(&KVALUES_IQ4NL);
+    dot_blocks32(w, x, 18, |b| _mm256_shuffle_epi8(table, nibbles32(b.add(2))), true, |b| (f16_at(b), 0.0))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_mxfp4(w: &[u8], x: ActRow<'_>) -> f32 {
+    let table = table16(&KVALUES_MXFP4);
+    dot_blocks32(w, x, 17, |b| _mm256_shuffle_epi8(table, nibbles32(b.add(1))), true, |b| (e8m0_to_f32_half(*b), 0.0))
+}
+
+/// A scale vector for one 32-value group made of two 16-value sub-blocks: `lo` for the first
+/// eight i16 lanes (values 0..16), `hi` for the rest.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_2x16(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// `(n_superblocks, activation checks)` for the 256-value types.
+#[inline(always)]
+fn superblocks(w: &[u8], block_bytes: usize, x: &ActRow<'_>) -> usize {
+    let nb = w.len() / block_bytes;
+    assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb && x.sums.len() >= nb * 16, "activation row too short");
+    nb
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let nb = superblocks(w, 84, &x);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = 0.0f32;
+    for ib in 0..nb {
+        let b = w.as_ptr().add(ib * 84);
+        let sc = std::slice::from_raw_parts(b, 16);
+        let xq = x.qs.as_ptr().add(ib * 256);
+        let bsums = &x.sums[ib * 16..ib * 16 + 16];
+        let dx = x.d[ib];
+        let mut summ = 0i32;
+        for g in 0..16 {
+            summ += (sc[g] >> 4) as i32 * bsums[g] as i32;
+        }
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = _mm256_loadu_si256(b.add(16 + 32 * n) as *const __m256i);
+            for j in 0..4 {
+                let lv = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                let g = 8 * n + 2 * j;
+                let s = scales_2x16((sc[g] & 0xF) as i32, (sc[g + 1] & 0xF) as i32);
+                let xv = load256(xq.add(128 * n + 32 * j));
+                sumi = _mm256_add_epi32(sumi, madd_u8_i8(lv, xv, s));
+            }
+        }
+        let d = f16_at(b.add(80)) * dx;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_min += f16_at(b.add(82)) * dx * summ as f32;
+    }
+    hsum_f32x8(acc) - acc_min
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let nb = superblocks(w, 110, &x);
+    let (m3, m1) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let b = w.as_ptr().add(ib * 110);
+        let scales = q3_k_scales(std::slice::from_raw_parts(b.add(96), 12));
+        let xq = x.qs.as_ptr().add(ib * 256);
+        let bsums = &x.sums[ib * 16..ib * 16 + 16];
+        // Levels are stored +4 (0..8) below; take 4 * sum(x) back out per sub-block.
+        let mut offset = 0i32;
+        let mut sc = [0i32; 16];
+        for g in 0..16 {
+            sc[g] = scales[g] as i32 - 32;
+            offset += sc[g] * 4 * bsums[g] as i32;
+        }
+        let hm = _mm256_loadu_si256(b as *const __m256i);
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = _mm256_loadu_si256(b.add(32 + 32 * n) as *const __m256i);
+            for j in 0..4 {
+                let shift = _mm_cvtsi32_si128(2 * j as i32);
+                let low = _mm256_and_si256(_mm256_srl_epi16(q, shift), m3);
+                let hbit = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * n + j) as i32)), m1);
+                let lv = _mm256_or_si256(low, _mm256_slli_epi16(hbit, 2));
+                let g = 8 * n + 2 * j;
+                let xv = load256(xq.add(128 * n + 32 * j));
+                sumi = _mm256_add_epi32(sumi, madd_u8_i8(lv, xv, scales_2x16(sc[g], sc[g + 1])));
+            }
+        }
+        let d = f16_at(b.add(108)) * x.d[ib];
+        let total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+    }
+    hsum_f32x8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k(w: &[u8], x: ActRow<'_>) -> f32 {
+    dot_q45_k(w, x, false)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k(w: &[u8], x: ActRow<'_>) -> f32 {
+    dot_q45_k(w, x, true)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q45_k(w: &[u8], x: ActRow<'_>, five_bits: bool) -> f32 {
+    let block_bytes = if five_bits { 176 } else { 144 };
+    let qs_at = if five_bits { 48 } else { 16 };
+    let nb = superblocks(w, block_bytes, &x);
+    let (m4, m1) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = 0.0f32;
+    for ib in 0..nb {
+        let b = w.as_ptr().add(ib * block_bytes);
+        let packed = std::slice::from_raw_parts(b.add(4), 12);
+        let xq = x.qs.as_ptr().add(ib * 256);
+        let bsums = &x.sums[ib * 16..ib * 16 + 16];
+        let dx = x.d[ib];
+        let mut summ = 0i32;
+        let mut sc = [0i32; 8];
+        for j in 0..8 {
+            let (s, m) = scale_min_k4(j, packed);
+            sc[j] = s as i32;
+            summ += m as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32);
+        }
+        let hm = if five_bits { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(b.add(qs_at + 32 * c) as *const __m256i);
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if five_bits {
+                let b_lo = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32)), m1);
+                let b_hi = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32 + 1)), m1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(b_lo, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(b_hi, 4));
+            }
+            let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
+            let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+            sumi = _mm256_add_epi32(sumi, madd_u8_i8(lo, load256(xq.add(64 * c)), s_lo));
+            sumi = _mm256_add_epi32(sumi, madd_u8_i8(hi, load256(xq.add(64 * c + 32)), s_hi));
+        }
+        let d = f16_at(b) * dx;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_min += f16_at(b.add(2)) * dx * summ as f32;
+    }
+    hsum_f32x8(acc) - acc_min
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let nb = superblocks(w, 210, &x);
+    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let b = w.as_ptr().add(ib * 210);
+        let scales = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+        let xq = x.qs.as_ptr().add(ib * 256);
+        let bsums = &x.sums[ib * 16..ib * 16 + 16];
+        // Levels are stored +32 (0..64); take 32 * sum(x) back out per sub-block.
+        let mut offset = 0i32;
+        for g in 0..16 {
+            offset += scales[g] as i32 * 32 * bsums[g] as i32;
+        }
+        let mut sumi = _mm256_setzero_si256();
+        for half in 0..2 {
+            let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+            let high =
+                |shift: i32| _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), m3), 4);
+            let groups = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+            ];
+            for (gi, lv) in groups.into_iter().enumerate() {
+                let g = 8 * half + 2 * gi;
+                let s = scales_2x16(scales[g] as i32, scales[g + 1] as i32);
+                let xv = load256(xq.add(128 * half + 32 * gi));
+                sumi = _mm256_add_epi32(sumi, madd_u8_i8(lv, xv, s));
+            }
+        }
+        let d = f16_at(b.add(208)) * x.d[ib];
+        let total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+    }
+    hsum_f32x8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_xs(w: &[u8], x: ActRow<'_>) -> f32 {
+    let nb = superblocks(w, 136, &x);
+    let table = table16(&KVALUES_IQ4NL);
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let b = w.as_ptr().add(ib * 136);
+        let scales_h = (b.add(2) as *const u16).read_unaligned();
+        let scales_l = std::slice::from_raw_parts(b.add(4), 4);
+        let xq = x.qs.as_ptr().add(ib * 256);
+        let mut sumi = _mm256_setzero_si256();
+        for sb in 0..8 {
+            let lv = _mm256_shuffle_epi8(table, nibbles32(b.add(8 + 16 * sb)));
+            let s = _mm256_set1_epi16((iq4_xs_scale(sb, scales_h, scales_l) - 32) as i16);
+            sumi = _mm256_add_epi32(sumi, madd_i8_i8(lv, load256(xq.add(32 * sb)), s));
+        }
+        let d = f16_at(b) * x.d[ib];
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_f32x8(acc)
+}

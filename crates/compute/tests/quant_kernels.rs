@@ -1,0 +1,124 @@
+//! The quantized-activation kernels (llama.cpp-style Q8_0/Q8_K activations): every available
+//! vectorised kernel against the portable one on random valid blocks and odd shapes, tiling
+//! checks for prefill, and the dot-product error bounds of ggml's test-quantize-fns.
+
+mod quant_common;
+
+use compute::quant::{self, GgmlType, Kernel, MatmulMode, QuantError};
+use quant_common::{ggml_test_data, random_rows, Rng};
+
+/// Types with an 8-bit activation scheme.
+const QUANTIZED: &[GgmlType] = &[
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+    GgmlType::MXFP4,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
+
+fn run(dtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], kernel: Kernel) -> Vec<f32> {
+    let mut y = vec![f32::NAN; x.len() / k * n_out];
+    quant::matmul_quantized(dtype, w, n_out, k, x, &mut y, kernel).unwrap();
+    y
+}
+
+#[test]
+fn every_kernel_matches_the_portable_one() {
+    let kernels = Kernel::available();
+    println!("kernels on this CPU: {kernels:?} (best {:?})", Kernel::best());
+    let mut rng = Rng::new(0xC0FFEE);
+    for &dtype in QUANTIZED {
+        let be = dtype.block_elems();
+        // Odd row counts, one to many blocks per row, decode and prefill token counts.
+        for (n_out, blocks, n_tok) in [(1, 1, 1), (13, 3, 1), (29, 9, 2), (7, 2, 19)] {
+            let k = be * blocks;
+            let w = random_rows(dtype, n_out, k, &mut rng);
+            let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
+            let reference = run(dtype, &w, n_out, k, &x, Kernel::Portable);
+            // Bound the float reordering by the size of the terms: |w| |x| summed in f64.
+            let mut deq = vec![0f32; n_out * k];
+            quant::dequantize(dtype, &w, &mut deq).unwrap();
+            for &kernel in &kernels {
+                let got = run(dtype, &w, n_out, k, &x, kernel);
+                for t in 0..n_tok {
+                    for o in 0..n_out {
+                        let scale: f64 = (0..k).map(|i| (deq[o * k + i] as f64 * x[t * k + i] as f64).abs()).sum();
+                        let (g, r) = (got[t * n_out + o], reference[t * n_out + o]);
+                        assert!(
+                            ((g - r) as f64).abs() <= 1e-5 * scale + 1e-30,
+                            "{dtype} {kernel:?} n_out={n_out} k={k} t={t} o={o}: {g} vs portable {r} (terms {scale})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_tiles_give_the_same_bits_as_one_token_at_a_time() {
+    let mut rng = Rng::new(0xBEEF);
+    for &dtype in &[GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        let (n_out, k, n_tok) = (45, 512, 37);
+        let w = random_rows(dtype, n_out, k, &mut rng);
+        let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
+        let mut batch = vec![0f32; n_tok * n_out];
+        quant::matmul(dtype, &w, n_out, k, &x, &mut batch, MatmulMode::QuantizedActivations).unwrap();
+        for t in 0..n_tok {
+            let mut one = vec![0f32; n_out];
+            quant::matmul(dtype, &w, n_out, k, &x[t * k..(t + 1) * k], &mut one, MatmulMode::QuantizedActivations)
+                .unwrap();
+            for o in 0..n_out {
+                assert_eq!(batch[t * n_out + o].to_bits(), one[o].to_bits(), "{dtype} t={t} o={o}");
+            }
+        }
+    }
+}
+
+/// ggml tests/test-quantize-fns.cpp: weights `0.1 + 2 cos(i)` quantized with the reference
+/// quantizer, activations `0.1 + 2 cos(i + 1)` quantized on the fly, 4096 values;
+/// `|vec_dot - f32 dot| / 4096` below MAX_DOT_PRODUCT_ERROR (0.02), _LOWBIT (0.04) for Q2_K,
+/// _FP4 (0.03) for MXFP4.
+#[test]
+fn dot_product_error_within_test_quantize_fns_bounds() {
+    let n = 4096;
+    let w_f32 = ggml_test_data(0.0, n);
+    let x = ggml_test_data(1.0, n);
+    let reference: f64 = w_f32.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+    for &dtype in QUANTIZED {
+        let bound = match dtype {
+            GgmlType::Q2_K => 0.04,
+            GgmlType::MXFP4 => 0.03,
+            _ => 0.02,
+        };
+        let mut w = vec![0u8; dtype.row_bytes(n as u64).unwrap() as usize];
+        quant::quantize(dtype, &w_f32, &mut w).unwrap();
+        for kernel in Kernel::available() {
+            let got = run(dtype, &w, 1, n, &x, kernel)[0] as f64;
+            let err = (got - reference).abs() / n as f64;
+            println!("{dtype} {kernel:?}: dot product error {err:.6} (bound {bound})");
+            assert!(err < bound, "{dtype} {kernel:?}: dot product error {err} >= {bound}");
+        }
+    }
+}
+
+#[test]
+fn float_types_have_no_quantized_activation_path() {
+    let err = quant::matmul_quantized(GgmlType::F16, &[0u8; 64], 1, 32, &[0f32; 32], &mut [0f32; 1], Kernel::Portable)
+        .unwrap_err();
+    assert_eq!(err, QuantError::Unsupported { dtype: GgmlType::F16, op: "matmul_quantized" });
+    // ...but matmul in that mode computes them exactly.
+    let w: Vec<u8> = (0..32).flat_map(|i| half::f16::from_f32(i as f32).to_le_bytes()).collect();
+    let x = vec![1f32; 32];
+    let mut y = [0f32; 1];
+    quant::matmul(GgmlType::F16, &w, 1, 32, &x, &mut y, MatmulMode::QuantizedActivations).unwrap();
+    assert_eq!(y[0], (0..32).sum::<i32>() as f32);
+}
