@@ -26,12 +26,7 @@ fn run_compact_dequantize() {
     let model = GgufModel::open(refs_path()).unwrap();
     let mut n = 0;
     for t in model.tensors() {
-        let Some(base) = t
-            .info
-            .name
-            .strip_suffix(".q")
-            .filter(|b| b.starts_with("fx."))
-        else {
+        let Some(base) = t.info.name.strip_suffix(".q").filter(|b| b.starts_with("fx.")) else {
             continue;
         };
         let want = f32_values(model.tensor(&format!("{base}.deq")).unwrap().data);
@@ -57,10 +52,7 @@ fn fixture_tensors_dequantize_like_gguf_py() {
     let mut by_file: BTreeMap<&str, Vec<(&str, &str, usize, &str)>> = BTreeMap::new();
     for line in table.lines().filter(|l| !l.starts_with('#')) {
         let f: Vec<&str> = line.split('\t').collect();
-        by_file
-            .entry(f[0])
-            .or_default()
-            .push((f[1], f[2], f[3].parse().unwrap(), f[4]));
+        by_file.entry(f[0]).or_default().push((f[1], f[2], f[3].parse().unwrap(), f[4]));
     }
     let mut n_tensors = 0;
     for (file, rows) in &by_file {
@@ -70,18 +62,11 @@ fn fixture_tensors_dequantize_like_gguf_py() {
             assert_eq!(t.info.dtype.name(), ty, "{file} {name}");
             let mut got = vec![0f32; n_values];
             quant::dequantize(t.info.dtype, t.data, &mut got).unwrap();
-            assert_eq!(
-                digest_of(&got),
-                want,
-                "{file} {name} ({ty}): dequantization differs from gguf-py"
-            );
+            assert_eq!(digest_of(&got), want, "{file} {name} ({ty}): dequantization differs from gguf-py");
             n_tensors += 1;
         }
     }
-    println!(
-        "ran the full set: {n_tensors} tensors of {} fixture files match gguf-py bit for bit",
-        by_file.len()
-    );
+    println!("ran the full set: {n_tensors} tensors of {} fixture files match gguf-py bit for bit", by_file.len());
 }
 
 #[test]
@@ -111,21 +96,12 @@ fn fixture_tensors_requantize_like_llama_quantize() {
                     continue;
                 }
                 let src = f32_model.tensor(&t.info.name).unwrap();
-                assert_eq!(
-                    src.info.dtype,
-                    GgmlType::F32,
-                    "{} in model-f32.gguf",
-                    t.info.name
-                );
+                assert_eq!(src.info.dtype, GgmlType::F32, "{} in model-f32.gguf", t.info.name);
                 let x = f32_values(src.data);
                 let mut got = vec![0u8; t.data.len()];
                 quant::quantize(dtype, &x, &mut got).unwrap();
                 let bb = dtype.block_bytes();
-                let bad = got
-                    .chunks(bb)
-                    .zip(t.data.chunks(bb))
-                    .filter(|(a, b)| a != b)
-                    .count();
+                let bad = got.chunks(bb).zip(t.data.chunks(bb)).filter(|(a, b)| a != b).count();
                 assert_eq!(
                     bad,
                     0,
@@ -139,17 +115,7 @@ fn fixture_tensors_requantize_like_llama_quantize() {
             }
         }
     }
-    let summary: Vec<String> = per_type
-        .iter()
-        .map(|(t, (n, b))| format!("{t}: {n} tensors/{b} blocks"))
-        .collect();
-    println!(
-        "ran the full set over {} archs: {}",
-        archs.len(),
-        summary.join(", ")
-    );
-    assert!(
-        per_type.len() >= 8,
-        "expected 8 quantized types in the fixtures, saw {summary:?}"
-    );
+    let summary: Vec<String> = per_type.iter().map(|(t, (n, b))| format!("{t}: {n} tensors/{b} blocks")).collect();
+    println!("ran the full set over {} archs: {}", archs.len(), summary.join(", "));
+    assert!(per_type.len() >= 8, "expected 8 quantized types in the fixtures, saw {summary:?}");
 }

@@ -21,17 +21,9 @@ fn check_exact(dtype: GgmlType, n_out: usize, k: usize, n_tok: usize, rng: &mut 
             let xt = &x[t * k..(t + 1) * k];
             let got = y[t * n_out + o];
             let by_dot = quant::dot(dtype, row, xt).unwrap();
-            assert_eq!(
-                got.to_bits(),
-                by_dot.to_bits(),
-                "{dtype} o={o} t={t}: matmul {got} != dot {by_dot}"
-            );
+            assert_eq!(got.to_bits(), by_dot.to_bits(), "{dtype} o={o} t={t}: matmul {got} != dot {by_dot}");
             let exact: f64 = deq.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-            let scale: f64 = deq
-                .iter()
-                .zip(xt)
-                .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                .sum();
+            let scale: f64 = deq.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
             assert!(
                 (got as f64 - exact).abs() <= 1e-5 * scale + 1e-30,
                 "{dtype} o={o} t={t}: {got} vs f64 {exact} (sum |terms| {scale})"
@@ -70,33 +62,12 @@ fn quantized_activations_mode_is_close_to_exact() {
         let mut exact = vec![0f32; n_tok * n_out];
         let mut fast = vec![0f32; n_tok * n_out];
         quant::matmul(dtype, &w, n_out, k, &x, &mut exact, MatmulMode::Exact).unwrap();
-        quant::matmul(
-            dtype,
-            &w,
-            n_out,
-            k,
-            &x,
-            &mut fast,
-            MatmulMode::QuantizedActivations,
-        )
-        .unwrap();
-        let norm: f64 = exact
-            .iter()
-            .map(|v| (*v as f64).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let err: f64 = exact
-            .iter()
-            .zip(&fast)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        quant::matmul(dtype, &w, n_out, k, &x, &mut fast, MatmulMode::QuantizedActivations).unwrap();
+        let norm: f64 = exact.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+        let err: f64 = exact.iter().zip(&fast).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
         // 8-bit activations: relative error of the output well under 1% (llama.cpp's
         // test-backend-ops accepts nmse 5e-4, i.e. ~2% relative L2, for quantized matmuls).
-        assert!(
-            err <= 0.01 * norm + 1e-6,
-            "{dtype}: |fast - exact| = {err}, |exact| = {norm}"
-        );
+        assert!(err <= 0.01 * norm + 1e-6, "{dtype}: |fast - exact| = {err}, |exact| = {norm}");
     }
 }
 
@@ -106,61 +77,17 @@ fn matmul_rejects_bad_shapes_with_numbers() {
     let x = vec![0f32; 64];
     let mut y = vec![0f32; 2];
     let err = quant::matmul(GgmlType::Q4_0, &w, 2, 48, &x, &mut y, MatmulMode::Exact).unwrap_err();
-    assert_eq!(
-        err,
-        QuantError::NotWholeBlocks {
-            dtype: GgmlType::Q4_0,
-            n_values: 48,
-            block_elems: 32
-        }
-    );
+    assert_eq!(err, QuantError::NotWholeBlocks { dtype: GgmlType::Q4_0, n_values: 48, block_elems: 32 });
     let err = quant::matmul(GgmlType::Q4_0, &w, 3, 32, &x, &mut y, MatmulMode::Exact).unwrap_err();
     assert_eq!(
         err,
-        QuantError::SizeMismatch {
-            dtype: GgmlType::Q4_0,
-            n_values: 96,
-            expected_bytes: 54,
-            got_bytes: 36
-        }
+        QuantError::SizeMismatch { dtype: GgmlType::Q4_0, n_values: 96, expected_bytes: 54, got_bytes: 36 }
     );
-    let err = quant::matmul(
-        GgmlType::Q4_0,
-        &w,
-        2,
-        32,
-        &x[..40],
-        &mut y,
-        MatmulMode::Exact,
-    )
-    .unwrap_err();
-    assert_eq!(
-        err,
-        QuantError::RaggedRows {
-            op: "matmul",
-            what: "x",
-            row_len: 32,
-            got: 40
-        }
-    );
+    let err = quant::matmul(GgmlType::Q4_0, &w, 2, 32, &x[..40], &mut y, MatmulMode::Exact).unwrap_err();
+    assert_eq!(err, QuantError::RaggedRows { op: "matmul", what: "x", row_len: 32, got: 40 });
     let err = quant::matmul(GgmlType::Q4_0, &w, 2, 32, &x, &mut y, MatmulMode::Exact).unwrap_err();
-    assert_eq!(
-        err,
-        QuantError::ShapeMismatch {
-            op: "matmul",
-            what: "y",
-            expected: 4,
-            got: 2
-        }
-    );
-    let err =
-        quant::matmul(GgmlType::IQ2_XXS, &w, 1, 256, &x, &mut y, MatmulMode::Exact).unwrap_err();
-    assert_eq!(
-        err,
-        QuantError::Unsupported {
-            dtype: GgmlType::IQ2_XXS,
-            op: "matmul"
-        }
-    );
+    assert_eq!(err, QuantError::ShapeMismatch { op: "matmul", what: "y", expected: 4, got: 2 });
+    let err = quant::matmul(GgmlType::IQ2_XXS, &w, 1, 256, &x, &mut y, MatmulMode::Exact).unwrap_err();
+    assert_eq!(err, QuantError::Unsupported { dtype: GgmlType::IQ2_XXS, op: "matmul" });
     assert!(err.to_string().contains("IQ2_XXS"), "{err}");
 }

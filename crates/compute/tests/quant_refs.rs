@@ -7,13 +7,10 @@ mod quant_common;
 
 use compute::quant::{self, GgmlType, QuantError};
 use gguf::GgufModel;
-use quant_common::{
-    bit_mismatches, f32_values, ggml_array_rmse, ggml_test_data, refs_path, SUPPORTED,
-};
+use quant_common::{bit_mismatches, f32_values, ggml_array_rmse, ggml_test_data, refs_path, SUPPORTED};
 
 fn refs() -> GgufModel {
-    GgufModel::open(refs_path())
-        .expect("testdata/quant/refs.gguf (regenerate with scripts/gen_quant_refs.py)")
+    GgufModel::open(refs_path()).expect("testdata/quant/refs.gguf (regenerate with scripts/gen_quant_refs.py)")
 }
 
 /// Every `<prefix>.<TYPE>.q` tensor of the reference file, with its type name.
@@ -22,10 +19,7 @@ fn cases(model: &GgufModel, prefix: &str) -> Vec<(String, GgmlType)> {
         .tensors()
         .filter_map(|t| {
             let name = &t.info.name;
-            let ty = name
-                .strip_prefix(prefix)?
-                .strip_prefix('.')?
-                .strip_suffix(".q")?;
+            let ty = name.strip_prefix(prefix)?.strip_prefix('.')?.strip_suffix(".q")?;
             Some((ty.to_string(), t.info.dtype))
         })
         .collect();
@@ -52,9 +46,7 @@ fn dequantize_matches_gguf_py_bit_for_bit() {
     println!("bit-exact: {}", checked.join(" "));
     for &dtype in SUPPORTED {
         assert!(
-            checked
-                .iter()
-                .any(|c| c.ends_with(&format!(".{}", dtype.name()))),
+            checked.iter().any(|c| c.ends_with(&format!(".{}", dtype.name()))),
             "no dequantization reference for {dtype}"
         );
     }
@@ -71,17 +63,8 @@ fn quantize_matches_llama_quantize_on_fixture_rows() {
         let mut got = vec![0u8; want.len()];
         quant::quantize(dtype, &src, &mut got).unwrap();
         let bb = dtype.block_bytes();
-        let bad = got
-            .chunks(bb)
-            .zip(want.chunks(bb))
-            .filter(|(a, b)| a != b)
-            .count();
-        assert_eq!(
-            bad,
-            0,
-            "fx.{ty}: {bad} of {} blocks differ from llama-quantize",
-            want.len() / bb
-        );
+        let bad = got.chunks(bb).zip(want.chunks(bb)).filter(|(a, b)| a != b).count();
+        assert_eq!(bad, 0, "fx.{ty}: {bad} of {} blocks differ from llama-quantize", want.len() / bb);
     }
 }
 
@@ -89,10 +72,7 @@ fn quantize_matches_llama_quantize_on_fixture_rows() {
 fn quantize_matches_gguf_py() {
     let model = refs();
     let types = cases(&model, "gp");
-    assert!(
-        types.len() >= 7,
-        "expected gguf-py quantize references, got {types:?}"
-    );
+    assert!(types.len() >= 7, "expected gguf-py quantize references, got {types:?}");
     for (ty, dtype) in types {
         let src = f32_values(model.tensor(&format!("gp.{ty}.src")).unwrap().data);
         let want = model.tensor(&format!("gp.{ty}.q")).unwrap().data;
@@ -124,10 +104,7 @@ fn quantize_round_trip_error_within_test_quantize_fns_bounds() {
         quant::dequantize(dtype, &q, &mut back).unwrap();
         let err = ggml_array_rmse(&data, &back);
         println!("{dtype}: total quantization error {err:.6} (bound {bound})");
-        assert!(
-            err < bound,
-            "{dtype}: total quantization error {err} >= {bound}"
-        );
+        assert!(err < bound, "{dtype}: total quantization error {err} >= {bound}");
     }
 }
 
@@ -139,11 +116,7 @@ fn quantize_all_zero_input_gives_zero_output() {
         quant::quantize(dtype, &zeros, &mut q).unwrap();
         let mut back = vec![1f32; 512];
         quant::dequantize(dtype, &q, &mut back).unwrap();
-        assert!(
-            back.iter().all(|&v| v == 0.0),
-            "{dtype}: zeros came back as {:?}",
-            &back[..4]
-        );
+        assert!(back.iter().all(|&v| v == 0.0), "{dtype}: zeros came back as {:?}", &back[..4]);
     }
 }
 
@@ -159,22 +132,13 @@ fn dot_is_the_dot_product_of_the_dequantized_row() {
             }
             let k = q.info.shape[0] as usize;
             let row_bytes = q.data.len() / (deq.len() / k);
-            let x: Vec<f32> = (0..k)
-                .map(|i| ((i * 7 + 3) % 11) as f32 / 11.0 - 0.45)
-                .collect();
+            let x: Vec<f32> = (0..k).map(|i| ((i * 7 + 3) % 11) as f32 / 11.0 - 0.45).collect();
             for (r, w) in deq.chunks_exact(k).enumerate() {
                 let row = &q.data[r * row_bytes..(r + 1) * row_bytes];
                 let got = quant::dot(dtype, row, &x).unwrap() as f64;
                 let want: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let scale: f64 = w
-                    .iter()
-                    .zip(&x)
-                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                    .sum();
-                assert!(
-                    (got - want).abs() <= 1e-6 * scale,
-                    "{prefix}.{ty} row {r}: {got} vs {want}"
-                );
+                let scale: f64 = w.iter().zip(&x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                assert!((got - want).abs() <= 1e-6 * scale, "{prefix}.{ty} row {r}: {got} vs {want}");
             }
         }
     }
@@ -185,48 +149,25 @@ fn bad_lengths_are_errors_with_numbers() {
     let mut out = vec![0f32; 48];
     assert_eq!(
         quant::dequantize(GgmlType::Q4_K, &[0u8; 144], &mut out),
-        Err(QuantError::NotWholeBlocks {
-            dtype: GgmlType::Q4_K,
-            n_values: 48,
-            block_elems: 256
-        })
+        Err(QuantError::NotWholeBlocks { dtype: GgmlType::Q4_K, n_values: 48, block_elems: 256 })
     );
     let mut out = vec![0f32; 256];
     let err = quant::dequantize(GgmlType::Q4_K, &[0u8; 143], &mut out).unwrap_err();
     assert_eq!(
         err,
-        QuantError::SizeMismatch {
-            dtype: GgmlType::Q4_K,
-            n_values: 256,
-            expected_bytes: 144,
-            got_bytes: 143
-        }
+        QuantError::SizeMismatch { dtype: GgmlType::Q4_K, n_values: 256, expected_bytes: 144, got_bytes: 143 }
     );
-    assert_eq!(
-        err.to_string(),
-        "256 values of Q4_K take 144 bytes, got 143"
-    );
+    assert_eq!(err.to_string(), "256 values of Q4_K take 144 bytes, got 143");
     assert_eq!(
         quant::dot(GgmlType::Q8_0, &[0u8; 34], &[0f32; 64]),
-        Err(QuantError::SizeMismatch {
-            dtype: GgmlType::Q8_0,
-            n_values: 64,
-            expected_bytes: 68,
-            got_bytes: 34
-        })
+        Err(QuantError::SizeMismatch { dtype: GgmlType::Q8_0, n_values: 64, expected_bytes: 68, got_bytes: 34 })
     );
     assert_eq!(
         quant::quantize(GgmlType::IQ2_XS, &[0f32; 256], &mut [0u8; 74]),
-        Err(QuantError::Unsupported {
-            dtype: GgmlType::IQ2_XS,
-            op: "quantize"
-        })
+        Err(QuantError::Unsupported { dtype: GgmlType::IQ2_XS, op: "quantize" })
     );
     assert!(!quant::is_supported(GgmlType::IQ1_S));
     for &dtype in SUPPORTED {
-        assert!(
-            quant::is_supported(dtype) && quant::can_quantize(dtype),
-            "{dtype}"
-        );
+        assert!(quant::is_supported(dtype) && quant::can_quantize(dtype), "{dtype}");
     }
 }

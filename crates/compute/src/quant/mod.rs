@@ -157,20 +157,11 @@ pub fn can_quantize(dtype: GgmlType) -> bool {
 fn check_encoded(dtype: GgmlType, n_values: usize, n_bytes: usize) -> Result<(), QuantError> {
     let block_elems = dtype.block_elems();
     if !n_values.is_multiple_of(block_elems) {
-        return Err(QuantError::NotWholeBlocks {
-            dtype,
-            n_values,
-            block_elems,
-        });
+        return Err(QuantError::NotWholeBlocks { dtype, n_values, block_elems });
     }
     let expected_bytes = n_values / block_elems * dtype.block_bytes();
     if n_bytes != expected_bytes {
-        return Err(QuantError::SizeMismatch {
-            dtype,
-            n_values,
-            expected_bytes,
-            got_bytes: n_bytes,
-        });
+        return Err(QuantError::SizeMismatch { dtype, n_values, expected_bytes, got_bytes: n_bytes });
     }
     Ok(())
 }
@@ -182,10 +173,7 @@ fn check_encoded(dtype: GgmlType, n_values: usize, n_bytes: usize) -> Result<(),
 /// `dst.len()` is not a multiple of the block size, [`QuantError::SizeMismatch`] when `src` is not
 /// exactly the encoded size of `dst.len()` values.
 pub fn dequantize(dtype: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
-    let f = dequantizer(dtype).ok_or(QuantError::Unsupported {
-        dtype,
-        op: "dequantize",
-    })?;
+    let f = dequantizer(dtype).ok_or(QuantError::Unsupported { dtype, op: "dequantize" })?;
     check_encoded(dtype, dst.len(), src.len())?;
     f(src, dst);
     Ok(())
@@ -196,10 +184,7 @@ pub fn dequantize(dtype: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Qu
 /// # Errors
 /// As [`dequantize`], with `src.len()` as the value count.
 pub fn quantize(dtype: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    let f = quantizer(dtype).ok_or(QuantError::Unsupported {
-        dtype,
-        op: "quantize",
-    })?;
+    let f = quantizer(dtype).ok_or(QuantError::Unsupported { dtype, op: "quantize" })?;
     check_encoded(dtype, src.len(), dst.len())?;
     f(src, dst);
     Ok(())

@@ -72,9 +72,7 @@ pub fn random_rows(dtype: GgmlType, n_rows: usize, k: usize, rng: &mut Rng) -> V
             F32 => b.copy_from_slice(&rng.normal().to_le_bytes()),
             F16 => put_f16(b, rng.normal()),
             BF16 => b.copy_from_slice(&((rng.normal().to_bits() >> 16) as u16).to_le_bytes()),
-            Q4_0 | Q5_0 | Q8_0 | IQ4_NL => {
-                put_f16(b, scale * if rng.uniform() < 0.5 { -1.0 } else { 1.0 })
-            }
+            Q4_0 | Q5_0 | Q8_0 | IQ4_NL => put_f16(b, scale * if rng.uniform() < 0.5 { -1.0 } else { 1.0 }),
             Q4_1 | Q5_1 => {
                 put_f16(b, scale);
                 put_f16(&mut b[2..], -8.0 * scale * rng.uniform());
@@ -110,19 +108,14 @@ pub fn fixtures_dir() -> Option<std::path::PathBuf> {
 }
 
 pub fn f32_values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 /// Bit-exact comparison (NaNs compare by bits too); returns a description of the first
 /// mismatches, if any.
 pub fn bit_mismatches(got: &[f32], want: &[f32]) -> Option<String> {
     assert_eq!(got.len(), want.len());
-    let bad: Vec<usize> = (0..got.len())
-        .filter(|&i| got[i].to_bits() != want[i].to_bits())
-        .collect();
+    let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i].to_bits() != want[i].to_bits()).collect();
     if bad.is_empty() {
         return None;
     }
@@ -139,19 +132,12 @@ pub fn bit_mismatches(got: &[f32], want: &[f32]) -> Option<String> {
             )
         })
         .collect();
-    Some(format!(
-        "{} of {} differ: {}",
-        bad.len(),
-        got.len(),
-        shown.join(", ")
-    ))
+    Some(format!("{} of {} differ: {}", bad.len(), got.len(), shown.join(", ")))
 }
 
 /// test-quantize-fns' synthetic data: `0.1 + 2 * cos(i + offset)`.
 pub fn ggml_test_data(offset: f32, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
-        .collect()
+    (0..n).map(|i| 0.1 + 2.0 * (i as f32 + offset).cos()).collect()
 }
 
 /// test-quantize-fns' `array_rmse`: sqrt(sum of squared differences) / n (sic).
