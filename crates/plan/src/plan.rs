@@ -1,0 +1,538 @@
+//! [`plan`]: every back end answers "ok, with an estimate" or "no, because", and the fastest
+//! answer that is ok wins.
+//!
+//! # The memory model
+//! From the GGUF header ([`WeightFacts`]): weight bytes (as stored for the CPU, which uses them in
+//! place from the memory map; as repacked for the GPU), the KV cache (f32: per layer
+//! `n_head_kv * (key_length + value_length) * 4` bytes per position, MLA's latent instead for
+//! deepseek2, nothing for recurrent layers, whose state is counted apart), and scratch for a
+//! prompt batch of [`N_BATCH`] tokens.
+//!
+//! # The speed model
+//! Generating a token reads every active weight once plus the KV cache so far, and decoding is
+//! bound by memory bandwidth, so `tok/s = bandwidth / bytes read per token`, with the KV cache
+//! counted at half the context. The bandwidths come from [`crate::probe`] (measured, or the
+//! table of measured devices); each estimate says which. With no bandwidth known the estimate
+//! has no speed, and such back ends rank after those with one.
+
+use crate::describe::{ModelDescription, Task, WeightFacts};
+use crate::probe::{GpuInfo, Machine, Source};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Tokens of one prompt batch, for the scratch estimate.
+pub const N_BATCH: u64 = 512;
+/// Runtime overhead on the host beyond weights, cache and scratch (code, tokenizer, buffers).
+pub const HOST_OVERHEAD_BYTES: u64 = 64 << 20;
+/// Context length used when the caller gives none and the model's is longer (as
+/// `models::LoadOptions` with `n_ctx` 0).
+pub const DEFAULT_MAX_CTX: u64 = 4096;
+
+/// The back ends the planner weighs, in the order it lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// Everything on the CPU, weights used in place from the memory map.
+    Cpu,
+    /// Everything resident on one GPU.
+    Gpu,
+    /// Dense weights on the GPU, routed experts paged in from RAM and disk on demand.
+    GpuPaged,
+    /// Dense layers on the GPU, routed experts computed by the CPU from RAM.
+    Hybrid,
+}
+
+impl BackendKind {
+    /// Every kind, in listing order.
+    pub const ALL: [BackendKind; 4] = [BackendKind::Cpu, BackendKind::Gpu, BackendKind::GpuPaged, BackendKind::Hybrid];
+
+    /// The JSON and CLI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Gpu => "gpu",
+            BackendKind::GpuPaged => "gpu_paged",
+            BackendKind::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// Why a back end cannot run a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Code {
+    /// The files are in a format, or hold a tensor type, the back end cannot read.
+    Format,
+    /// The model computes something other than what was asked (or than text generation).
+    Task,
+    /// The architecture is not implemented, or the back end does not apply to this model.
+    Model,
+    /// No usable GPU (none found, or the build has no GPU back end).
+    Gpu,
+    /// The GPU lacks f16 support the back end needs (the current kernels need none).
+    F16,
+    /// The GPU memory budget is too small; `need_bytes` says how much would do.
+    Budget,
+    /// The RAM budget is too small; `need_bytes` says how much would do.
+    Ram,
+    /// Not enough free disk.
+    Disk,
+    /// The back end is not implemented yet.
+    Unimplemented,
+}
+
+impl Code {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Format => "format",
+            Code::Task => "task",
+            Code::Model => "model",
+            Code::Gpu => "gpu",
+            Code::F16 => "f16",
+            Code::Budget => "budget",
+            Code::Ram => "ram",
+            Code::Disk => "disk",
+            Code::Unimplemented => "unimplemented",
+        }
+    }
+}
+
+/// What a back end would use and how fast it would go.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// GPU memory: weights, KV cache, recurrent state and scratch held there.
+    pub gpu_bytes: u64,
+    /// RAM beyond the page cache's own use: weights the CPU computes with, cache, scratch.
+    pub ram_bytes: u64,
+    /// Bytes read from disk per generated token (0 when everything stays resident).
+    pub disk_bytes: u64,
+    /// Bytes read from memory per generated token (the speed model's numerator).
+    pub bytes_per_token: u64,
+    /// Estimated generation speed; `None` when no bandwidth is known for the device.
+    pub tok_per_sec: Option<f64>,
+    /// The bandwidth used, in bytes per second.
+    pub bandwidth_bytes_per_s: Option<f64>,
+    /// Where that bandwidth comes from.
+    pub bandwidth_source: Option<Source>,
+}
+
+/// Why a back end was refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// The reason's class.
+    pub code: Code,
+    /// The reason, in words, with the fix when there is one.
+    pub reason: String,
+    /// Bytes (of the budget the code names) with which it would run, where more memory would help.
+    pub need_bytes: Option<u64>,
+}
+
+/// One back end's answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendPlan {
+    /// The back end.
+    pub backend: BackendKind,
+    /// The device it would run on (`cpu`, or the GPU's index and name).
+    pub device: Option<String>,
+    /// `Some` when it can run the model.
+    pub estimate: Option<Estimate>,
+    /// `Some` when it cannot.
+    pub refusal: Option<Refusal>,
+}
+
+impl BackendPlan {
+    /// Whether this back end can run the model.
+    pub fn is_ok(&self) -> bool {
+        self.estimate.is_some()
+    }
+}
+
+/// A budget and where its value came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    /// Bytes, when known.
+    pub bytes: Option<u64>,
+    /// `given` (the caller's), `device` (free device memory), `available` (available RAM), or
+    /// `unknown`.
+    pub source: String,
+}
+
+/// What [`plan`] decides. The JSON form is documented in docs/PLAN.md and stable.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The model file planned for.
+    pub model: PathBuf,
+    /// Its architecture.
+    pub architecture: Option<String>,
+    /// Context length the estimates are for.
+    pub n_ctx: u64,
+    /// The fastest back end that is ok, if any.
+    pub chosen: Option<BackendKind>,
+    /// Every back end's answer, in [`BackendKind::ALL`] order.
+    pub backends: Vec<BackendPlan>,
+    /// The GPU memory budget.
+    pub gpu_budget: Budget,
+    /// The RAM budget.
+    pub ram_budget: Budget,
+    /// How speeds were estimated.
+    pub speed_model: String,
+    /// Assumptions made for lack of information (unknown GPU memory, unknown RAM).
+    pub assumptions: Vec<String>,
+}
+
+/// What to plan for.
+#[derive(Clone, Debug, Default)]
+pub struct PlanOptions {
+    /// GPU memory budget (default: the device's free memory, when known).
+    pub budget_bytes: Option<u64>,
+    /// RAM budget (default: available RAM).
+    pub ram_budget_bytes: Option<u64>,
+    /// The task the caller wants (default: the model's own, which must be text generation).
+    pub task: Option<Task>,
+    /// Context length (0: the model's, capped at [`DEFAULT_MAX_CTX`]).
+    pub n_ctx: u64,
+    /// GPU adapter index (default: a discrete GPU first, a software renderer last).
+    pub gpu_index: Option<usize>,
+}
+
+/// Memory a configuration needs, by place.
+struct Needs {
+    kv_bytes: u64,
+    scratch_bytes: u64,
+}
+
+fn needs(w: &WeightFacts, n_ctx: u64) -> Needs {
+    let kv_bytes = w.kv_bytes_per_position * n_ctx + w.recurrent_state_bytes;
+    // Activations of one batch (residual, norms, q/k/v/o, FFN gate/up/down) and the last
+    // position's logits twice (device and host copies).
+    let scratch_bytes = 4 * N_BATCH * (6 * w.n_embd as u64 + 3 * w.max_ffn as u64) + 2 * 4 * w.n_vocab as u64;
+    Needs { kv_bytes, scratch_bytes }
+}
+
+/// Bytes one generated token reads: dense weights, the used experts' share, KV at half context.
+fn bytes_per_token(w: &WeightFacts, weight_bytes: u64, expert_bytes: u64, n_ctx: u64) -> u64 {
+    let active_experts = if w.expert_count > 0 { expert_bytes * w.expert_used_count as u64 / w.expert_count as u64 } else { 0 };
+    weight_bytes - expert_bytes + active_experts + w.kv_bytes_per_position * n_ctx / 2 + w.recurrent_state_bytes
+}
+
+fn speed(bytes_per_token: u64, bw: Option<f64>) -> Option<f64> {
+    bw.map(|b| b / bytes_per_token.max(1) as f64)
+}
+
+fn refuse(backend: BackendKind, device: Option<String>, code: Code, reason: String, need_bytes: Option<u64>) -> BackendPlan {
+    BackendPlan { backend, device, estimate: None, refusal: Some(Refusal { code, reason, need_bytes }) }
+}
+
+/// Picks the GPU a plan uses: the one asked for, else by kind (discrete first).
+fn pick_gpu(machine: &Machine, index: Option<usize>) -> Option<&GpuInfo> {
+    let rank = |t: &str| match t {
+        "DiscreteGpu" => 0,
+        "IntegratedGpu" => 1,
+        "VirtualGpu" => 2,
+        "Cpu" => 4,
+        _ => 3,
+    };
+    match index {
+        Some(i) => machine.gpus.iter().find(|g| g.index == i),
+        None => machine.gpus.iter().min_by_key(|g| (rank(&g.device_type), g.index)),
+    }
+}
+
+/// Plans `desc` on `machine`: each back end's verdict and the fastest that is ok. Pure: the
+/// same description, machine and options give the same plan (tests build machines by hand).
+pub fn plan_with(desc: &ModelDescription, machine: &Machine, opts: &PlanOptions) -> Plan {
+    let model = desc.gguf.clone().unwrap_or_else(|| desc.path.clone());
+    let n_ctx = match opts.n_ctx {
+        0 => desc.context_length.unwrap_or(DEFAULT_MAX_CTX).clamp(1, DEFAULT_MAX_CTX),
+        n => n,
+    };
+    let mut assumptions = Vec::new();
+    let ram_budget = match (opts.ram_budget_bytes, machine.memory.available_bytes) {
+        (Some(b), _) => Budget { bytes: Some(b), source: "given".into() },
+        (None, Some(b)) => Budget { bytes: Some(b), source: "available".into() },
+        (None, None) => {
+            assumptions.push("available RAM is unknown; the RAM budget is not checked (give --ram-budget)".into());
+            Budget { bytes: None, source: "unknown".into() }
+        }
+    };
+    let gpu = pick_gpu(machine, opts.gpu_index);
+    let gpu_budget = match (opts.budget_bytes, gpu.and_then(|g| g.memory_free_bytes.or(g.memory_bytes))) {
+        (Some(b), _) => Budget { bytes: Some(b), source: "given".into() },
+        (None, Some(b)) => Budget { bytes: Some(b), source: "device".into() },
+        (None, None) => {
+            if gpu.is_some() {
+                assumptions.push("the GPU's memory is unknown; the GPU budget is not checked (give --budget)".into());
+            }
+            Budget { bytes: None, source: "unknown".into() }
+        }
+    };
+    let ctx = Ctx { desc, machine, opts, n_ctx, gpu, ram_budget: ram_budget.bytes, gpu_budget: gpu_budget.bytes };
+    let backends: Vec<BackendPlan> = BackendKind::ALL.iter().map(|&k| ctx.judge(k)).collect();
+    let chosen = backends
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.is_ok())
+        .max_by(|(ia, a), (ib, b)| {
+            let sa = a.estimate.as_ref().and_then(|e| e.tok_per_sec).unwrap_or(-1.0);
+            let sb = b.estimate.as_ref().and_then(|e| e.tok_per_sec).unwrap_or(-1.0);
+            // Faster wins; on a tie the earlier in listing order.
+            sa.total_cmp(&sb).then(ib.cmp(ia))
+        })
+        .map(|(_, b)| b.backend);
+    Plan {
+        model,
+        architecture: desc.architecture.clone(),
+        n_ctx,
+        chosen,
+        backends,
+        gpu_budget,
+        ram_budget,
+        speed_model: "tok/s = memory read bandwidth / bytes read per token (active weights + KV cache at half the context); \
+                      bandwidth measured by probe, or from the table of measured devices, as each estimate's bandwidth_source says"
+            .into(),
+        assumptions,
+    }
+}
+
+struct Ctx<'a> {
+    desc: &'a ModelDescription,
+    machine: &'a Machine,
+    opts: &'a PlanOptions,
+    n_ctx: u64,
+    gpu: Option<&'a GpuInfo>,
+    ram_budget: Option<u64>,
+    gpu_budget: Option<u64>,
+}
+
+impl Ctx<'_> {
+    /// The first problem every back end shares: the task, the format, the architecture.
+    fn common(&self, backend: BackendKind) -> Option<(Code, String)> {
+        let d = self.desc;
+        if let Some(want) = self.opts.task {
+            if want != d.task {
+                return Some((Code::Task, format!("{} was asked for but the model does {}", want.as_str(), d.task.as_str())));
+            }
+        }
+        if d.task != Task::TextGeneration {
+            return Some((Code::Task, format!("the model does {}; diskformer runs text generation only", d.task.as_str())));
+        }
+        if d.gguf.is_none() {
+            let found: Vec<&str> = d.formats.iter().map(|f| f.as_str()).collect();
+            return Some((
+                Code::Format,
+                format!("no GGUF file (found {}); convert it with llama.cpp's convert_hf_to_gguf.py", found.join(", ")),
+            ));
+        }
+        let reader = d.readers.iter().find(|r| r.backend == backend.as_str());
+        match reader {
+            Some(r) if !r.can_read => Some((r.code.unwrap_or(Code::Model), r.reason.clone().unwrap_or_default())),
+            Some(_) => None,
+            None => Some((Code::Model, "the description has no verdict for this back end".into())),
+        }
+    }
+
+    fn judge(&self, backend: BackendKind) -> BackendPlan {
+        let device = match backend {
+            BackendKind::Cpu => Some(format!("cpu: {}", self.machine.cpu.model.as_deref().unwrap_or(&self.machine.cpu.arch))),
+            _ => self.gpu.map(|g| format!("gpu {}: {}", g.index, g.name)),
+        };
+        if let Some((code, reason)) = self.common(backend) {
+            return refuse(backend, device, code, reason, None);
+        }
+        let Some(w) = self.desc.weights.as_ref() else {
+            return refuse(backend, device, Code::Format, "the GGUF header lacks the model's dimensions".into(), None);
+        };
+        let n = needs(w, self.n_ctx);
+        match backend {
+            BackendKind::Cpu => self.judge_cpu(w, &n, device),
+            BackendKind::Gpu => self.judge_gpu(w, &n, device),
+            // `common` refuses these through the readers (not implemented, or no experts).
+            BackendKind::GpuPaged | BackendKind::Hybrid => {
+                refuse(backend, device, Code::Unimplemented, "not implemented yet".into(), None)
+            }
+        }
+    }
+
+    fn check_ram(&self, backend: BackendKind, device: &Option<String>, need: u64, what: &str) -> Option<BackendPlan> {
+        let budget = self.ram_budget?;
+        (need > budget).then(|| {
+            refuse(
+                backend,
+                device.clone(),
+                Code::Ram,
+                format!(
+                    "{what} need {} of RAM but the budget is {}; raise --ram-budget to at least {}",
+                    crate::format_bytes(need),
+                    crate::format_bytes(budget),
+                    crate::format_bytes(need)
+                ),
+                Some(need),
+            )
+        })
+    }
+
+    fn judge_cpu(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
+        let ram = w.tensor_bytes + n.kv_bytes + n.scratch_bytes + HOST_OVERHEAD_BYTES;
+        if let Some(refusal) = self.check_ram(BackendKind::Cpu, &device, ram, "weights, KV cache and scratch") {
+            return refusal;
+        }
+        let bpt = bytes_per_token(w, w.tensor_bytes, w.expert_bytes, self.n_ctx);
+        let mem = &self.machine.memory;
+        BackendPlan {
+            backend: BackendKind::Cpu,
+            device,
+            estimate: Some(Estimate {
+                gpu_bytes: 0,
+                ram_bytes: ram,
+                disk_bytes: 0,
+                bytes_per_token: bpt,
+                tok_per_sec: speed(bpt, mem.bandwidth_bytes_per_s),
+                bandwidth_bytes_per_s: mem.bandwidth_bytes_per_s,
+                bandwidth_source: mem.bandwidth_source,
+            }),
+            refusal: None,
+        }
+    }
+
+    fn judge_gpu(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
+        let kind = BackendKind::Gpu;
+        if !self.machine.gpu_compiled {
+            return refuse(kind, device, Code::Gpu, "this build has no GPU back end (built without the `gpu` feature)".into(), None);
+        }
+        let Some(gpu) = self.gpu else {
+            let why = match self.opts.gpu_index {
+                Some(i) => format!("GPU {i} asked for but {} found", self.machine.gpus.len()),
+                None => "no GPU adapter found (Vulkan, Metal or DX12); install a driver (lavapipe: mesa-vulkan-drivers)".into(),
+            };
+            return refuse(kind, device, Code::Gpu, why, None);
+        };
+        let (Some(weights), Some(experts)) = (w.gpu_tensor_bytes, w.gpu_expert_bytes) else {
+            return refuse(kind, device, Code::Format, "a tensor type has no GPU kernel".into(), None);
+        };
+        let need = weights + n.kv_bytes + n.scratch_bytes;
+        if let Some(budget) = self.gpu_budget {
+            if need > budget {
+                let reason = format!(
+                    "weights ({}), KV cache ({}) and scratch need {} of GPU memory but the budget is {}; raise --budget to at least {}{}",
+                    crate::format_bytes(weights),
+                    crate::format_bytes(n.kv_bytes),
+                    crate::format_bytes(need),
+                    crate::format_bytes(budget),
+                    crate::format_bytes(need),
+                    if self.opts.n_ctx == 0 { "" } else { " or lower the context" },
+                );
+                return refuse(kind, device, Code::Budget, reason, Some(need));
+            }
+        }
+        // The host keeps the logits and the memory map the weights are uploaded from, whose
+        // pages the kernel can drop once uploaded.
+        let ram = n.scratch_bytes + HOST_OVERHEAD_BYTES;
+        if let Some(refusal) = self.check_ram(kind, &device, ram, "logits and runtime") {
+            return refusal;
+        }
+        let bpt = bytes_per_token(w, weights, experts, self.n_ctx);
+        BackendPlan {
+            backend: kind,
+            device,
+            estimate: Some(Estimate {
+                gpu_bytes: need,
+                ram_bytes: ram,
+                disk_bytes: 0,
+                bytes_per_token: bpt,
+                tok_per_sec: speed(bpt, gpu.bandwidth_bytes_per_s),
+                bandwidth_bytes_per_s: gpu.bandwidth_bytes_per_s,
+                bandwidth_source: gpu.bandwidth_source,
+            }),
+            refusal: None,
+        }
+    }
+}
+
+impl Plan {
+    /// The chosen back end's answer.
+    pub fn chosen_plan(&self) -> Option<&BackendPlan> {
+        self.chosen.and_then(|c| self.backends.iter().find(|b| b.backend == c))
+    }
+
+    /// One back end's answer.
+    pub fn backend(&self, kind: BackendKind) -> &BackendPlan {
+        // `plan_with` lists every kind.
+        self.backends.iter().find(|b| b.backend == kind).unwrap_or(&self.backends[0])
+    }
+
+    /// One line for logs and `diskformer run`: what was chosen, with what, how fast.
+    pub fn summary_line(&self) -> String {
+        match self.chosen_plan() {
+            Some(b) => {
+                let e = b.estimate.as_ref();
+                let speed = e.and_then(|e| e.tok_per_sec).map_or("speed unknown".to_string(), |s| format!("~{s:.0} tok/s"));
+                let others: Vec<String> = self
+                    .backends
+                    .iter()
+                    .filter(|o| o.backend != b.backend)
+                    .map(|o| match &o.refusal {
+                        Some(r) => format!("{} no ({})", o.backend.as_str(), r.code.as_str()),
+                        None => format!("{} slower", o.backend.as_str()),
+                    })
+                    .collect();
+                format!(
+                    "plan: {} on {} (gpu {}, ram {}, {}, ctx {}); {}",
+                    b.backend.as_str(),
+                    b.device.as_deref().unwrap_or("?"),
+                    crate::format_bytes(e.map_or(0, |e| e.gpu_bytes)),
+                    crate::format_bytes(e.map_or(0, |e| e.ram_bytes)),
+                    speed,
+                    self.n_ctx,
+                    others.join(", ")
+                )
+            }
+            None => format!("plan: nothing can run {}: {}", self.model.display(), self.reasons()),
+        }
+    }
+
+    /// Every refusal as `backend: reason; ...`.
+    pub fn reasons(&self) -> String {
+        self.backends
+            .iter()
+            .filter_map(|b| b.refusal.as_ref().map(|r| format!("{}: {} [{}]", b.backend.as_str(), r.reason, r.code.as_str())))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The back end to run: `want`, or the chosen one when `want` is `None`.
+    ///
+    /// # Errors
+    /// When `want` was refused: [`crate::PlanError::BudgetTooSmall`] for a budget or RAM
+    /// refusal (with the bytes needed), [`crate::PlanError::UnsupportedArchitecture`],
+    /// [`crate::PlanError::NoDevice`], or [`crate::PlanError::NoBackend`] with the reason.
+    /// When nothing was chosen: [`crate::PlanError::NoBackend`] listing every reason.
+    pub fn pick(&self, want: Option<BackendKind>) -> crate::Result<&BackendPlan> {
+        use crate::PlanError;
+        let Some(kind) = want.or(self.chosen) else {
+            return Err(PlanError::NoBackend { model: self.model.display().to_string(), reasons: self.reasons() });
+        };
+        let b = self.backend(kind);
+        let Some(r) = &b.refusal else { return Ok(b) };
+        Err(match (r.code, r.need_bytes) {
+            (Code::Budget, Some(need)) => PlanError::BudgetTooSmall {
+                what: "gpu",
+                need_bytes: need,
+                budget_bytes: self.gpu_budget.bytes.unwrap_or(0),
+                fix: format!("raise --budget to at least {}", crate::format_bytes(need)),
+            },
+            (Code::Ram, Some(need)) => PlanError::BudgetTooSmall {
+                what: "ram",
+                need_bytes: need,
+                budget_bytes: self.ram_budget.bytes.unwrap_or(0),
+                fix: format!("raise --ram-budget to at least {}", crate::format_bytes(need)),
+            },
+            (Code::Gpu, _) => PlanError::NoDevice { why: r.reason.clone() },
+            (Code::Model, _) if r.reason.starts_with("architecture") => PlanError::UnsupportedArchitecture {
+                arch: self.architecture.clone().unwrap_or_default(),
+                supported: models::SUPPORTED_ARCHITECTURES.join(", "),
+            },
+            _ => PlanError::NoBackend { model: self.model.display().to_string(), reasons: format!("{}: {}", kind.as_str(), r.reason) },
+        })
+    }
+}

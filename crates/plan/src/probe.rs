@@ -1,0 +1,394 @@
+//! [`probe`]: the machine as the planner sees it: GPUs, CPU, RAM, free disk, bandwidths.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where a bandwidth figure comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Measured on this machine by this probe.
+    Measured,
+    /// Taken from the table of bandwidths measured on known devices ([`BANDWIDTH_TABLE`]).
+    Table,
+    /// Given by the caller (tests, `--bandwidth` style overrides).
+    Given,
+}
+
+impl Source {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Measured => "measured",
+            Source::Table => "table",
+            Source::Given => "given",
+        }
+    }
+}
+
+/// One GPU adapter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// Index for `--gpu N` (wgpu's enumeration order).
+    pub index: usize,
+    /// Device name.
+    pub name: String,
+    /// Graphics API (`Vulkan`, `Metal`, `Dx12`).
+    pub api: String,
+    /// `DiscreteGpu`, `IntegratedGpu`, `VirtualGpu`, `Cpu` (a software renderer), `Other`.
+    pub device_type: String,
+    /// Driver name and version.
+    pub driver: String,
+    /// Whether shaders can use f16.
+    pub shader_f16: bool,
+    /// Whether subgroup operations are offered.
+    pub subgroups: bool,
+    /// Largest storage-buffer binding (weights larger than this are split).
+    pub max_storage_binding_bytes: u64,
+    /// Device memory, when knowable (nvidia-smi, amdgpu sysfs, or system RAM for software and
+    /// integrated devices, which share it).
+    pub memory_bytes: Option<u64>,
+    /// Free device memory, when knowable.
+    pub memory_free_bytes: Option<u64>,
+    /// How the memory figures were found.
+    pub memory_source: Option<String>,
+    /// Device-memory read bandwidth in bytes per second.
+    pub bandwidth_bytes_per_s: Option<f64>,
+    /// Where that figure comes from.
+    pub bandwidth_source: Option<Source>,
+}
+
+/// The CPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    /// Model name (`/proc/cpuinfo`).
+    pub model: Option<String>,
+    /// Instruction-set architecture (`x86_64`, `aarch64`).
+    pub arch: String,
+    /// SIMD features detected at run time (`avx2`, `fma`, `avx512f`, `neon`, `dotprod`, ...).
+    pub simd: Vec<String>,
+    /// Logical cores available to this process.
+    pub cores_logical: usize,
+    /// Physical cores, when `/proc/cpuinfo` says.
+    pub cores_physical: Option<usize>,
+}
+
+/// Main memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryInfo {
+    /// Installed RAM (`MemTotal`), or the cgroup limit when lower.
+    pub total_bytes: Option<u64>,
+    /// RAM that can be used without swapping (`MemAvailable`, capped by the cgroup's room).
+    pub available_bytes: Option<u64>,
+    /// The cgroup (container) memory limit, when one is set.
+    pub cgroup_limit_bytes: Option<u64>,
+    /// Read bandwidth in bytes per second.
+    pub bandwidth_bytes_per_s: Option<f64>,
+    /// Where that figure comes from.
+    pub bandwidth_source: Option<Source>,
+}
+
+/// Free space of the file system holding a path.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DiskInfo {
+    /// The path asked about.
+    pub path: PathBuf,
+    /// Bytes an unprivileged user may still write.
+    pub free_bytes: u64,
+    /// Size of the file system.
+    pub total_bytes: u64,
+}
+
+/// What [`probe`] reports. The JSON form is documented in docs/PLAN.md and stable.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    /// GPU adapters (empty when none, or when built without the `gpu` feature).
+    pub gpus: Vec<GpuInfo>,
+    /// Whether this build can use GPUs at all.
+    pub gpu_compiled: bool,
+    /// The CPU.
+    pub cpu: CpuInfo,
+    /// Main memory.
+    pub memory: MemoryInfo,
+    /// Free disk where models are stored.
+    pub disks: Vec<DiskInfo>,
+}
+
+/// What [`probe`] looks at.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeOptions {
+    /// Paths whose file systems' free space to report (model folders, the store).
+    pub disk_paths: Vec<PathBuf>,
+    /// Measure RAM and GPU read bandwidths (about a second in all); otherwise take them from
+    /// [`BANDWIDTH_TABLE`] when the device is listed there.
+    pub measure_bandwidth: bool,
+}
+
+/// Read bandwidths measured on known devices with this crate's own measurement (the one
+/// `probe --measure` runs), used when a probe does not measure: (device-name substring, bytes
+/// per second, where and how it was measured). A match is by substring of the GPU name or CPU
+/// model; see docs/PLAN.md.
+pub const BANDWIDTH_TABLE: &[(&str, f64, &str)] = &[];
+
+/// Looks the machine over.
+///
+/// # Examples
+/// ```no_run
+/// let machine = plan::probe(&plan::ProbeOptions::default());
+/// println!("{} logical cores", machine.cpu.cores_logical);
+/// ```
+pub fn probe(opts: &ProbeOptions) -> Machine {
+    let mut cpu = cpu_info();
+    let mut memory = memory_info();
+    if opts.measure_bandwidth {
+        memory.bandwidth_bytes_per_s = Some(measure_ram_bandwidth());
+        memory.bandwidth_source = Some(Source::Measured);
+    } else if let Some(bw) = cpu.model.as_deref().and_then(table_bandwidth) {
+        memory.bandwidth_bytes_per_s = Some(bw);
+        memory.bandwidth_source = Some(Source::Table);
+    }
+    cpu.simd.sort();
+    let gpus = gpus(&memory, opts.measure_bandwidth);
+    let disks = opts
+        .disk_paths
+        .iter()
+        .filter_map(|p| disk_space(p).map(|(free_bytes, total_bytes)| DiskInfo { path: p.clone(), free_bytes, total_bytes }))
+        .collect();
+    Machine { gpus, gpu_compiled: cfg!(feature = "gpu"), cpu, memory, disks }
+}
+
+fn table_bandwidth(name: &str) -> Option<f64> {
+    BANDWIDTH_TABLE.iter().find(|(pat, _, _)| name.contains(pat)).map(|(_, bw, _)| *bw)
+}
+
+fn cpu_info() -> CpuInfo {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |line: &str, key: &str| -> Option<String> {
+        let (k, v) = line.split_once(':')?;
+        (k.trim() == key).then(|| v.trim().to_string())
+    };
+    let model = cpuinfo.lines().find_map(|l| field(l, "model name").or_else(|| field(l, "Model")));
+    // Physical cores: distinct (physical id, core id) pairs, one block per logical CPU.
+    let mut cores = std::collections::BTreeSet::new();
+    for block in cpuinfo.split("\n\n") {
+        let phys = block.lines().find_map(|l| field(l, "physical id"));
+        let core = block.lines().find_map(|l| field(l, "core id"));
+        if let (Some(p), Some(c)) = (phys, core) {
+            cores.insert((p, c));
+        }
+    }
+    CpuInfo {
+        model,
+        arch: std::env::consts::ARCH.to_string(),
+        simd: simd_features(),
+        cores_logical: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cores_physical: (!cores.is_empty()).then_some(cores.len()),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_features() -> Vec<String> {
+    let mut out = Vec::new();
+    macro_rules! check {
+        ($($f:tt),*) => { $( if std::arch::is_x86_feature_detected!($f) { out.push($f.to_string()); } )* };
+    }
+    check!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "avxvnni");
+    out
+}
+
+#[cfg(target_arch = "aarch64")]
+fn simd_features() -> Vec<String> {
+    let mut out = Vec::new();
+    macro_rules! check {
+        ($($f:tt),*) => { $( if std::arch::is_aarch64_feature_detected!($f) { out.push($f.to_string()); } )* };
+    }
+    check!("neon", "dotprod", "i8mm", "fp16", "sve", "sve2");
+    out
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn simd_features() -> Vec<String> {
+    Vec::new()
+}
+
+fn meminfo_bytes(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key) && l[key.len()..].starts_with(':'))?;
+    let kb: u64 = line[key.len() + 1..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn read_u64(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn memory_info() -> MemoryInfo {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mut total = meminfo_bytes(&text, "MemTotal");
+    let mut available = meminfo_bytes(&text, "MemAvailable");
+    // cgroup v2: a container's limit (`max` when unlimited, which does not parse) and usage.
+    let limit = read_u64("/sys/fs/cgroup/memory.max");
+    if let Some(limit) = limit {
+        let used = read_u64("/sys/fs/cgroup/memory.current").unwrap_or(0);
+        total = Some(total.map_or(limit, |t| t.min(limit)));
+        let room = limit.saturating_sub(used);
+        available = Some(available.map_or(room, |a| a.min(room)));
+    }
+    MemoryInfo {
+        total_bytes: total,
+        available_bytes: available,
+        cgroup_limit_bytes: limit,
+        bandwidth_bytes_per_s: None,
+        bandwidth_source: None,
+    }
+}
+
+/// Read bandwidth of main memory: the best of three parallel sums over 256 MiB, so caches
+/// cannot hold it and every core pulls its share.
+fn measure_ram_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    const BYTES: usize = 256 << 20;
+    let data: Vec<u64> = vec![1; BYTES / 8];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let sum: u64 = data.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x))).sum();
+        std::hint::black_box(sum);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    BYTES as f64 / best.max(1e-9)
+}
+
+/// Free and total bytes of the file system holding `path`.
+fn disk_space(path: &Path) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the size
+        // statvfs fills; we read it only when the call reports success.
+        let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+        if rc != 0 {
+            return None;
+        }
+        // SAFETY: statvfs returned 0, so it initialised `st`.
+        let st = unsafe { st.assume_init() };
+        let frsize = st.f_frsize as u64;
+        Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}
+
+#[cfg(feature = "gpu")]
+fn gpus(memory: &MemoryInfo, measure: bool) -> Vec<GpuInfo> {
+    let adapters = compute::wgpu::list_adapters();
+    let nvidia = nvidia_smi_memory();
+    let mut nvidia_next = 0;
+    adapters
+        .into_iter()
+        .map(|a| {
+            let mut g = GpuInfo {
+                index: a.index,
+                name: a.name,
+                api: a.api,
+                device_type: a.device_type,
+                driver: a.driver,
+                shader_f16: a.shader_f16,
+                subgroups: a.subgroups,
+                max_storage_binding_bytes: a.max_storage_binding_bytes,
+                memory_bytes: None,
+                memory_free_bytes: None,
+                memory_source: None,
+                bandwidth_bytes_per_s: None,
+                bandwidth_source: None,
+            };
+            if g.device_type == "Cpu" || g.device_type == "IntegratedGpu" {
+                g.memory_bytes = memory.total_bytes;
+                g.memory_free_bytes = memory.available_bytes;
+                g.memory_source = Some("system RAM (the device shares it)".into());
+            } else if g.name.contains("NVIDIA") {
+                // nvidia-smi lists GPUs in PCI order, as Vulkan enumerates them on one host.
+                if let Some(&(total, free)) = nvidia.get(nvidia_next) {
+                    g.memory_bytes = Some(total);
+                    g.memory_free_bytes = Some(free);
+                    g.memory_source = Some("nvidia-smi".into());
+                }
+                nvidia_next += 1;
+            }
+            if measure {
+                if let Some(bw) = measure_gpu_bandwidth(g.index, &g.device_type) {
+                    g.bandwidth_bytes_per_s = Some(bw);
+                    g.bandwidth_source = Some(Source::Measured);
+                }
+            } else if let Some(bw) = table_bandwidth(&g.name) {
+                g.bandwidth_bytes_per_s = Some(bw);
+                g.bandwidth_source = Some(Source::Table);
+            }
+            g
+        })
+        .collect()
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpus(_memory: &MemoryInfo, _measure: bool) -> Vec<GpuInfo> {
+    Vec::new()
+}
+
+/// (total, free) bytes per NVIDIA GPU from `nvidia-smi`, empty when it is not installed.
+#[cfg(feature = "gpu")]
+fn nvidia_smi_memory() -> Vec<(u64, u64)> {
+    let out = std::process::Command::new("nvidia-smi").args(["--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"]).output();
+    let Ok(out) = out else { return Vec::new() };
+    if !out.status.success() {
+        return Vec::new();
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (t, f) = l.split_once(',')?;
+            Some((t.trim().parse::<u64>().ok()? << 20, f.trim().parse::<u64>().ok()? << 20))
+        })
+        .collect()
+}
+
+/// Streaming read bandwidth of one adapter (compute's `perf_stream` kernel): 1 GiB on real
+/// GPUs, 64 MiB on software renderers, which are slow.
+#[cfg(feature = "gpu")]
+fn measure_gpu_bandwidth(index: usize, device_type: &str) -> Option<f64> {
+    let b = compute::wgpu::WgpuBackend::new(compute::wgpu::WgpuOptions { adapter_index: Some(index), prefer_discrete: false }).ok()?;
+    let bytes: u64 = if device_type == "Cpu" { 64 << 20 } else { (1u64 << 30).min(b.max_binding_bytes()) };
+    let secs = b.perf_stream(bytes, if device_type == "Cpu" { 3 } else { 20 }).ok()?;
+    (secs > 0.0).then(|| bytes as f64 / secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_lines_parse_in_kib() {
+        let text = "MemTotal:       24684092 kB\nMemFree:  100 kB\nMemAvailable:   20328456 kB\n";
+        assert_eq!(meminfo_bytes(text, "MemTotal"), Some(24684092 * 1024));
+        assert_eq!(meminfo_bytes(text, "MemAvailable"), Some(20328456 * 1024));
+        assert_eq!(meminfo_bytes(text, "Mem"), None);
+    }
+
+    #[test]
+    fn probe_reports_this_machine() {
+        let m = probe(&ProbeOptions { disk_paths: vec![PathBuf::from(".")], measure_bandwidth: false });
+        assert!(m.cpu.cores_logical >= 1);
+        assert_eq!(m.cpu.arch, std::env::consts::ARCH);
+        #[cfg(target_os = "linux")]
+        {
+            let total = m.memory.total_bytes.expect("MemTotal on Linux");
+            let avail = m.memory.available_bytes.expect("MemAvailable on Linux");
+            assert!(avail <= total && total > 0);
+            assert_eq!(m.disks.len(), 1);
+            assert!(m.disks[0].free_bytes <= m.disks[0].total_bytes && m.disks[0].total_bytes > 0);
+        }
+    }
+}

@@ -1,0 +1,790 @@
+//! [`load`] and [`Session`]: a loaded model behind one engine thread, generating as a stream.
+//!
+//! The model and its sequence state live on one thread that owns them; callers send it commands
+//! through a channel and read chunks from another. So compute never runs on the caller's (or an
+//! async runtime's) threads, calls from many threads queue in the order they arrive, and a
+//! generation can be aborted from anywhere through its [`AbortHandle`].
+//!
+//! The engine remembers which tokens its KV cache holds. A new request is rendered and encoded
+//! in full, and only the tokens after the longest cached prefix are evaluated; when the cache
+//! holds something else (another conversation), it returns to the primed system prompt's
+//! checkpoint ([`Session::prime`]) if that is a prefix, else starts over.
+
+use crate::describe::describe;
+use crate::error::{PlanError, Result};
+use crate::plan::{plan_with, BackendKind, Plan, PlanOptions};
+use crate::probe::{probe, ProbeOptions};
+use compute::quant::MatmulMode;
+use gguf::GgufModel;
+use models::sampling::{Sampler, SamplingParams};
+use models::{Checkpoint, Outputs, Runner};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::time::Instant;
+use tokenizer::{ChatMessage, ChatOptions, ChatTemplate, StreamDecoder, Tokenizer};
+
+/// A loading stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Reading the weights from disk into the page cache.
+    Read,
+    /// Building the model on the back end (uploading the weights to the GPU).
+    Upload,
+    /// Running one token through the model, so the first request does not pay for first-use
+    /// costs (page faults, pipeline compilation).
+    WarmUp,
+}
+
+/// A loading progress event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// The stage.
+    pub stage: Stage,
+    /// Bytes done in this stage.
+    pub done_bytes: u64,
+    /// Bytes this stage handles in all.
+    pub total_bytes: u64,
+}
+
+/// How to load a model.
+pub struct LoadOptions {
+    /// The back end; `None` runs the plan's choice.
+    pub backend: Option<BackendKind>,
+    /// Budgets, context length and GPU index for the plan.
+    pub plan: PlanOptions,
+    /// Measure bandwidths before planning (when `backend` is `None`, so the choice is informed).
+    pub measure_bandwidth: bool,
+    /// CPU matrix-product mode.
+    pub matmul: MatmulMode,
+    /// Read every weight page before building the model (honest first-token latency).
+    pub read_ahead: bool,
+    /// Run one token through the model after loading.
+    pub warm_up: bool,
+    /// Called with each progress event, on the loading thread.
+    pub progress: Option<Box<dyn FnMut(&Progress) + Send>>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            backend: None,
+            plan: PlanOptions::default(),
+            measure_bandwidth: true,
+            matmul: MatmulMode::QuantizedActivations,
+            read_ahead: true,
+            warm_up: true,
+            progress: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("backend", &self.backend)
+            .field("plan", &self.plan)
+            .field("matmul", &self.matmul)
+            .field("read_ahead", &self.read_ahead)
+            .field("warm_up", &self.warm_up)
+            .finish()
+    }
+}
+
+/// What to generate from.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// Raw text, encoded with the model's BOS rule (after the primed text, if any).
+    Prompt(String),
+    /// A conversation, rendered with the chat template (the primed system message is put
+    /// first when the conversation has none).
+    Messages(Vec<ChatMessage>),
+}
+
+impl From<&str> for Input {
+    fn from(s: &str) -> Input {
+        Input::Prompt(s.to_string())
+    }
+}
+
+impl From<Vec<ChatMessage>> for Input {
+    fn from(m: Vec<ChatMessage>) -> Input {
+        Input::Messages(m)
+    }
+}
+
+/// Options of one generation.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Sampling (greedy by default, so results repeat).
+    pub sampling: SamplingParams,
+    /// `Some(false)` asks the template for no reasoning (`enable_thinking = false`),
+    /// `Some(true)` for reasoning; `None` leaves the template's default.
+    pub thinking: Option<bool>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions { max_tokens: 256, sampling: SamplingParams::greedy(), thinking: None }
+    }
+}
+
+/// Whether a chunk is part of the answer or of the model's reasoning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkKind {
+    /// Answer text.
+    Text,
+    /// Reasoning, between the model's think markers.
+    Reasoning,
+}
+
+/// One generated token's worth of output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chunk {
+    /// New text (empty for a think marker, or while a UTF-8 character is incomplete).
+    pub text: String,
+    /// The token, or `None` for the last chunk holding bytes the decoder had held back.
+    pub token_id: Option<u32>,
+    /// Tokens generated so far in this request, this one included.
+    pub n_tokens: usize,
+    /// Answer or reasoning. A think marker's chunk has the kind of the text before it.
+    pub kind: ChunkKind,
+}
+
+/// Why a generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    EndOfGeneration,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+    /// [`AbortHandle::abort`] was called, or the [`Generation`] was dropped.
+    Aborted,
+}
+
+/// How a generation ended.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Tokens of the whole prompt.
+    pub n_prompt_tokens: usize,
+    /// Of those, how many came from the KV cache (not evaluated again).
+    pub n_cached_tokens: usize,
+    /// Tokens generated (the end-of-generation token included).
+    pub n_generated: usize,
+    /// Time evaluating the prompt.
+    pub prompt_ms: f64,
+    /// Time generating.
+    pub generate_ms: f64,
+    /// When the engine took the request up (after the requests queued before it).
+    pub started_at: Instant,
+    /// When it finished.
+    pub finished_at: Instant,
+}
+
+/// A whole generation, collected.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// Answer text.
+    pub text: String,
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Generated token ids, markers included.
+    pub tokens: Vec<u32>,
+    /// How it ended.
+    pub finish: Finish,
+}
+
+/// Stops a generation from any thread. The stream then ends normally, with
+/// [`StopReason::Aborted`]; a request aborted while queued ends without tokens.
+#[derive(Clone, Debug)]
+pub struct AbortHandle(Arc<AtomicBool>);
+
+impl AbortHandle {
+    /// Asks the engine to stop this generation after the current token.
+    pub fn abort(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Chunks the engine may produce ahead of the reader. Beyond that it waits, so a reader that
+/// stops reading holds the engine (and the requests queued behind) instead of letting chunks
+/// pile up, and an abort takes effect within this many tokens of the last chunk read.
+pub const CHUNK_BUFFER: usize = 16;
+
+enum Event {
+    Chunk(Chunk),
+    Done(Result<Finish>),
+}
+
+/// A running (or queued) generation: an iterator of [`Chunk`]s as they are produced; then
+/// [`Generation::finish`] says how it ended. Dropping it aborts the generation.
+pub struct Generation {
+    rx: Receiver<Event>,
+    abort: AbortHandle,
+    done: Option<Result<Finish>>,
+}
+
+impl Iterator for Generation {
+    type Item = Chunk;
+
+    /// The next chunk; blocks until the engine produces it. `None` once the generation ended.
+    fn next(&mut self) -> Option<Chunk> {
+        if self.done.is_some() {
+            return None;
+        }
+        match self.rx.recv() {
+            Ok(Event::Chunk(c)) => Some(c),
+            Ok(Event::Done(r)) => {
+                self.done = Some(r);
+                None
+            }
+            Err(_) => {
+                self.done = Some(Err(PlanError::SessionClosed));
+                None
+            }
+        }
+    }
+}
+
+impl Generation {
+    /// A handle that aborts this generation.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort.clone()
+    }
+
+    /// Waits for the end (dropping chunks not yet read) and says how it ended.
+    ///
+    /// # Errors
+    /// A failure while evaluating (the model's error), a request the session cannot serve, or
+    /// [`PlanError::SessionClosed`].
+    pub fn finish(mut self) -> Result<Finish> {
+        while self.next().is_some() {}
+        self.done.take().unwrap_or(Err(PlanError::SessionClosed))
+    }
+
+    /// Collects the whole generation.
+    ///
+    /// # Errors
+    /// As [`Generation::finish`].
+    pub fn complete(mut self) -> Result<Completion> {
+        let (mut text, mut reasoning, mut tokens) = (String::new(), String::new(), Vec::new());
+        for c in self.by_ref() {
+            match c.kind {
+                ChunkKind::Text => text.push_str(&c.text),
+                ChunkKind::Reasoning => reasoning.push_str(&c.text),
+            }
+            tokens.extend(c.token_id);
+        }
+        let finish = self.done.take().unwrap_or(Err(PlanError::SessionClosed))?;
+        Ok(Completion { text, reasoning, tokens, finish })
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if self.done.is_none() {
+            self.abort.abort();
+        }
+    }
+}
+
+/// What [`Session::prime`] kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Primed {
+    /// Tokens evaluated and kept.
+    pub n_tokens: usize,
+    /// Whether a checkpoint could be taken (else the prefix is re-evaluated when the cache has
+    /// moved on).
+    pub checkpoint: bool,
+}
+
+enum Command {
+    Generate { input: Input, opts: GenerateOptions, tx: SyncSender<Event>, abort: AbortHandle },
+    Prime { system: String, reply: Sender<Result<Primed>> },
+    Reset { reply: Sender<Result<()>> },
+}
+
+/// Facts about a loaded session.
+#[derive(Clone, Debug)]
+pub struct SessionInfo {
+    /// The GGUF loaded.
+    pub model: PathBuf,
+    /// The back end running it.
+    pub backend: BackendKind,
+    /// The back end's own name (`cpu`, `wgpu`).
+    pub backend_name: &'static str,
+    /// Context length.
+    pub n_ctx: usize,
+    /// Whether the model has a chat template.
+    pub chat_template: bool,
+    /// Think marker ids (open, close), when the vocabulary has them.
+    pub think_markers: Option<(u32, u32)>,
+    /// The plan the back end was picked with.
+    pub plan: Plan,
+}
+
+/// A loaded model, run by one engine thread. Share it between threads with `Arc`; calls queue.
+pub struct Session {
+    tx: Option<Sender<Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    info: SessionInfo,
+}
+
+/// Loads the model at `path` (file, split part or folder) on the back end `opts` asks for or
+/// the plan chooses, with progress events, and starts its engine thread.
+///
+/// # Errors
+/// Everything [`crate::describe`] and [`Plan::pick`] refuse (bad files, budgets too small with
+/// the bytes needed, unsupported architectures, no device); loading errors of the model or the
+/// tokenizer.
+pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
+    let desc = describe(path)?;
+    let gguf_path = desc.gguf.clone().ok_or_else(|| PlanError::NotAModel {
+        path: path.into(),
+        why: "no GGUF file to load (diskformer runs GGUF models)".into(),
+    })?;
+    let dir = gguf_path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let machine = probe(&ProbeOptions { disk_paths: vec![dir], measure_bandwidth: opts.measure_bandwidth && opts.backend.is_none() });
+    let plan = plan_with(&desc, &machine, &opts.plan);
+    let picked = plan.pick(opts.backend)?.backend;
+    let mut report = |p: Progress| {
+        if let Some(cb) = opts.progress.as_mut() {
+            cb(&p);
+        }
+    };
+    let file = Arc::new(GgufModel::open(&gguf_path)?);
+    let tensor_bytes = file.tensor_bytes_total();
+    if opts.read_ahead {
+        read_ahead(&file, tensor_bytes, &mut report);
+    }
+    let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+    let template = ChatTemplate::from_gguf(file.metadata())?;
+    let model_opts = models::LoadOptions { n_ctx: plan.n_ctx as usize, matmul: opts.matmul };
+    let upload_bytes = match picked {
+        BackendKind::Gpu => desc.weights.as_ref().and_then(|w| w.gpu_tensor_bytes).unwrap_or(tensor_bytes),
+        _ => tensor_bytes,
+    };
+    report(Progress { stage: Stage::Upload, done_bytes: 0, total_bytes: upload_bytes });
+    let mut runner = build_runner(picked, &file, &model_opts, opts.plan.gpu_index)?;
+    report(Progress { stage: Stage::Upload, done_bytes: upload_bytes, total_bytes: upload_bytes });
+    if opts.warm_up {
+        let per_token = plan.backend(picked).estimate.as_ref().map_or(tensor_bytes, |e| e.bytes_per_token);
+        report(Progress { stage: Stage::WarmUp, done_bytes: 0, total_bytes: per_token });
+        let id = tokenizer.bos().unwrap_or(0);
+        runner.eval(&[id], Outputs::Last)?;
+        runner.reset()?;
+        report(Progress { stage: Stage::WarmUp, done_bytes: per_token, total_bytes: per_token });
+    }
+    let think_markers = desc.thinking.as_ref().map(|t| (t.open_id, t.close_id));
+    let info = SessionInfo {
+        model: gguf_path,
+        backend: picked,
+        backend_name: runner.backend_name(),
+        n_ctx: runner.n_ctx(),
+        chat_template: template.is_some(),
+        think_markers,
+        plan,
+    };
+    let engine = Engine { runner, tokenizer, template, think_markers, cached: Vec::new(), primed: None };
+    let (tx, rx) = channel();
+    let thread = std::thread::Builder::new()
+        .name("diskformer-engine".into())
+        .spawn(move || engine.serve(rx))
+        .map_err(|source| PlanError::Io { path: info.model.clone(), what: "starting the engine thread", source })?;
+    Ok(Session { tx: Some(tx), thread: Some(thread), info })
+}
+
+/// Touches every page of the weights so the page cache holds them, reporting every 64 MiB.
+fn read_ahead(file: &GgufModel, total_bytes: u64, report: &mut impl FnMut(Progress)) {
+    const PAGE: usize = 4096;
+    const STEP: u64 = 64 << 20;
+    report(Progress { stage: Stage::Read, done_bytes: 0, total_bytes });
+    let (mut done, mut next_report) = (0u64, STEP);
+    for t in file.tensors() {
+        let mut acc = 0u8;
+        for page in t.data.chunks(PAGE) {
+            acc ^= page[0];
+        }
+        std::hint::black_box(acc);
+        done += t.data.len() as u64;
+        if done >= next_report {
+            report(Progress { stage: Stage::Read, done_bytes: done, total_bytes });
+            next_report = done + STEP;
+        }
+    }
+    report(Progress { stage: Stage::Read, done_bytes: total_bytes, total_bytes });
+}
+
+fn build_runner(kind: BackendKind, file: &Arc<GgufModel>, model_opts: &models::LoadOptions, gpu_index: Option<usize>) -> Result<Box<dyn Runner>> {
+    match kind {
+        BackendKind::Cpu => Ok(models::load(file, model_opts)?),
+        #[cfg(feature = "gpu")]
+        BackendKind::Gpu => {
+            let b = compute::wgpu::WgpuBackend::new(compute::wgpu::WgpuOptions { adapter_index: gpu_index, prefer_discrete: true })
+                .map_err(|e| PlanError::NoDevice { why: e.to_string() })?;
+            Ok(models::load_on(b, file, model_opts)?)
+        }
+        other => {
+            let _ = gpu_index;
+            Err(PlanError::NoBackend {
+                model: file.path().display().to_string(),
+                reasons: format!("{}: this build cannot run it", other.as_str()),
+            })
+        }
+    }
+}
+
+impl Session {
+    /// Facts about the session (back end, context, the plan it was loaded with).
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+
+    fn send(&self, c: Command) -> bool {
+        self.tx.as_ref().is_some_and(|tx| tx.send(c).is_ok())
+    }
+
+    /// Starts (or queues, behind earlier calls) a generation and returns its stream at once.
+    ///
+    /// Read generations in the order they were started, or from different threads: the engine
+    /// works on one at a time and waits when [`CHUNK_BUFFER`] chunks are unread, so waiting on
+    /// a later generation while holding an earlier, unread one on the same thread never ends.
+    /// Dropping a generation aborts it and frees the engine.
+    pub fn generate(&self, input: impl Into<Input>, opts: GenerateOptions) -> Generation {
+        let (tx, rx) = sync_channel(CHUNK_BUFFER);
+        let abort = AbortHandle(Arc::new(AtomicBool::new(false)));
+        let mut g = Generation { rx, abort: abort.clone(), done: None };
+        if !self.send(Command::Generate { input: input.into(), opts, tx, abort }) {
+            g.done = Some(Err(PlanError::SessionClosed));
+        }
+        g
+    }
+
+    /// Evaluates a system prompt and keeps its KV cache (with a checkpoint), so later requests
+    /// that start with it do not evaluate it again. With a chat template, the kept prefix is
+    /// what every conversation starting with this system message renders before the first
+    /// user message's text; later [`Input::Messages`] without a system message get this one.
+    /// With raw prompts, the text is put before each prompt. Waits for earlier calls.
+    ///
+    /// # Errors
+    /// The template failing to render; evaluation errors; a prefix longer than the context.
+    pub fn prime(&self, system: &str) -> Result<Primed> {
+        let (reply, rx) = channel();
+        if !self.send(Command::Prime { system: system.to_string(), reply }) {
+            return Err(PlanError::SessionClosed);
+        }
+        rx.recv().unwrap_or(Err(PlanError::SessionClosed))
+    }
+
+    /// Forgets the conversation and the primed prompt. Waits for earlier calls.
+    ///
+    /// # Errors
+    /// The back end failing to make a fresh state.
+    pub fn reset(&self) -> Result<()> {
+        let (reply, rx) = channel();
+        if !self.send(Command::Reset { reply }) {
+            return Err(PlanError::SessionClosed);
+        }
+        rx.recv().unwrap_or(Err(PlanError::SessionClosed))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Closing the channel ends the engine loop once queued requests are served.
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The primed prefix: its text (for raw prompts), system message, tokens and checkpoint.
+struct PrimedState {
+    system: String,
+    tokens: Vec<u32>,
+    checkpoint: Option<Checkpoint>,
+}
+
+struct Engine {
+    runner: Box<dyn Runner>,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    think_markers: Option<(u32, u32)>,
+    /// Tokens whose KV the runner holds, in order (`runner.n_past()` of them).
+    cached: Vec<u32>,
+    primed: Option<PrimedState>,
+}
+
+/// Where reasoning stands after `ids`: inside a block when the last open marker comes after
+/// the last close marker (templates like DeepSeek-R1's open the block in the prompt).
+pub(crate) fn in_reasoning_after(ids: &[u32], markers: Option<(u32, u32)>) -> bool {
+    let Some((open, close)) = markers else { return false };
+    let last_open = ids.iter().rposition(|&t| t == open);
+    let last_close = ids.iter().rposition(|&t| t == close);
+    match (last_open, last_close) {
+        (Some(o), Some(c)) => o > c,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl Engine {
+    fn serve(mut self, rx: Receiver<Command>) {
+        while let Ok(cmd) = rx.recv() {
+            match cmd {
+                Command::Generate { input, opts, tx, abort } => {
+                    let started_at = Instant::now();
+                    let result = self.generate(input, &opts, &tx, &abort, started_at);
+                    let _ = tx.send(Event::Done(result));
+                }
+                Command::Prime { system, reply } => {
+                    let _ = reply.send(self.prime(&system));
+                }
+                Command::Reset { reply } => {
+                    let r = self.runner.reset().map_err(PlanError::from);
+                    self.cached.clear();
+                    self.primed = None;
+                    let _ = reply.send(r);
+                }
+            }
+        }
+    }
+
+    fn bos_text(&self) -> Option<&str> {
+        self.tokenizer.bos().and_then(|b| self.tokenizer.token_text(b))
+    }
+
+    /// Encodes rendered text, adding BOS only when the template has not written it already.
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let has_bos_text = self.tokenizer.add_bos() && self.bos_text().is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        Ok(self.tokenizer.encode(text, !has_bos_text, true)?)
+    }
+
+    fn render(&self, messages: &[ChatMessage], thinking: Option<bool>, add_generation_prompt: bool) -> Result<String> {
+        let template = self.template.as_ref().ok_or_else(|| PlanError::Request {
+            why: "the model has no chat template (tokenizer.chat_template); send a prompt instead of messages".into(),
+        })?;
+        let opts = ChatOptions { add_generation_prompt, enable_thinking: thinking, ..Default::default() };
+        Ok(template.render(messages, &opts)?)
+    }
+
+    /// The text every conversation that starts with `system` renders before the first user
+    /// message's content: the common prefix of two renderings that differ only there.
+    fn system_prefix(&self, system: &str) -> Result<String> {
+        let conv = |user: &str| vec![ChatMessage::new("system", system), ChatMessage::new("user", user)];
+        let a = self.render(&conv("A"), None, true)?;
+        let b = self.render(&conv("B"), None, true)?;
+        let n = a.char_indices().zip(b.chars()).take_while(|((_, x), y)| x == y).last().map_or(0, |((i, c), _)| i + c.len_utf8());
+        Ok(a[..n].to_string())
+    }
+
+    /// Evaluates `ids` after the cache and records them.
+    fn eval(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let logits = self.runner.eval(ids, Outputs::Last)?;
+        self.cached.extend_from_slice(ids);
+        Ok(logits)
+    }
+
+    fn restart(&mut self) -> Result<()> {
+        self.runner.reset()?;
+        self.cached.clear();
+        Ok(())
+    }
+
+    fn prime(&mut self, system: &str) -> Result<Primed> {
+        let text = if self.template.is_some() { self.system_prefix(system)? } else { system.to_string() };
+        let tokens = self.encode(&text)?;
+        if tokens.len() >= self.runner.n_ctx() {
+            return Err(PlanError::Request {
+                why: format!("the system prompt has {} tokens but the context holds {}; load with a larger context", tokens.len(), self.runner.n_ctx()),
+            });
+        }
+        self.primed = None;
+        self.restart()?;
+        if !tokens.is_empty() {
+            self.eval(&tokens)?;
+        }
+        let checkpoint = self.runner.checkpoint().ok();
+        let primed = Primed { n_tokens: tokens.len(), checkpoint: checkpoint.is_some() };
+        self.primed = Some(PrimedState { system: system.to_string(), tokens, checkpoint });
+        Ok(primed)
+    }
+
+    /// Full prompt tokens of a request.
+    fn prompt_tokens(&self, input: Input, thinking: Option<bool>) -> Result<Vec<u32>> {
+        match input {
+            Input::Prompt(p) => {
+                let text = match &self.primed {
+                    Some(pr) if self.template.is_none() => format!("{}{p}", pr.system),
+                    _ => p,
+                };
+                Ok(self.tokenizer.encode(&text, true, true)?)
+            }
+            Input::Messages(mut messages) => {
+                if let Some(pr) = &self.primed {
+                    if messages.first().is_none_or(|m| m.role != "system") {
+                        messages.insert(0, ChatMessage::new("system", pr.system.as_str()));
+                    }
+                }
+                let text = self.render(&messages, thinking, true)?;
+                self.encode(&text)
+            }
+        }
+    }
+
+    /// Brings the cache to a prefix of `prompt` (shorter than it, so at least one token is
+    /// evaluated for logits) and returns how many prompt tokens it already holds.
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> Result<usize> {
+        let common = common_prefix(&self.cached, prompt);
+        if common == self.cached.len() && common < prompt.len() {
+            return Ok(common);
+        }
+        let primed_prefix = self.primed.as_ref().filter(|p| p.tokens.len() < prompt.len() && prompt.starts_with(&p.tokens));
+        if let Some(p) = primed_prefix {
+            let n = p.tokens.len();
+            let restored = match &p.checkpoint {
+                Some(cp) => self.runner.restore(cp).is_ok(),
+                None => false,
+            };
+            if restored {
+                self.cached.truncate(n);
+                return Ok(n);
+            }
+            // No usable checkpoint (taken before a reset): evaluate the prefix again, keep a new one.
+            let tokens = p.tokens.clone();
+            self.restart()?;
+            if !tokens.is_empty() {
+                self.eval(&tokens)?;
+            }
+            let cp = self.runner.checkpoint().ok();
+            if let Some(p) = self.primed.as_mut() {
+                p.checkpoint = cp;
+            }
+            return Ok(0);
+        }
+        self.restart()?;
+        Ok(0)
+    }
+
+    fn generate(&mut self, input: Input, opts: &GenerateOptions, tx: &SyncSender<Event>, abort: &AbortHandle, started_at: Instant) -> Result<Finish> {
+        let finish = |stop, n_prompt_tokens, n_cached_tokens, n_generated, prompt_ms, generate_ms| Finish {
+            stop,
+            n_prompt_tokens,
+            n_cached_tokens,
+            n_generated,
+            prompt_ms,
+            generate_ms,
+            started_at,
+            finished_at: Instant::now(),
+        };
+        if abort.is_aborted() {
+            return Ok(finish(StopReason::Aborted, 0, 0, 0, 0.0, 0.0));
+        }
+        let prompt = self.prompt_tokens(input, opts.thinking)?;
+        if prompt.is_empty() {
+            return Err(PlanError::Request { why: "the prompt is empty and the model adds no BOS token".into() });
+        }
+        let n_ctx = self.runner.n_ctx();
+        if prompt.len() >= n_ctx {
+            return Err(PlanError::Request {
+                why: format!("the prompt has {} tokens but the context holds {n_ctx}; shorten it or load with a larger context", prompt.len()),
+            });
+        }
+        let t0 = Instant::now();
+        let n_cached = self.reuse_prefix(&prompt)?;
+        let start = self.cached.len();
+        let mut logits = self.eval(&prompt[start..])?;
+        let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let n_vocab = self.runner.hparams().n_vocab;
+        let mut sampler = Sampler::new(opts.sampling.clone());
+        let mut history = prompt.clone();
+        let mut reasoning = in_reasoning_after(&prompt, self.think_markers);
+        let mut decoder = StreamDecoder::new(&self.tokenizer, false);
+        let mut n_generated = 0;
+        let kind_of = |r: bool| if r { ChunkKind::Reasoning } else { ChunkKind::Text };
+        let stop = loop {
+            if abort.is_aborted() {
+                break StopReason::Aborted;
+            }
+            if n_generated >= opts.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let row = &logits[logits.len() - n_vocab..];
+            let id = sampler.sample(row, &history);
+            n_generated += 1;
+            history.push(id);
+            if self.tokenizer.is_eog(id) {
+                break StopReason::EndOfGeneration;
+            }
+            let (text, kind) = match self.think_markers {
+                Some((open, close)) if id == open || id == close => {
+                    let before = kind_of(reasoning);
+                    reasoning = id == open;
+                    (decoder.finish(), before)
+                }
+                _ => (decoder.push(id), kind_of(reasoning)),
+            };
+            if tx.send(Event::Chunk(Chunk { text, token_id: Some(id), n_tokens: n_generated, kind })).is_err() {
+                break StopReason::Aborted;
+            }
+            if n_generated >= opts.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            if self.runner.n_past() >= n_ctx {
+                break StopReason::ContextFull;
+            }
+            // Read the flag again: an abort during the send should not cost another evaluation.
+            if abort.is_aborted() {
+                break StopReason::Aborted;
+            }
+            // Fields, not `self.eval`: the decoder borrows the tokenizer meanwhile.
+            logits = self.runner.eval(&[id], Outputs::Last)?;
+            self.cached.push(id);
+        };
+        let tail = decoder.finish();
+        if !tail.is_empty() {
+            let _ = tx.send(Event::Chunk(Chunk { text: tail, token_id: None, n_tokens: n_generated, kind: kind_of(reasoning) }));
+        }
+        drop(decoder);
+        Ok(finish(stop, prompt.len(), n_cached, n_generated, prompt_ms, t1.elapsed().as_secs_f64() * 1e3))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_state_follows_the_last_marker() {
+        let m = Some((7, 8));
+        assert!(!in_reasoning_after(&[1, 2, 3], m));
+        assert!(in_reasoning_after(&[1, 7, 3], m), "a prompt ending inside <think> starts in reasoning");
+        assert!(!in_reasoning_after(&[1, 7, 3, 8, 4], m));
+        assert!(in_reasoning_after(&[7, 8, 1, 7], m));
+        assert!(!in_reasoning_after(&[1, 7, 3], None));
+    }
+
+    #[test]
+    fn common_prefix_counts_equal_leading_tokens() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+    }
+}

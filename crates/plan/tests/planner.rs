@@ -1,0 +1,336 @@
+//! describe and plan over the fixture models, on machines built by hand so that budgets and
+//! bandwidths make each back end win or be refused for the right reason, with the right need.
+//!
+//! Expected numbers come from the fixtures' own description (shared/fixtures/README.md: layers,
+//! heads, head size) and from Python's `gguf` reader (tensor bytes, parameter counts):
+//! ```python
+//! r = gguf.GGUFReader(path)
+//! sum(t.n_bytes for t in r.tensors); sum(t.n_elements for t in r.tensors)
+//! # GPU layout (compute::wgpu::layout): block fields padded to 4 bytes, f32 rows in groups of 8
+//! rep = {'Q4_0': (32, 20), 'Q6_K': (256, 212), 'Q8_0': (32, 36), 'F32': (8, 32)}
+//! sum(ceil(t.shape[0] / rep[T][0]) * rep[T][1] * t.n_elements // t.shape[0] for t in r.tensors)
+//! ```
+
+mod common;
+
+use plan::{
+    describe, plan_with, BackendKind, Code, CpuInfo, Format, GpuInfo, Machine, MemoryInfo, PlanOptions, Source, SourceKind, Task,
+};
+
+const GIB: u64 = 1 << 30;
+
+/// llama fixture (q4_0): 256 hidden, 2 layers, 4 heads of 64, 2 KV heads.
+const LLAMA_TENSOR_BYTES: u64 = 849_920;
+const LLAMA_PARAMS: u64 = 1_443_072;
+const LLAMA_GPU_BYTES: u64 = 932_864;
+const LLAMA_KV_PER_POS: u64 = 2 * 2 * (64 + 64) * 4;
+/// qwen3_moe fixture (q4_0): 128 hidden, 2 layers, 2 KV heads of 64, 8 experts, top-2.
+const MOE_PARAMS: u64 = 1_903_488;
+const MOE_EXPERT_PARAMS: u64 = 1_572_864;
+const MOE_EXPERT_BYTES: u64 = 884_736;
+const MOE_KV_PER_POS: u64 = 2 * 2 * (64 + 64) * 4;
+
+fn cpu() -> CpuInfo {
+    CpuInfo { model: Some("test cpu".into()), arch: "x86_64".into(), simd: vec![], cores_logical: 8, cores_physical: Some(4) }
+}
+
+/// A machine with `ram` bytes available read at `ram_bw`, and optionally one GPU.
+fn machine(ram: u64, ram_bw: f64, gpu: Option<(&str, u64, f64)>) -> Machine {
+    Machine {
+        gpus: gpu
+            .into_iter()
+            .map(|(device_type, mem, bw)| GpuInfo {
+                index: 0,
+                name: format!("test {device_type}"),
+                api: "Vulkan".into(),
+                device_type: device_type.into(),
+                driver: String::new(),
+                shader_f16: true,
+                subgroups: true,
+                max_storage_binding_bytes: GIB,
+                memory_bytes: Some(mem),
+                memory_free_bytes: Some(mem),
+                memory_source: Some("test".into()),
+                bandwidth_bytes_per_s: Some(bw),
+                bandwidth_source: Some(Source::Given),
+            })
+            .collect(),
+        gpu_compiled: cfg!(feature = "gpu"),
+        cpu: cpu(),
+        memory: MemoryInfo {
+            total_bytes: Some(ram),
+            available_bytes: Some(ram),
+            cgroup_limit_bytes: None,
+            bandwidth_bytes_per_s: Some(ram_bw),
+            bandwidth_source: Some(Source::Given),
+        },
+        disks: vec![],
+    }
+}
+
+fn opts(n_ctx: u64) -> PlanOptions {
+    PlanOptions { n_ctx, ..PlanOptions::default() }
+}
+
+#[test]
+fn describe_reads_the_fixture_headers() {
+    let d = describe(&common::fixture("llama")).unwrap();
+    assert_eq!(d.source, SourceKind::GgufFile);
+    assert_eq!(d.formats, vec![Format::Gguf]);
+    assert_eq!(d.architecture.as_deref(), Some("llama"));
+    assert_eq!(d.task, Task::TextGeneration);
+    assert_eq!(d.params_total, Some(LLAMA_PARAMS));
+    assert_eq!(d.params_active, Some(LLAMA_PARAMS));
+    let types: Vec<(&str, usize, u64)> = d.quant_types.iter().map(|q| (q.dtype.as_str(), q.n_tensors, q.size_bytes)).collect();
+    assert_eq!(types, vec![("f32", 5, 5120), ("q4_0", 15, 737_280), ("q6_K", 1, 107_520)]);
+    assert_eq!(d.files.len(), 1);
+    assert_eq!(d.files[0].size_bytes, std::fs::metadata(common::fixture("llama")).unwrap().len());
+    assert!(!d.chat_template && d.thinking.is_none());
+    let w = d.weights.as_ref().unwrap();
+    assert_eq!((w.tensor_bytes, w.expert_bytes, w.kv_bytes_per_position), (LLAMA_TENSOR_BYTES, 0, LLAMA_KV_PER_POS));
+    assert!(d.readers.iter().find(|r| r.backend == "cpu").unwrap().can_read);
+
+    let m = describe(&common::fixture("qwen3_moe")).unwrap();
+    assert_eq!(m.params_total, Some(MOE_PARAMS));
+    assert_eq!(m.params_active, Some(MOE_PARAMS - MOE_EXPERT_PARAMS + MOE_EXPERT_PARAMS * 2 / 8));
+    let w = m.weights.as_ref().unwrap();
+    assert_eq!((w.expert_bytes, w.expert_count, w.expert_used_count, w.kv_bytes_per_position), (MOE_EXPERT_BYTES, 8, 2, MOE_KV_PER_POS));
+    assert!(m.tags.contains(&"moe".to_string()));
+}
+
+#[test]
+fn describe_finds_the_template_and_think_markers() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("chat.gguf");
+    common::write_chat_fixture(&common::fixture("qwen3"), &p, common::CHATML_THINK, &[]);
+    let d = describe(&p).unwrap();
+    assert!(d.chat_template);
+    let t = d.thinking.unwrap();
+    assert_eq!((t.open.as_str(), t.open_id, t.close.as_str(), t.close_id, t.in_template), ("<think>", 5, "</think>", 6, true));
+    assert!(d.tags.contains(&"thinking".to_string()) && d.tags.contains(&"chat".to_string()));
+}
+
+#[test]
+fn cpu_wins_on_a_machine_without_gpu() {
+    let d = describe(&common::fixture("llama")).unwrap();
+    let p = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(256));
+    assert_eq!(p.chosen, Some(BackendKind::Cpu));
+    let cpu = p.backend(BackendKind::Cpu).estimate.clone().unwrap();
+    assert_eq!(cpu.gpu_bytes, 0);
+    assert!(cpu.ram_bytes > LLAMA_TENSOR_BYTES + LLAMA_KV_PER_POS * 256);
+    // Dense: every weight, plus the KV cache at half the context, per token.
+    assert_eq!(cpu.bytes_per_token, LLAMA_TENSOR_BYTES + LLAMA_KV_PER_POS * 128);
+    assert_eq!(cpu.tok_per_sec, Some(20e9 / cpu.bytes_per_token as f64));
+    let gpu = p.backend(BackendKind::Gpu).refusal.clone().unwrap();
+    assert_eq!(gpu.code, Code::Gpu);
+    for k in [BackendKind::GpuPaged, BackendKind::Hybrid] {
+        assert_eq!(p.backend(k).refusal.as_ref().unwrap().code, Code::Model, "{k:?}: a dense model has no experts to page");
+    }
+    assert!(p.summary_line().starts_with("plan: cpu"), "{}", p.summary_line());
+}
+
+#[test]
+fn ram_budget_refuses_the_cpu_with_the_bytes_it_needs() {
+    let d = describe(&common::fixture("llama")).unwrap();
+    let p = plan_with(&d, &machine(1 << 20, 20e9, None), &opts(256));
+    assert_eq!(p.chosen, None);
+    let r = p.backend(BackendKind::Cpu).refusal.clone().unwrap();
+    assert_eq!(r.code, Code::Ram);
+    let need = r.need_bytes.unwrap();
+    assert!(need > LLAMA_TENSOR_BYTES);
+    assert_eq!(p.pick(None).unwrap_err().code(), "no_backend");
+    assert_eq!(p.pick(Some(BackendKind::Cpu)).unwrap_err().code(), "budget");
+    // The need is exact: that budget runs, one byte less does not. A --ram-budget overrides
+    // what the machine has.
+    let at = |b: u64| plan_with(&d, &machine(1 << 20, 20e9, None), &PlanOptions { ram_budget_bytes: Some(b), ..opts(256) });
+    assert_eq!(at(need).chosen, Some(BackendKind::Cpu));
+    assert_eq!(at(need - 1).backend(BackendKind::Cpu).refusal.as_ref().unwrap().code, Code::Ram);
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_wins_when_the_model_fits_and_the_gpu_is_faster() {
+    let d = describe(&common::fixture("llama")).unwrap();
+    assert_eq!(d.weights.as_ref().unwrap().gpu_tensor_bytes, Some(LLAMA_GPU_BYTES));
+    let p = plan_with(&d, &machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9))), &opts(256));
+    assert_eq!(p.chosen, Some(BackendKind::Gpu), "{}", p.reasons());
+    let gpu = p.backend(BackendKind::Gpu).estimate.clone().unwrap();
+    assert!(gpu.gpu_bytes > LLAMA_GPU_BYTES + LLAMA_KV_PER_POS * 256);
+    assert_eq!(gpu.bytes_per_token, LLAMA_GPU_BYTES + LLAMA_KV_PER_POS * 128);
+    assert!(p.backend(BackendKind::Cpu).is_ok(), "the CPU could run it too, slower");
+    assert_eq!(p.gpu_budget.source, "device");
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn a_slow_gpu_loses_to_the_cpu() {
+    // A software renderer (lavapipe) reads memory slower than the CPU back end does.
+    let d = describe(&common::fixture("llama")).unwrap();
+    let p = plan_with(&d, &machine(8 * GIB, 20e9, Some(("Cpu", 8 * GIB, 5e9))), &opts(256));
+    assert_eq!(p.chosen, Some(BackendKind::Cpu));
+    assert!(p.backend(BackendKind::Gpu).is_ok());
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_budget_refuses_with_the_bytes_it_needs() {
+    let d = describe(&common::fixture("llama")).unwrap();
+    let m = machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9)));
+    let with_budget = |b: u64| plan_with(&d, &m, &PlanOptions { budget_bytes: Some(b), ..opts(256) });
+    let p = with_budget(LLAMA_GPU_BYTES);
+    let r = p.backend(BackendKind::Gpu).refusal.clone().unwrap();
+    assert_eq!(r.code, Code::Budget, "weights alone fill the budget; the cache does not fit");
+    let need = r.need_bytes.unwrap();
+    assert!(need > LLAMA_GPU_BYTES + LLAMA_KV_PER_POS * 256);
+    assert_eq!(p.chosen, Some(BackendKind::Cpu), "the CPU takes over");
+    assert_eq!(p.gpu_budget.source, "given");
+    match p.pick(Some(BackendKind::Gpu)).unwrap_err() {
+        plan::PlanError::BudgetTooSmall { what, need_bytes, budget_bytes, .. } => {
+            assert_eq!((what, need_bytes, budget_bytes), ("gpu", need, LLAMA_GPU_BYTES))
+        }
+        e => panic!("{e}"),
+    }
+    assert_eq!(with_budget(need).chosen, Some(BackendKind::Gpu));
+    assert_eq!(with_budget(need - 1).backend(BackendKind::Gpu).refusal.as_ref().unwrap().code, Code::Budget);
+    // A longer context needs more.
+    let long = plan_with(&d, &m, &PlanOptions { budget_bytes: Some(need), ..opts(4096) });
+    let r = long.backend(BackendKind::Gpu).refusal.clone().unwrap();
+    assert_eq!(r.need_bytes.unwrap() - need, LLAMA_KV_PER_POS * (4096 - 256));
+}
+
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn gpu_tests_need_the_gpu_feature() {
+    eprintln!("SKIPPED: the gpu planner tests need `--features gpu` (CI runs --all-features)");
+    let d = describe(&common::fixture("llama")).unwrap();
+    let p = plan_with(&d, &machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9))), &opts(256));
+    assert_eq!(p.backend(BackendKind::Gpu).refusal.as_ref().unwrap().code, Code::Gpu);
+}
+
+#[test]
+fn moe_models_ask_for_paging_which_is_not_implemented() {
+    let d = describe(&common::fixture("qwen3_moe")).unwrap();
+    let p = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(256));
+    for k in [BackendKind::GpuPaged, BackendKind::Hybrid] {
+        let r = p.backend(k).refusal.clone().unwrap();
+        assert_eq!(r.code, Code::Unimplemented, "{k:?}");
+        assert!(r.reason.contains("not implemented"));
+    }
+    // The CPU reads only the used experts' share per token.
+    let e = p.backend(BackendKind::Cpu).estimate.clone().unwrap();
+    let w = d.weights.unwrap();
+    assert_eq!(e.bytes_per_token, w.tensor_bytes - MOE_EXPERT_BYTES + MOE_EXPERT_BYTES * 2 / 8 + MOE_KV_PER_POS * 128);
+}
+
+/// A minimal GGUF of architecture `arch` with an embedding table.
+fn tiny_gguf(path: &std::path::Path, arch: &str) {
+    use gguf::{GgmlType, GgufWriter, Value};
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", Value::String(arch.into()));
+    w.set(&format!("{arch}.block_count"), Value::U32(1));
+    w.set(&format!("{arch}.embedding_length"), Value::U32(8));
+    w.set(&format!("{arch}.attention.head_count"), Value::U32(2));
+    w.set(&format!("{arch}.context_length"), Value::U32(64));
+    w.add_tensor("token_embd.weight", GgmlType::F32, &[8, 16]).unwrap();
+    let mut sink = w.create(path).unwrap();
+    sink.write_data(&[0u8; 8 * 16 * 4]).unwrap();
+    sink.finish().unwrap();
+}
+
+#[test]
+fn unknown_architectures_and_tasks_are_refused_with_their_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.gguf");
+    tiny_gguf(&p, "nosucharch");
+    let d = describe(&p).unwrap();
+    let plan = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(0));
+    assert_eq!(plan.n_ctx, 64, "the model's context when shorter than the cap");
+    for b in &plan.backends {
+        assert_eq!(b.refusal.as_ref().unwrap().code, Code::Model, "{:?}", b.backend);
+    }
+    assert_eq!(plan.pick(Some(BackendKind::Cpu)).unwrap_err().code(), "architecture");
+
+    let e = dir.path().join("bert.gguf");
+    tiny_gguf(&e, "bert");
+    let d = describe(&e).unwrap();
+    assert_eq!(d.task, Task::Embedding);
+    let plan = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(0));
+    assert!(plan.backends.iter().all(|b| b.refusal.as_ref().unwrap().code == Code::Task));
+
+    let d = describe(&common::fixture("llama")).unwrap();
+    let plan = plan_with(&d, &machine(8 * GIB, 20e9, None), &PlanOptions { task: Some(Task::Embedding), ..opts(0) });
+    assert_eq!(plan.backend(BackendKind::Cpu).refusal.as_ref().unwrap().code, Code::Task);
+}
+
+#[test]
+fn a_safetensors_folder_is_described_and_refused_for_its_format() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 2048}"#,
+    )
+    .unwrap();
+    // A safetensors file: u64 header length, JSON header, data.
+    let header = br#"{"a.weight":{"dtype":"BF16","shape":[4,8],"data_offsets":[0,64]},"b.bias":{"dtype":"F32","shape":[4],"data_offsets":[64,80]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header);
+    bytes.extend_from_slice(&[0u8; 80]);
+    std::fs::write(dir.path().join("model.safetensors"), &bytes).unwrap();
+    std::fs::create_dir(dir.path().join("onnx")).unwrap();
+    std::fs::write(dir.path().join("onnx/model.onnx"), b"not really").unwrap();
+    let d = describe(dir.path()).unwrap();
+    assert_eq!(d.source, SourceKind::Folder);
+    assert_eq!(d.formats, vec![Format::Safetensors, Format::Onnx]);
+    assert_eq!((d.architecture.as_deref(), d.hf_architecture.as_deref()), (Some("llama"), Some("LlamaForCausalLM")));
+    assert_eq!((d.task, d.context_length, d.params_total), (Task::TextGeneration, Some(2048), Some(36)));
+    assert_eq!(d.files.len(), 3);
+    assert_eq!(d.total_size_bytes, bytes.len() as u64 + 10 + std::fs::metadata(dir.path().join("config.json")).unwrap().len());
+    let p = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(0));
+    assert!(p.backends.iter().all(|b| b.refusal.as_ref().unwrap().code == Code::Format));
+    assert_eq!(describe(&dir.path().join("onnx")).unwrap().formats, vec![Format::Onnx]);
+}
+
+#[test]
+fn a_folder_with_gguf_files_plans_its_first_variant() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}"#).unwrap();
+    std::fs::copy(common::fixture("qwen3"), dir.path().join("b-q4_0.gguf")).unwrap();
+    std::fs::copy(common::fixture("qwen3"), dir.path().join("a-q4_0.gguf")).unwrap();
+    let d = describe(dir.path()).unwrap();
+    assert_eq!(d.gguf_variants.len(), 2);
+    assert_eq!(d.gguf.as_deref(), Some(dir.path().join("a-q4_0.gguf").as_path()));
+    assert_eq!(d.architecture.as_deref(), Some("qwen3"));
+    let p = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(0));
+    assert_eq!(p.chosen, Some(BackendKind::Cpu));
+}
+
+#[test]
+fn a_split_set_is_described_as_one_model() {
+    use gguf::{GgufWriter, Value};
+    let src = gguf::GgufModel::open(common::fixture("llama")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tensors: Vec<_> = src.tensors().collect();
+    let half = tensors.len() / 2;
+    for (no, part) in [&tensors[..half], &tensors[half..]].iter().enumerate() {
+        let mut w = GgufWriter::new();
+        if no == 0 {
+            w.set_all(src.metadata());
+        }
+        w.set(gguf::KEY_SPLIT_NO, Value::U16(no as u16));
+        w.set(gguf::KEY_SPLIT_COUNT, Value::U16(2));
+        w.set(gguf::KEY_SPLIT_TENSORS_COUNT, Value::I32(tensors.len() as i32));
+        for t in part.iter() {
+            w.add_tensor(t.name(), t.dtype(), t.shape()).unwrap();
+        }
+        let mut sink = w.create(gguf::split_path(dir.path(), "m", no as u32, 2)).unwrap();
+        for t in part.iter() {
+            sink.write_data(t.data).unwrap();
+        }
+        sink.finish().unwrap();
+    }
+    let d = describe(&gguf::split_path(dir.path(), "m", 1, 2)).unwrap();
+    assert_eq!(d.source, SourceKind::GgufSplit);
+    assert_eq!(d.files.len(), 2);
+    assert_eq!(d.params_total, Some(LLAMA_PARAMS));
+    assert_eq!(d.weights.unwrap().tensor_bytes, LLAMA_TENSOR_BYTES);
+}
