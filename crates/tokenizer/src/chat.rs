@@ -112,7 +112,9 @@ impl ChatTemplate {
     /// # Errors
     /// [`TemplateError::Render`], including the template's own `raise_exception(..)`.
     pub fn render(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<String, TemplateError> {
-        self.render_values(Value::from_serialize(messages), opts)
+        let json: Vec<serde_json::Value> =
+            messages.iter().map(|m| serde_json::to_value(m).unwrap_or(serde_json::Value::Null)).collect();
+        self.render_values(Value::from_serialize(alias_reasoning(&json)), opts)
     }
 
     /// Renders messages given as JSON objects (each needs a string `role`).
@@ -125,7 +127,7 @@ impl ChatTemplate {
                 return Err(TemplateError::BadMessage { index });
             }
         }
-        self.render_values(Value::from_serialize(messages), opts)
+        self.render_values(Value::from_serialize(alias_reasoning(messages)), opts)
     }
 
     fn render_values(&self, messages: Value, opts: &ChatOptions) -> Result<String, TemplateError> {
@@ -145,6 +147,29 @@ impl ChatTemplate {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(TemplateError::Render)?;
         template.render(ctx).map_err(TemplateError::Render)
     }
+}
+
+/// The names transformers accepts for a message's reasoning, first one set wins.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// transformers (`_alias_reasoning_fields`) gives a message with reasoning both `thinking` (first)
+/// and `reasoning_content`, so templates of either family find it.
+fn alias_reasoning(messages: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    messages
+        .iter()
+        .map(|message| {
+            let Some(map) = message.as_object() else { return message.clone() };
+            let reasoning = REASONING_FIELDS.iter().find_map(|k| map.get(*k).filter(|v| !v.is_null()));
+            let Some(reasoning) = reasoning else { return message.clone() };
+            let mut aliased = serde_json::Map::new();
+            aliased.insert("thinking".to_string(), reasoning.clone());
+            for (k, v) in map {
+                aliased.insert(k.clone(), v.clone());
+            }
+            aliased.insert("reasoning_content".to_string(), reasoning.clone());
+            serde_json::Value::Object(aliased)
+        })
+        .collect()
 }
 
 /// `raise_exception(message)`: fails the rendering with the template's message.
