@@ -23,13 +23,13 @@ pub(super) fn detected() -> bool {
 pub(super) fn kernel(dtype: GgmlType) -> Option<SimdDot> {
     use GgmlType::*;
     Some(match dtype {
-        Q4_0 => dot_q4_0,
-        Q4_1 => dot_q4_1,
-        Q5_0 => dot_q5_0,
-        Q5_1 => dot_q5_1,
-        Q8_0 => dot_q8_0,
-        IQ4_NL => dot_iq4_nl,
-        MXFP4 => dot_mxfp4,
+        Q4_0 => dot_blocks32::<{ self::Q4_0 }>,
+        Q4_1 => dot_blocks32::<{ self::Q4_1 }>,
+        Q5_0 => dot_blocks32::<{ self::Q5_0 }>,
+        Q5_1 => dot_blocks32::<{ self::Q5_1 }>,
+        Q8_0 => dot_blocks32::<{ self::Q8_0 }>,
+        IQ4_NL => dot_blocks32::<{ self::IQ4_NL }>,
+        MXFP4 => dot_blocks32::<{ self::MXFP4 }>,
         Q2_K => dot_q2_k,
         Q3_K => dot_q3_k,
         Q4_K => dot_q4_k,
@@ -108,92 +108,104 @@ unsafe fn table16(values: &[i8; 16]) -> __m256i {
     _mm256_set_m128i(t, t)
 }
 
-/// The shared loop of the 32-value types: `levels(block)` gives the 32 levels, `signed` says
-/// whether they can be negative, `scales(block)` gives `(d, m)`.
+// The 32-value types, one monomorphised loop each (a const parameter rather than closures, so
+// every helper inlines into the AVX2 function).
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+const IQ4_NL: u8 = 5;
+const MXFP4: u8 = 6;
+
+const fn block_bytes32(t: u8) -> usize {
+    match t {
+        Q4_0 | IQ4_NL => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        Q8_0 => 34,
+        _ => 17,
+    }
+}
+
+/// Levels are unsigned (0..32) for the types with a min, signed otherwise.
+const fn has_min(t: u8) -> bool {
+    matches!(t, Q4_1 | Q5_1)
+}
+
+/// The 32 levels of the block at `b`; `table` is the lookup table of IQ4_NL/MXFP4.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_blocks32(
-    w: &[u8],
-    x: ActRow<'_>,
-    block_bytes: usize,
-    levels: impl Fn(*const u8) -> __m256i,
-    signed: bool,
-    scales: impl Fn(*const u8) -> (f32, f32),
-) -> f32 {
-    let nb = w.len() / block_bytes;
-    assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_min = 0.0f32;
-    for ib in 0..nb {
-        let b = w.as_ptr().add(ib * block_bytes);
-        let lv = levels(b);
-        let xq = load256(x.qs.as_ptr().add(ib * 32));
-        let sumi = if signed { madd_i8_i8(lv, xq, ones) } else { madd_u8_i8(lv, xq, ones) };
-        let (d, m) = scales(b);
-        let dx = *x.d.get_unchecked(ib);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc);
-        acc_min += m * dx * *x.sums.get_unchecked(ib) as f32;
-    }
-    hsum_f32x8(acc) + acc_min
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0(w: &[u8], x: ActRow<'_>) -> f32 {
-    let eight = _mm256_set1_epi8(8);
-    dot_blocks32(w, x, 18, |b| _mm256_sub_epi8(nibbles32(b.add(2)), eight), true, |b| (f16_at(b), 0.0))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_blocks32(w, x, 20, |b| nibbles32(b.add(4)), false, |b| (f16_at(b), f16_at(b.add(2))))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0(w: &[u8], x: ActRow<'_>) -> f32 {
-    let high_clear = _mm256_set1_epi8(0xF0u8 as i8);
-    dot_blocks32(
-        w,
-        x,
-        22,
-        |b| {
+unsafe fn levels32<const T: u8>(b: *const u8, table: __m256i) -> __m256i {
+    match T {
+        Q4_0 => _mm256_sub_epi8(nibbles32(b.add(2)), _mm256_set1_epi8(8)),
+        Q4_1 => nibbles32(b.add(4)),
+        Q5_0 => {
             // level = nibble + 16 * bit - 16: where the bit is clear, setting 0xF0 subtracts 16.
-            let clear = _mm256_andnot_si256(bytes_from_bits_32(b.add(2)), high_clear);
+            let clear = _mm256_andnot_si256(bytes_from_bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
             _mm256_or_si256(nibbles32(b.add(6)), clear)
-        },
-        true,
-        |b| (f16_at(b), 0.0),
-    )
+        }
+        Q5_1 => {
+            _mm256_or_si256(nibbles32(b.add(8)), _mm256_and_si256(bytes_from_bits_32(b.add(4)), _mm256_set1_epi8(0x10)))
+        }
+        Q8_0 => load256(b.add(2) as *const i8),
+        IQ4_NL => _mm256_shuffle_epi8(table, nibbles32(b.add(2))),
+        _ => _mm256_shuffle_epi8(table, nibbles32(b.add(1))),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale32<const T: u8>(b: *const u8) -> f32 {
+    if T == MXFP4 {
+        e8m0_to_f32_half(*b)
+    } else {
+        f16_at(b)
+    }
+}
+
+/// One block's integer sum times `d_w * d_x` added to `acc`, and its min term to `acc_min`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block32<const T: u8>(
+    w: &[u8],
+    x: &ActRow<'_>,
+    ib: usize,
+    table: __m256i,
+    acc: &mut __m256,
+    acc_min: &mut f32,
+) {
+    let b = w.as_ptr().add(ib * block_bytes32(T));
+    let lv = levels32::<T>(b, table);
+    let xq = load256(x.qs.as_ptr().add(ib * 32));
+    let ones = _mm256_set1_epi16(1);
+    let sumi = if has_min(T) { madd_u8_i8(lv, xq, ones) } else { madd_i8_i8(lv, xq, ones) };
+    let dx = *x.d.get_unchecked(ib);
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(scale32::<T>(b) * dx), _mm256_cvtepi32_ps(sumi), *acc);
+    if has_min(T) {
+        *acc_min += f16_at(b.add(2)) * dx * *x.sums.get_unchecked(ib) as f32;
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_1(w: &[u8], x: ActRow<'_>) -> f32 {
-    let bit4 = _mm256_set1_epi8(0x10);
-    dot_blocks32(
-        w,
-        x,
-        24,
-        |b| _mm256_or_si256(nibbles32(b.add(8)), _mm256_and_si256(bytes_from_bits_32(b.add(4)), bit4)),
-        false,
-        |b| (f16_at(b), f16_at(b.add(2))),
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_blocks32(w, x, 34, |b| load256(b.add(2) as *const i8), true, |b| (f16_at(b), 0.0))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_iq4_nl(w: &[u8], x: ActRow<'_>) -> f32 {
-    let table = table16(&KVALUES_IQ4NL);
-    dot_blocks32(w, x, 18, |b| _mm256_shuffle_epi8(table, nibbles32(b.add(2))), true, |b| (f16_at(b), 0.0))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_mxfp4(w: &[u8], x: ActRow<'_>) -> f32 {
-    let table = table16(&KVALUES_MXFP4);
-    dot_blocks32(w, x, 17, |b| _mm256_shuffle_epi8(table, nibbles32(b.add(1))), true, |b| (e8m0_to_f32_half(*b), 0.0))
+unsafe fn dot_blocks32<const T: u8>(w: &[u8], x: ActRow<'_>) -> f32 {
+    let nb = w.len() / block_bytes32(T);
+    assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
+    let table = table16(if T == MXFP4 { &KVALUES_MXFP4 } else { &KVALUES_IQ4NL });
+    // Two independent accumulators so consecutive blocks do not wait on each other's FMA.
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut min0, mut min1) = (0.0f32, 0.0f32);
+    let mut ib = 0;
+    while ib + 1 < nb {
+        block32::<T>(w, &x, ib, table, &mut acc0, &mut min0);
+        block32::<T>(w, &x, ib + 1, table, &mut acc1, &mut min1);
+        ib += 2;
+    }
+    if ib < nb {
+        block32::<T>(w, &x, ib, table, &mut acc0, &mut min0);
+    }
+    hsum_f32x8(_mm256_add_ps(acc0, acc1)) + (min0 + min1)
 }
 
 /// A scale vector for one 32-value group made of two 16-value sub-blocks: `lo` for the first
