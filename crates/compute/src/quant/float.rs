@@ -47,12 +47,14 @@ pub(crate) fn f16_bytes(v: f32) -> [u8; 2] {
     f16::from_f32(v).to_bits().to_le_bytes()
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_f32(src: &[u8], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
         *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     let table = f16_table();
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
@@ -66,6 +68,7 @@ pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
         *d = bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));

@@ -12,6 +12,7 @@ use super::k_quants::{nearest_int, QK_K};
 /// `kvalues_iq4nl`.
 pub(crate) const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
+#[inline(always)]
 pub(crate) fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
         let d = f16_at(b);
@@ -31,6 +32,7 @@ pub(crate) fn iq4_xs_scale(ib: usize, scales_h: u16, scales_l: &[u8]) -> i32 {
     (low | (high << 4)) as i32
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_iq4_xs(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(136).zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_at(b);

@@ -40,39 +40,52 @@ pub(crate) fn q3_k_scales(s: &[u8]) -> [u8; 16] {
     out
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q2_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(84).zip(dst.chunks_exact_mut(QK_K)) {
         let scales = &b[0..16];
-        let qs = &b[16..80];
         let d = f16_at(&b[80..]);
         let dmin = f16_at(&b[82..]);
-        // Value i lives in byte 32*(i/128) + i%32, at bit shift 2*((i/32)%4); its sub-block is i/16.
-        for (i, v) in y.iter_mut().enumerate() {
-            let sc = scales[i / 16];
-            let dl = d * (sc & 0xF) as f32;
-            let ml = dmin * (sc >> 4) as f32;
-            let q = (qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
-            *v = dl * q as f32 - ml;
+        // Value 128n + 32j + l is bits 2j.. of byte 32n + l; its sub-block (of 16) is 8n + 2j + l/16.
+        for (n, (q, y)) in b[16..80].chunks_exact(32).zip(y.chunks_exact_mut(128)).enumerate() {
+            for (j, y) in y.chunks_exact_mut(32).enumerate() {
+                for (half, y) in y.chunks_exact_mut(16).enumerate() {
+                    let sc = scales[8 * n + 2 * j + half];
+                    let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                    for (l, v) in y.iter_mut().enumerate() {
+                        *v = dl * ((q[16 * half + l] >> (2 * j)) & 3) as f32 - ml;
+                    }
+                }
+            }
         }
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q3_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(QK_K)) {
         let hmask = &b[0..32];
-        let qs = &b[32..96];
         let scales = q3_k_scales(&b[96..108]);
         let d = f16_at(&b[108..]);
-        for (i, v) in y.iter_mut().enumerate() {
-            let dl = d * (scales[i / 16] as i32 - 32) as f32;
-            let low = (qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
-            let high_set = hmask[i % 32] & (1 << (i / 32)) != 0;
-            let q = low as i32 - if high_set { 0 } else { 4 };
-            *v = dl * q as f32;
+        // As Q2_K for the low bits; the high bit of value 128n + 32j + l is bit 4n + j of hmask[l].
+        for (n, (q, y)) in b[32..96].chunks_exact(32).zip(y.chunks_exact_mut(128)).enumerate() {
+            for (j, y) in y.chunks_exact_mut(32).enumerate() {
+                let bit = 1u8 << (4 * n + j);
+                for (half, y) in y.chunks_exact_mut(16).enumerate() {
+                    let dl = d * (scales[8 * n + 2 * j + half] as i32 - 32) as f32;
+                    for (l, v) in y.iter_mut().enumerate() {
+                        let i = 16 * half + l;
+                        let low = ((q[i] >> (2 * j)) & 3) as i32;
+                        let minus = if hmask[i] & bit != 0 { 0 } else { 4 };
+                        *v = dl * (low - minus) as f32;
+                    }
+                }
+            }
         }
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q4_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_at(b);
@@ -92,6 +105,7 @@ pub(crate) fn dequantize_q4_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q5_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(176).zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_at(b);
@@ -115,6 +129,7 @@ pub(crate) fn dequantize_q5_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q6_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(210).zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_at(&b[208..]);
@@ -138,6 +153,7 @@ pub(crate) fn dequantize_q6_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q8_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(292).zip(dst.chunks_exact_mut(QK_K)) {
         let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);

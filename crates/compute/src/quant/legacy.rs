@@ -14,6 +14,7 @@ use super::float::{f16_at, f16_bytes};
 
 pub(crate) const QK: usize = 32;
 
+#[inline(always)]
 pub(crate) fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
         let d = f16_at(b);
@@ -25,6 +26,7 @@ pub(crate) fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(20).zip(dst.chunks_exact_mut(QK)) {
         let d = f16_at(b);
@@ -37,6 +39,7 @@ pub(crate) fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(22).zip(dst.chunks_exact_mut(QK)) {
         let d = f16_at(b);
@@ -51,6 +54,7 @@ pub(crate) fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(24).zip(dst.chunks_exact_mut(QK)) {
         let d = f16_at(b);
@@ -66,6 +70,7 @@ pub(crate) fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(QK)) {
         let d = f16_at(b);

@@ -10,7 +10,7 @@ use gguf::GgmlType;
 use rayon::prelude::*;
 
 use super::qdot::{ActBuf, ActKind};
-use super::simd::{Kernel, QDot};
+use super::simd::{Kernel, QDot, RowDequantizer};
 use super::{check_encoded, dequantizer, QuantError};
 
 /// How [`matmul`] computes.
@@ -126,7 +126,8 @@ pub fn matmul(
     if mode == MatmulMode::QuantizedActivations && ActKind::for_weights(dtype).is_some() {
         return matmul_quantized(dtype, w, n_out, k, x, y, Kernel::best());
     }
-    let dequantize_row = dequantizer(dtype).ok_or(QuantError::Unsupported { dtype, op: "matmul" })?;
+    let portable = dequantizer(dtype).ok_or(QuantError::Unsupported { dtype, op: "matmul" })?;
+    let dequantize_row = RowDequantizer::new(dtype, portable);
     let Some(shape) = check_shapes(dtype, w, n_out, k, x, y)? else {
         return Ok(());
     };
@@ -142,7 +143,7 @@ pub fn matmul(
                 scratch.resize(n_rows * k, 0.0);
             }
             let rows = &mut scratch[..n_rows * k];
-            dequantize_row(&w[o_start * shape.row_bytes..o_end * shape.row_bytes], rows);
+            dequantize_row.run(&w[o_start * shape.row_bytes..o_end * shape.row_bytes], rows);
             for (t, xt) in x.chunks_exact(k).enumerate() {
                 for (r, row) in rows.chunks_exact(k).enumerate() {
                     let value = dot_f32(row, xt);

@@ -14,6 +14,7 @@ pub(crate) fn e8m0_to_f32_half(e: u8) -> f32 {
     f32::from_bits(bits)
 }
 
+#[inline(always)]
 pub(crate) fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)) {
         let d = e8m0_to_f32_half(b[0]);

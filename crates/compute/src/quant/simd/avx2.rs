@@ -14,10 +14,82 @@ use super::super::iq4::{iq4_xs_scale, KVALUES_IQ4NL};
 use super::super::k_quants::{q3_k_scales, scale_min_k4};
 use super::super::mxfp4::{e8m0_to_f32_half, KVALUES_MXFP4};
 use super::super::qdot::ActRow;
-use super::SimdDot;
+use super::super::{float, iq4, k_quants, legacy, mxfp4};
+use super::{SimdDequantize, SimdDot};
 
-pub(super) fn detected() -> bool {
+pub(in crate::quant) fn detected() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+macro_rules! avx2_dequantizers {
+    ($($name:ident => $path:path),* $(,)?) => {
+        $(
+            /// The portable dequantizer compiled for AVX2 (same operations, so the same bits).
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name(src: &[u8], dst: &mut [f32]) {
+                $path(src, dst)
+            }
+        )*
+    };
+}
+
+avx2_dequantizers! {
+    deq_bf16 => float::dequantize_bf16,
+    deq_q4_0 => legacy::dequantize_q4_0,
+    deq_q4_1 => legacy::dequantize_q4_1,
+    deq_q5_0 => legacy::dequantize_q5_0,
+    deq_q5_1 => legacy::dequantize_q5_1,
+    deq_q8_0 => legacy::dequantize_q8_0,
+    deq_q2_k => k_quants::dequantize_q2_k,
+    deq_q3_k => k_quants::dequantize_q3_k,
+    deq_q4_k => k_quants::dequantize_q4_k,
+    deq_q5_k => k_quants::dequantize_q5_k,
+    deq_q6_k => k_quants::dequantize_q6_k,
+    deq_iq4_nl => iq4::dequantize_iq4_nl,
+    deq_iq4_xs => iq4::dequantize_iq4_xs,
+    deq_mxfp4 => mxfp4::dequantize_mxfp4,
+}
+
+/// F16 rows with F16C, 8 values at a time. F16C quiets signalling NaNs, so any group holding a
+/// NaN is converted on the bits instead: the result is exactly the portable one.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_f16(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let groups = n / 8;
+    for g in 0..groups {
+        let h = _mm_loadu_si128(src.as_ptr().add(16 * g) as *const __m128i);
+        let magnitude = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
+        let nan = _mm_cmpgt_epi16(magnitude, _mm_set1_epi16(0x7c00));
+        if _mm_movemask_epi8(nan) == 0 {
+            _mm256_storeu_ps(dst.as_mut_ptr().add(8 * g), _mm256_cvtph_ps(h));
+        } else {
+            float::dequantize_f16(&src[16 * g..16 * g + 16], &mut dst[8 * g..8 * g + 8]);
+        }
+    }
+    float::dequantize_f16(&src[16 * groups..2 * n], &mut dst[8 * groups..n]);
+}
+
+/// An AVX2 build of the row dequantizer of `dtype`.
+pub(in crate::quant) fn dequantizer(dtype: GgmlType) -> Option<SimdDequantize> {
+    use GgmlType::*;
+    Some(match dtype {
+        F16 => deq_f16,
+        BF16 => deq_bf16,
+        Q4_0 => deq_q4_0,
+        Q4_1 => deq_q4_1,
+        Q5_0 => deq_q5_0,
+        Q5_1 => deq_q5_1,
+        Q8_0 => deq_q8_0,
+        Q2_K => deq_q2_k,
+        Q3_K => deq_q3_k,
+        Q4_K => deq_q4_k,
+        Q5_K => deq_q5_k,
+        Q6_K => deq_q6_k,
+        IQ4_NL => deq_iq4_nl,
+        IQ4_XS => deq_iq4_xs,
+        MXFP4 => deq_mxfp4,
+        _ => return None,
+    })
 }
 
 pub(super) fn kernel(dtype: GgmlType) -> Option<SimdDot> {

@@ -54,6 +54,38 @@ impl Kernel {
     }
 }
 
+/// A vectorised row dequantizer (same results as the portable one).
+type SimdDequantize = unsafe fn(&[u8], &mut [f32]);
+
+/// The row dequantizer of `dtype` for exact matmuls: the portable function, or its AVX2 build
+/// when the CPU has AVX2 (bit-identical: the same f32 operations, vectorised).
+#[derive(Clone, Copy)]
+pub(crate) struct RowDequantizer {
+    portable: fn(&[u8], &mut [f32]),
+    /// Set only when the CPU supports AVX2, FMA and F16C (checked in `new`).
+    simd: Option<SimdDequantize>,
+}
+
+impl RowDequantizer {
+    pub(crate) fn new(dtype: GgmlType, portable: fn(&[u8], &mut [f32])) -> RowDequantizer {
+        #[cfg(target_arch = "x86_64")]
+        if avx2::detected() {
+            return RowDequantizer { portable, simd: avx2::dequantizer(dtype) };
+        }
+        let _ = dtype;
+        RowDequantizer { portable, simd: None }
+    }
+
+    #[inline]
+    pub(crate) fn run(&self, src: &[u8], dst: &mut [f32]) {
+        match self.simd {
+            // SAFETY: `simd` is only set after `avx2::detected()` confirmed AVX2, FMA and F16C.
+            Some(f) => unsafe { f(src, dst) },
+            None => (self.portable)(src, dst),
+        }
+    }
+}
+
 /// A vectorised kernel: `w` is whole blocks of the weight type, `x` the matching activations.
 type SimdDot = unsafe fn(&[u8], ActRow<'_>) -> f32;
 
@@ -94,5 +126,40 @@ fn simd_kernel(dtype: GgmlType, kernel: Kernel) -> Option<SimdDot> {
         Kernel::Neon => neon::kernel(dtype),
         #[allow(unreachable_patterns)]
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectorised dequantizers against the portable ones on every f16 bit pattern and on
+    /// random bytes (any bytes are valid blocks for these decoders).
+    #[test]
+    fn row_dequantizers_match_portable_bits() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        };
+        for dtype in gguf::ALL_TYPES {
+            let Some(portable) = super::super::dequantizer(dtype) else { continue };
+            let n_blocks = if dtype.is_quantized() { 37 } else { 601 };
+            let src: Vec<u8> = if dtype == GgmlType::F16 {
+                (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect()
+            } else {
+                (0..n_blocks * dtype.block_bytes()).map(|_| next()).collect()
+            };
+            let n = src.len() / dtype.block_bytes() * dtype.block_elems();
+            let mut want = vec![0f32; n];
+            let mut got = vec![1f32; n];
+            portable(&src, &mut want);
+            RowDequantizer::new(dtype, portable).run(&src, &mut got);
+            for i in 0..n {
+                assert_eq!(got[i].to_bits(), want[i].to_bits(), "{dtype} value {i}");
+            }
+        }
     }
 }
