@@ -6,16 +6,23 @@
 //! Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
 //! IQ4_NL, IQ4_XS and MXFP4.
 //!
-//! Main entry points: [`dequantize`], [`dot`], [`quantize`] and [`matmul`]. Files hold one type
-//! family each (`float`, `legacy` for the 32-value types, `k_quants`, `iq4`, `mxfp4`); `matmul`
-//! holds the parallel matrix product.
+//! Quantizers ([`quantize`]) are ggml's `quantize_row_*_ref`, the ones `llama-quantize` uses
+//! without an importance matrix: on the fixtures they reproduce llama-quantize's bytes exactly.
+//!
+//! Main entry points: [`dequantize`], [`dot`], [`quantize`], [`matmul`] and
+//! [`matmul_quantized`]. Files hold one type family each (`float`, `legacy` for the 32-value
+//! types, `k_quants`, `iq4`, `mxfp4`); `matmul` holds the parallel matrix product, `qdot` the
+//! activation quantization and portable integer dot products, `simd` the vectorised kernels
+//! (AVX2 picked at run time on x86-64, NEON on aarch64).
 //!
 //! # When to use which matmul mode
 //! [`MatmulMode::Exact`] dequantizes each weight row and takes f32 dot products with a fixed
-//! summation order: the reference, reproducible across machines and thread counts.
-//! [`MatmulMode::QuantizedActivations`] is the llama.cpp-style fast path that quantizes the
-//! activations to 8 bits first; it is what llama.cpp computes, not what a float reference
-//! computes.
+//! summation order: the reference, reproducible across machines and thread counts (the AVX2
+//! build computes the same bits as the portable one). [`MatmulMode::QuantizedActivations`] is
+//! the llama.cpp-style fast path: activations are quantized to 8 bits (Q8_0 or Q8_K blocks)
+//! and blocks are summed in integers, several times faster for decode; it is what llama.cpp
+//! computes, not what a float reference computes (relative error around 1e-3 on random data,
+//! within test-quantize-fns' dot-product bounds). F32/F16/BF16 weights are exact in both modes.
 
 mod float;
 mod iq4;

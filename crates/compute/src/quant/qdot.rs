@@ -9,6 +9,7 @@
 //! from these only in the order the per-block floats are added.
 
 use gguf::GgmlType;
+use rayon::prelude::*;
 
 use super::float::{f16_at, round_f16};
 use super::iq4::{iq4_xs_scale, KVALUES_IQ4NL};
@@ -71,36 +72,22 @@ pub(crate) struct ActBuf {
 
 impl ActBuf {
     /// Quantizes `n_rows = x.len() / k` rows of `k` values (whole blocks of `kind`), reusing
-    /// the buffers.
+    /// the buffers; rows are quantized in parallel when there are many (prefill).
     pub(crate) fn quantize(&mut self, kind: ActKind, x: &[f32], k: usize) {
         let be = kind.block_elems();
         let n_blocks = x.len() / be;
+        let (nb_row, sums_row) = (k / be, k / be * kind.sums_per_block());
         self.d.resize(n_blocks, 0.0);
         self.qs.resize(x.len(), 0);
         self.sums.resize(n_blocks * kind.sums_per_block(), 0);
-        debug_assert_eq!(x.len() % k, 0);
-        match kind {
-            ActKind::Q8_0 => {
-                for (((xb, qb), d), s) in x
-                    .chunks_exact(QK)
-                    .zip(self.qs.chunks_exact_mut(QK))
-                    .zip(self.d.iter_mut())
-                    .zip(self.sums.iter_mut())
-                {
-                    *d = quantize_act_q8_0(xb, qb, s);
-                }
-            }
-            ActKind::Q8_K => {
-                for (((xb, qb), d), s) in x
-                    .chunks_exact(QK_K)
-                    .zip(self.qs.chunks_exact_mut(QK_K))
-                    .zip(self.d.iter_mut())
-                    .zip(self.sums.chunks_exact_mut(16))
-                {
-                    *d = quantize_block_q8_k(xb, qb, s);
-                }
-            }
-        }
+        let rows = x
+            .par_chunks(k)
+            .zip(self.d.par_chunks_mut(nb_row))
+            .zip(self.qs.par_chunks_mut(k))
+            .zip(self.sums.par_chunks_mut(sums_row));
+        // About 64 KiB of activations per task; a single decode row stays on this thread.
+        let min_rows = (16 * 1024 / k).max(1);
+        rows.with_min_len(min_rows).for_each(|(((x, d), qs), sums)| quantize_row(kind, x, d, qs, sums));
     }
 
     pub(crate) fn row(&self, kind: ActKind, t: usize, k: usize) -> ActRow<'_> {
@@ -110,6 +97,23 @@ impl ActBuf {
             d: &self.d[t * nb..(t + 1) * nb],
             qs: &self.qs[t * k..(t + 1) * k],
             sums: &self.sums[t * nb * spb..(t + 1) * nb * spb],
+        }
+    }
+}
+
+fn quantize_row(kind: ActKind, x: &[f32], d: &mut [f32], qs: &mut [i8], sums: &mut [i16]) {
+    match kind {
+        ActKind::Q8_0 => {
+            for (((xb, qb), d), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(sums) {
+                *d = quantize_act_q8_0(xb, qb, s);
+            }
+        }
+        ActKind::Q8_K => {
+            for (((xb, qb), d), s) in
+                x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut()).zip(sums.chunks_exact_mut(16))
+            {
+                *d = quantize_block_q8_k(xb, qb, s);
+            }
         }
     }
 }
