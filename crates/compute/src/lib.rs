@@ -13,6 +13,8 @@ mod error;
 pub mod quant;
 pub mod spec;
 mod weight;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use backend::{Backend, Experts, Routing};
 pub use error::OpError;

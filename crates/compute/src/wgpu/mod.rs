@@ -1,0 +1,1346 @@
+//! The GPU back end: the op set of [`Backend`] as WGSL compute kernels run through wgpu
+//! (Vulkan, Metal, DX12).
+//!
+//! [`WgpuBackend`] keeps activations ([`WgpuTensor`]), weights ([`WgpuWeight`]) and KV caches
+//! ([`WgpuCache`]) in GPU buffers. Ops do not run when called: each one appends a dispatch to a
+//! pending list, and the list is recorded into one command encoder and submitted only when the
+//! host needs data (`to_host`, `argmax_rows`, `route`). A decode step is therefore one submit and
+//! one readback (the sampled token, or the logits when asked).
+//!
+//! Design choices and their reasons:
+//! - Weights are repacked at upload so every block field is 4-byte aligned ([`layout`]): WGSL
+//!   reads storage as 32-bit words. Each weight type contributes one `dq8` function (8 values of
+//!   a block) to a shared matrix-product template, so 16 types share one kernel ([`shaders`]).
+//! - Weights larger than the storage-binding limit (128 MiB by default, 2 GiB or more on large
+//!   GPUs) are split by rows into chunks; stacked experts split on expert boundaries.
+//! - Scratch buffers come from a pool keyed by power-of-two size and go back to it when a tensor
+//!   drops. Reusing a buffer while earlier pending commands still read it is safe because the
+//!   commands run in recording order; uploads are recorded as copies in that same order.
+//!   `DISKFORMER_NO_POOL=1` turns reuse off to chase aliasing bugs.
+//! - Subgroup reductions are used when the adapter has `SUBGROUP` (`DISKFORMER_NO_SUBGROUPS=1`
+//!   forces the shared-memory fallback); `SHADER_F16` is requested and reported, but the kernels
+//!   decode f16 with `unpack2x16float`, which needs no extension and keeps f32 arithmetic
+//!   (the CPU reference's).
+//! - Routing (`route`) reads the router logits back and routes on the host with the CPU
+//!   reference, because the executor needs the expert ids on the host anyway.
+//!
+//! # When to use which back end
+//! The CPU back end is the reference and needs no device; this one is for machines with a GPU.
+//! Tests compare the two op by op (`tests/backend_ops.rs`) and model by model.
+
+pub mod layout;
+mod shaders;
+
+use crate::backend::{Backend, Experts, Routing};
+use crate::cpu::kernels;
+use crate::error::OpError;
+use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
+use crate::weight::HostWeight;
+use layout::TypeLayout;
+use shaders::Plain;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Why the GPU back end could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GpuError {
+    /// No adapter was found.
+    #[error("no GPU adapter found (Vulkan, Metal or DX12); install a driver (lavapipe: mesa-vulkan-drivers) or use --device cpu")]
+    NoAdapter,
+    /// `--gpu N` past the adapters found.
+    #[error("GPU adapter {index} requested but only {n_adapters} found; `diskformer devices` lists them")]
+    BadAdapterIndex {
+        /// The index asked for.
+        index: usize,
+        /// Adapters found.
+        n_adapters: usize,
+    },
+    /// The adapter refused a device.
+    #[error("GPU adapter {adapter:?} refused a device: {why}")]
+    RequestDevice {
+        /// Adapter name.
+        adapter: String,
+        /// The driver's reason.
+        why: String,
+    },
+}
+
+/// How to pick the adapter.
+#[derive(Clone, Debug, Default)]
+pub struct WgpuOptions {
+    /// Index into [`list_adapters`] (`--gpu N`); `None` picks by preference.
+    pub adapter_index: Option<usize>,
+    /// Prefer a discrete GPU over an integrated one, and both over a software rasteriser.
+    pub prefer_discrete: bool,
+}
+
+/// One adapter as [`list_adapters`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterSummary {
+    /// Position in the list (`--gpu N`).
+    pub index: usize,
+    /// Device name (`NVIDIA H200`, `llvmpipe (LLVM 15.0.6, 256 bits)`).
+    pub name: String,
+    /// Graphics API (`Vulkan`).
+    pub api: String,
+    /// `DiscreteGpu`, `IntegratedGpu`, `Cpu`, ...
+    pub device_type: String,
+    /// Driver name and version.
+    pub driver: String,
+    /// Whether the adapter offers f16 in shaders.
+    pub shader_f16: bool,
+    /// Whether the adapter offers subgroup operations.
+    pub subgroups: bool,
+    /// Largest storage-buffer binding in bytes.
+    pub max_storage_binding_bytes: u64,
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::PRIMARY;
+    wgpu::Instance::new(desc)
+}
+
+fn adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::PRIMARY))
+}
+
+fn summary(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
+    let info = a.get_info();
+    let f = a.features();
+    AdapterSummary {
+        index,
+        name: info.name,
+        api: format!("{:?}", info.backend),
+        device_type: format!("{:?}", info.device_type),
+        driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+        shader_f16: f.contains(wgpu::Features::SHADER_F16),
+        subgroups: f.contains(wgpu::Features::SUBGROUP),
+        max_storage_binding_bytes: a.limits().max_storage_buffer_binding_size,
+    }
+}
+
+/// Every adapter wgpu finds, in the order `--gpu N` indexes.
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    adapters(&instance()).iter().enumerate().map(|(i, a)| summary(i, a)).collect()
+}
+
+fn preference(t: wgpu::DeviceType, prefer_discrete: bool) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu if prefer_discrete => 0,
+        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+/// A pooled GPU buffer; goes back to its pool on drop.
+struct PooledBuffer {
+    buffer: wgpu::Buffer,
+    ctx: Arc<Ctx>,
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        self.ctx.release(self.buffer.clone());
+    }
+}
+
+/// An f32 activation tensor in a GPU buffer.
+pub struct WgpuTensor {
+    buf: PooledBuffer,
+    shape: Vec<usize>,
+}
+
+impl WgpuTensor {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    fn width(&self) -> usize {
+        *self.shape.last().unwrap_or(&1)
+    }
+    fn rows(&self) -> usize {
+        self.len() / self.width().max(1)
+    }
+}
+
+impl std::fmt::Debug for WgpuTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuTensor({:?})", self.shape)
+    }
+}
+
+/// Rows `row0..row0 + n_rows` of a weight in one buffer.
+struct WeightChunk {
+    buffer: wgpu::Buffer,
+    row0: usize,
+    n_rows: usize,
+}
+
+/// A weight uploaded in the repacked layout, split into chunks that fit one binding.
+pub struct WgpuWeight {
+    chunks: Vec<WeightChunk>,
+    layout: TypeLayout,
+    k: usize,
+    n_rows: usize,
+    shape: Vec<usize>,
+    name: String,
+}
+
+impl WgpuWeight {
+    /// Bytes held on the GPU.
+    pub fn size_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.buffer.size()).sum()
+    }
+    /// Dimensions, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// The GGUF tensor name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// One attention layer's KV cache in GPU memory (f32 rows).
+pub struct WgpuCache {
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    k_width: usize,
+    v_width: usize,
+    n_ctx: usize,
+}
+
+impl WgpuCache {
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    /// Bytes held.
+    pub fn size_bytes(&self) -> u64 {
+        self.k.size() + self.v.size()
+    }
+}
+
+enum Cmd {
+    Dispatch {
+        pipeline: Arc<wgpu::ComputePipeline>,
+        buffers: Vec<wgpu::Buffer>,
+        params_at: u64,
+        params_len: u64,
+        groups: [u32; 3],
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_at: u64,
+        dst: wgpu::Buffer,
+        dst_at: u64,
+        size: u64,
+    },
+}
+
+#[derive(Default)]
+struct Pending {
+    cmds: Vec<Cmd>,
+    params: Vec<u8>,
+}
+
+/// Shared state of a back end and its clones.
+struct Ctx {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    adapter: AdapterSummary,
+    subgroups: bool,
+    max_binding: u64,
+    max_buffer: u64,
+    params_align: usize,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    pending: Mutex<Pending>,
+    pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    pooling: bool,
+    dummy: wgpu::Buffer,
+}
+
+/// Copies `bytes` into a buffer created with `mapped_at_creation` and unmaps it.
+///
+/// # Panics
+/// When the buffer is not mapped or smaller than `bytes`: both are bugs of this module (every
+/// caller creates the buffer mapped, at least as large, the line before).
+fn write_mapped(buffer: &wgpu::Buffer, bytes: &[u8]) {
+    {
+        let mut view = buffer.slice(..).get_mapped_range_mut().expect("buffer created mapped");
+        view.slice(..bytes.len()).copy_from_slice(bytes);
+    }
+    buffer.unmap();
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means another thread panicked mid-op; the data (lists of buffers) stays
+    // consistent, so carry on.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const STORAGE: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
+
+impl Ctx {
+    fn release(&self, b: wgpu::Buffer) {
+        if self.pooling {
+            lock(&self.pool).entry(b.size()).or_default().push(b);
+        }
+    }
+
+    fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Arc<wgpu::ComputePipeline> {
+        let mut p = lock(&self.pipelines);
+        if let Some(x) = p.get(key) {
+            return x.clone();
+        }
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(key),
+            source: wgpu::ShaderSource::Wgsl(source().into()),
+        });
+        let pipe = Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(key),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        }));
+        p.insert(key.to_string(), pipe.clone());
+        pipe
+    }
+
+    fn flush_locked(&self, pending: &mut Pending) {
+        if pending.cmds.is_empty() {
+            return;
+        }
+        let params_buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: (pending.params.len().max(256) as u64).next_multiple_of(256),
+            usage: wgpu::BufferUsages::UNIFORM,
+            mapped_at_creation: true,
+        });
+        write_mapped(&params_buf, &pending.params);
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        let cmds = std::mem::take(&mut pending.cmds);
+        pending.params.clear();
+        let mut i = 0;
+        while i < cmds.len() {
+            match &cmds[i] {
+                Cmd::Copy { src, src_at, dst, dst_at, size } => {
+                    enc.copy_buffer_to_buffer(src, *src_at, dst, *dst_at, *size);
+                    i += 1;
+                }
+                Cmd::Dispatch { .. } => {
+                    let mut pass =
+                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                    while let Some(Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.get(i) {
+                        let layout = pipeline.get_bind_group_layout(0);
+                        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
+                            .iter()
+                            .enumerate()
+                            .map(|(b, buf)| wgpu::BindGroupEntry {
+                                binding: b as u32,
+                                resource: buf.as_entire_binding(),
+                            })
+                            .collect();
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: buffers.len() as u32,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: &params_buf,
+                                offset: *params_at,
+                                size: wgpu::BufferSize::new(*params_len),
+                            }),
+                        });
+                        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                            label: None,
+                            layout: &layout,
+                            entries: &entries,
+                        });
+                        pass.set_pipeline(pipeline);
+                        pass.set_bind_group(0, &bg, &[]);
+                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        i += 1;
+                    }
+                }
+            }
+        }
+        self.queue.submit([enc.finish()]);
+    }
+}
+
+/// The GPU back end. Cloning shares the device, queue, pipelines and pool.
+#[derive(Clone)]
+pub struct WgpuBackend {
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for WgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuBackend({})", self.ctx.adapter.name)
+    }
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Workgroup counts for `n` groups: x up to 65535, the rest in y.
+fn grid(n: usize) -> [u32; 3] {
+    let n = n.max(1);
+    let x = n.min(65535);
+    [x as u32, n.div_ceil(65535) as u32, 1]
+}
+
+impl WgpuBackend {
+    /// Opens the adapter `opts` picks and creates a device with its full limits, plus
+    /// `SUBGROUP` and `SHADER_F16` when offered.
+    ///
+    /// # Errors
+    /// [`GpuError`] when no adapter exists, the index is out of range, or the device is refused.
+    pub fn new(opts: WgpuOptions) -> Result<WgpuBackend, GpuError> {
+        let inst = instance();
+        let list = adapters(&inst);
+        if list.is_empty() {
+            return Err(GpuError::NoAdapter);
+        }
+        let (index, adapter) = match opts.adapter_index {
+            Some(i) => (i, list.get(i).ok_or(GpuError::BadAdapterIndex { index: i, n_adapters: list.len() })?),
+            None => list
+                .iter()
+                .enumerate()
+                .min_by_key(|(i, a)| (preference(a.get_info().device_type, opts.prefer_discrete), *i))
+                .ok_or(GpuError::NoAdapter)?,
+        };
+        let summary = summary(index, adapter);
+        let mut features = wgpu::Features::empty();
+        let subgroups = summary.subgroups && !env_flag("DISKFORMER_NO_SUBGROUPS");
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
+        if summary.shader_f16 {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("diskformer"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| GpuError::RequestDevice { adapter: summary.name.clone(), why: e.to_string() })?;
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dummy"),
+            size: 16,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        });
+        let ctx = Ctx {
+            device,
+            queue,
+            adapter: summary,
+            subgroups,
+            max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) & !255,
+            max_buffer: limits.max_buffer_size,
+            params_align: (limits.min_uniform_buffer_offset_alignment as usize).max(16),
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
+            pool: Mutex::new(HashMap::new()),
+            pooling: !env_flag("DISKFORMER_NO_POOL"),
+            dummy,
+        };
+        Ok(WgpuBackend { ctx: Arc::new(ctx) })
+    }
+
+    /// The adapter in use.
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.ctx.adapter
+    }
+
+    /// Whether kernels use subgroup reductions.
+    pub fn uses_subgroups(&self) -> bool {
+        self.ctx.subgroups
+    }
+
+    /// Largest storage binding in bytes (weights are split to fit it).
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.ctx.max_binding
+    }
+
+    /// Submits every pending op and waits until the GPU has finished them.
+    pub fn sync(&self) {
+        let mut p = lock(&self.ctx.pending);
+        self.ctx.flush_locked(&mut p);
+        drop(p);
+        let _ = self.ctx.device.poll(wgpu::PollType::wait_indefinitely());
+    }
+
+    fn alloc_bytes(&self, op: &'static str, bytes: u64) -> Result<PooledBuffer, OpError> {
+        let bytes = bytes.max(16);
+        if bytes > self.ctx.max_binding {
+            return Err(OpError::Unsupported {
+                op,
+                backend: "wgpu",
+                why: format!(
+                    "a {bytes}-byte activation exceeds the adapter's storage binding limit of {} bytes; use fewer tokens per batch",
+                    self.ctx.max_binding
+                ),
+            });
+        }
+        let size =
+            if self.ctx.pooling { bytes.next_power_of_two().min(self.ctx.max_binding.max(bytes)) } else { bytes };
+        let reused = if self.ctx.pooling { lock(&self.ctx.pool).get_mut(&size).and_then(|v| v.pop()) } else { None };
+        let buffer = reused.unwrap_or_else(|| {
+            self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(op),
+                size,
+                usage: STORAGE,
+                mapped_at_creation: false,
+            })
+        });
+        Ok(PooledBuffer { buffer, ctx: self.ctx.clone() })
+    }
+
+    fn alloc(&self, op: &'static str, shape: &[usize]) -> Result<WgpuTensor, OpError> {
+        let n: usize = shape.iter().product();
+        Ok(WgpuTensor { buf: self.alloc_bytes(op, 4 * n as u64)?, shape: shape.to_vec() })
+    }
+
+    /// Copies host bytes into a pooled buffer, in order with the pending commands.
+    fn upload(&self, op: &'static str, bytes: &[u8]) -> Result<PooledBuffer, OpError> {
+        let dst = self.alloc_bytes(op, bytes.len() as u64)?;
+        if !bytes.is_empty() {
+            let size = (bytes.len() as u64).next_multiple_of(4);
+            let staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("upload"),
+                size,
+                usage: wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: true,
+            });
+            write_mapped(&staging, bytes);
+            lock(&self.ctx.pending).cmds.push(Cmd::Copy {
+                src: staging,
+                src_at: 0,
+                dst: dst.buffer.clone(),
+                dst_at: 0,
+                size,
+            });
+        }
+        Ok(dst)
+    }
+
+    fn copy(&self, src: &wgpu::Buffer, src_at: u64, dst: &wgpu::Buffer, dst_at: u64, size: u64) {
+        if size > 0 {
+            lock(&self.ctx.pending).cmds.push(Cmd::Copy { src: src.clone(), src_at, dst: dst.clone(), dst_at, size });
+        }
+    }
+
+    fn dispatch(
+        &self,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        buffers: &[&wgpu::Buffer],
+        words: &[u32],
+        groups: [u32; 3],
+    ) {
+        if groups.contains(&0) {
+            return;
+        }
+        let mut p = lock(&self.ctx.pending);
+        let at = p.params.len().next_multiple_of(self.ctx.params_align);
+        p.params.resize(at, 0);
+        p.params.extend_from_slice(bytemuck::cast_slice(words));
+        let padded = p.params.len().next_multiple_of(16);
+        p.params.resize(padded, 0);
+        let params_len = (padded - at) as u64;
+        p.cmds.push(Cmd::Dispatch {
+            pipeline,
+            buffers: buffers.iter().map(|b| (*b).clone()).collect(),
+            params_at: at as u64,
+            params_len,
+            groups,
+        });
+    }
+
+    fn plain(&self, k: Plain) -> Arc<wgpu::ComputePipeline> {
+        self.ctx.pipeline(&format!("{k:?}"), || k.source())
+    }
+
+    /// Reads `n_bytes` of a buffer back to the host (submitting everything pending).
+    fn read_back(&self, src: &wgpu::Buffer, n_bytes: u64) -> Result<Vec<u8>, OpError> {
+        let size = n_bytes.next_multiple_of(4).max(4);
+        let staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut p = lock(&self.ctx.pending);
+            if n_bytes > 0 {
+                p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: staging.clone(), dst_at: 0, size });
+            }
+            self.ctx.flush_locked(&mut p);
+        }
+        if n_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| OpError::Unsupported {
+            op: "to_host",
+            backend: "wgpu",
+            why: format!("device lost while waiting: {e}"),
+        })?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            other => {
+                return Err(OpError::Unsupported {
+                    op: "to_host",
+                    backend: "wgpu",
+                    why: format!("buffer mapping failed: {other:?}"),
+                });
+            }
+        }
+        let out = staging.slice(..).get_mapped_range().map(|view| view[..n_bytes as usize].to_vec()).map_err(|e| {
+            OpError::Unsupported { op: "to_host", backend: "wgpu", why: format!("buffer mapping failed: {e:?}") }
+        });
+        staging.unmap();
+        out
+    }
+
+    fn unary(&self, a: &WgpuTensor, op: u32, s: f32) -> Result<WgpuTensor, OpError> {
+        let y = self.alloc("unary", &a.shape)?;
+        let n = a.len();
+        self.dispatch(
+            self.plain(Plain::Unary),
+            &[&a.buf.buffer, &y.buf.buffer],
+            &[n as u32, op, s.to_bits(), 0],
+            grid(n.div_ceil(256)),
+        );
+        Ok(y)
+    }
+
+    /// `a op b` with `b` of a's shape or one row broadcast; `row_of_b` picks row `r` of a
+    /// matrix `b` (an expert's bias) as the broadcast row.
+    fn binary(
+        &self,
+        op_name: &'static str,
+        a: &WgpuTensor,
+        b: &WgpuTensor,
+        op: u32,
+        row_of_b: Option<usize>,
+    ) -> Result<WgpuTensor, OpError> {
+        let w = a.width();
+        let (b_len, b_off) = match row_of_b {
+            Some(r) if b.width() == w && (r + 1) * w <= b.len() => (w, r * w),
+            None if b.len() == a.len() => (a.len(), 0),
+            None if b.len() == w => (w, 0),
+            _ => {
+                return Err(OpError::ShapeMismatch {
+                    op: op_name,
+                    expected: format!(
+                        "b of shape {:?} or one row of {w}{}",
+                        a.shape,
+                        row_of_b.map_or(String::new(), |r| format!(" (row {r})"))
+                    ),
+                    got: b.shape.clone(),
+                })
+            }
+        };
+        let y = self.alloc(op_name, &a.shape)?;
+        let n = a.len();
+        self.dispatch(
+            self.plain(Plain::Binary),
+            &[&a.buf.buffer, &b.buf.buffer, &y.buf.buffer],
+            &[n as u32, b_len.max(1) as u32, op, b_off as u32],
+            grid(n.div_ceil(256)),
+        );
+        Ok(y)
+    }
+
+    /// `y[:, y_col0 + r] = x[:, x_col0..x_col0 + k] · W[w_row0 + r]ᵀ` for `r < n_rows` (an
+    /// expert's or a head's rows of a stack, or the whole matrix).
+    fn matmul_into(
+        &self,
+        x: &WgpuTensor,
+        x_col0: usize,
+        w: &WgpuWeight,
+        w_row0: usize,
+        n_rows: usize,
+        y: &WgpuTensor,
+        y_col0: usize,
+    ) -> Result<(), OpError> {
+        let n_tok = x.rows();
+        let k = w.k;
+        let guard = k % 8 != 0;
+        let l = w.layout;
+        let row_words = l.row_words(k);
+        let tok = if n_tok == 1 { shaders::MATMUL_TILES[0] } else { shaders::MATMUL_TILES[1] };
+        let sg = self.ctx.subgroups;
+        let key = format!("matmul {} tok{tok} guard{guard} sg{sg}", l.name);
+        let pipe = self.ctx.pipeline(&key, || shaders::matmul(&l, tok, guard, sg));
+        for c in &w.chunks {
+            let lo = w_row0.max(c.row0);
+            let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);
+            if lo >= hi {
+                continue;
+            }
+            let mut g = grid(hi - lo);
+            g[2] = n_tok.div_ceil(tok as usize) as u32;
+            self.dispatch(
+                pipe.clone(),
+                &[&c.buffer, &x.buf.buffer, &y.buf.buffer],
+                &[
+                    k as u32,
+                    (hi - lo) as u32,
+                    n_tok as u32,
+                    row_words as u32,
+                    (lo - c.row0) as u32,
+                    y.width() as u32,
+                    (y_col0 + lo - w_row0) as u32,
+                    x.width() as u32,
+                    x_col0 as u32,
+                    0,
+                    0,
+                    0,
+                ],
+                g,
+            );
+        }
+        Ok(())
+    }
+
+    fn copy_cols(&self, x: &WgpuTensor, src_col0: usize, n_cols: usize, y: &WgpuTensor, dst_col0: usize) {
+        let rows = x.rows();
+        self.dispatch(
+            self.plain(Plain::CopyCols),
+            &[&x.buf.buffer, &y.buf.buffer],
+            &[rows as u32, n_cols as u32, x.width() as u32, src_col0 as u32, y.width() as u32, dst_col0 as u32, 0, 0],
+            grid((rows * n_cols).div_ceil(256)),
+        );
+    }
+
+    fn glu_code(glu: Glu) -> (u32, f32, f32) {
+        match glu {
+            Glu::Plain(a) => (act_code(a), 0.0, 0.0),
+            Glu::SwiGluOai { alpha, limit } => (5, alpha, limit),
+        }
+    }
+
+    /// Dispatches a streaming read of `buffer` (the bandwidth baseline of `--perf`).
+    #[doc(hidden)]
+    pub fn perf_stream(&self, bytes: u64, reps: usize) -> Result<f64, OpError> {
+        let n_vec4 = bytes / 16;
+        let src = self.alloc_bytes("stream", n_vec4 * 16)?;
+        let n_groups = 132 * 16;
+        let out = self.alloc_bytes("stream out", n_groups as u64 * 4)?;
+        let pipe = self.plain(Plain::Stream);
+        let run = |reps: usize| {
+            for _ in 0..reps {
+                self.dispatch(pipe.clone(), &[&src.buffer, &out.buffer], &[n_vec4 as u32, 0, 0, 0], [n_groups, 1, 1]);
+            }
+            self.sync();
+        };
+        run(1);
+        let t = std::time::Instant::now();
+        run(reps);
+        Ok(t.elapsed().as_secs_f64() / reps as f64)
+    }
+
+    /// Time of one matrix-vector product `x · Wᵀ`, averaged over `reps` (for `--perf`).
+    #[doc(hidden)]
+    pub fn perf_matvec(&self, x: &WgpuTensor, w: &WgpuWeight, reps: usize) -> Result<f64, OpError> {
+        let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
+        self.matmul_into(x, 0, w, 0, w.n_rows, &y, 0)?;
+        self.sync();
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            self.matmul_into(x, 0, w, 0, w.n_rows, &y, 0)?;
+        }
+        self.sync();
+        Ok(t.elapsed().as_secs_f64() / reps as f64)
+    }
+}
+
+fn act_code(a: Act) -> u32 {
+    match a {
+        Act::Silu => 1,
+        Act::Gelu => 2,
+        Act::GeluTanh => 3,
+        Act::Relu => 4,
+    }
+}
+
+fn expect_width(op: &'static str, t: &WgpuTensor, width: usize) -> Result<(), OpError> {
+    if t.width() != width {
+        return Err(OpError::ShapeMismatch { op, expected: format!("[n, {width}]"), got: t.shape.clone() });
+    }
+    Ok(())
+}
+
+impl Backend for WgpuBackend {
+    type Tensor = WgpuTensor;
+    type Weight = WgpuWeight;
+    type Cache = WgpuCache;
+
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn from_host(&self, data: &[f32], shape: &[usize]) -> Result<WgpuTensor, OpError> {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(OpError::ShapeMismatch {
+                op: "from_host",
+                expected: format!("{} values", shape.iter().product::<usize>()),
+                got: vec![data.len()],
+            });
+        }
+        Ok(WgpuTensor { buf: self.upload("from_host", bytemuck::cast_slice(data))?, shape: shape.to_vec() })
+    }
+
+    fn to_host(&self, t: &WgpuTensor) -> Result<Vec<f32>, OpError> {
+        let bytes = self.read_back(&t.buf.buffer, 4 * t.len() as u64)?;
+        Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    fn shape<'a>(&self, t: &'a WgpuTensor) -> &'a [usize] {
+        &t.shape
+    }
+
+    fn reshape(&self, mut t: WgpuTensor, shape: &[usize]) -> Result<WgpuTensor, OpError> {
+        if shape.iter().product::<usize>() != t.len() {
+            return Err(OpError::ShapeMismatch {
+                op: "reshape",
+                expected: format!("{:?} ({} values)", shape, shape.iter().product::<usize>()),
+                got: t.shape,
+            });
+        }
+        t.shape = shape.to_vec();
+        Ok(t)
+    }
+
+    fn weight(&self, w: &HostWeight) -> Result<WgpuWeight, OpError> {
+        let l = TypeLayout::of(w.dtype).ok_or_else(|| OpError::Weight {
+            name: w.name.clone(),
+            why: format!("type {} has no GPU kernel", w.dtype),
+        })?;
+        let k = w.row_len();
+        let n_rows = w.n_rows();
+        if !l.is_float() && k % l.block_values != 0 {
+            return Err(OpError::Weight {
+                name: w.name.clone(),
+                why: format!("row of {k} values is not whole {}-value blocks", l.block_values),
+            });
+        }
+        let stored_row = if l.is_float() { k * l.block_bytes() / 8 } else { k / l.block_values * l.block_bytes() };
+        if w.bytes().len() != stored_row * n_rows {
+            return Err(OpError::Weight {
+                name: w.name.clone(),
+                why: format!("{} bytes for {n_rows} rows of {k} {}", w.bytes().len(), w.dtype),
+            });
+        }
+        let row_bytes = 4 * l.row_words(k) as u64;
+        // Stacked experts split on expert boundaries so an expert is always inside one chunk.
+        let unit = if w.shape.len() == 3 { w.shape[1] } else { 1 };
+        let max_rows = (self.ctx.max_binding / row_bytes.max(1)) as usize / unit * unit;
+        if max_rows == 0 {
+            return Err(OpError::Weight {
+                name: w.name.clone(),
+                why: format!(
+                    "{unit} rows of {row_bytes} bytes exceed the storage binding limit of {} bytes",
+                    self.ctx.max_binding
+                ),
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        let src_rows = w.bytes();
+        while row0 < n_rows.max(1) {
+            let rows = max_rows.min(n_rows - row0);
+            if rows == 0 {
+                break;
+            }
+            let words = l.repack(&src_rows[row0 * stored_row..(row0 + rows) * stored_row], rows, k);
+            let size = (words.len() as u64 * 4).max(16);
+            if size > self.ctx.max_buffer {
+                return Err(OpError::Weight {
+                    name: w.name.clone(),
+                    why: format!("chunk of {size} bytes exceeds the buffer limit {}", self.ctx.max_buffer),
+                });
+            }
+            let buffer = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&w.name),
+                size,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: true,
+            });
+            write_mapped(&buffer, bytemuck::cast_slice(&words));
+            chunks.push(WeightChunk { buffer, row0, n_rows: rows });
+            row0 += rows;
+        }
+        Ok(WgpuWeight { chunks, layout: l, k, n_rows, shape: w.shape.clone(), name: w.name.clone() })
+    }
+
+    fn get_rows(&self, table: &WgpuWeight, ids: &[u32]) -> Result<WgpuTensor, OpError> {
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.n_rows) {
+            return Err(OpError::BadTokenId { id, n_vocab: table.n_rows });
+        }
+        let k = table.k;
+        let y = self.alloc("get_rows", &[ids.len(), k])?;
+        let idb = self.upload("get_rows ids", bytemuck::cast_slice(ids))?;
+        let l = table.layout;
+        let pipe = self.ctx.pipeline(&format!("get_rows {}", l.name), || shaders::get_rows(&l));
+        for c in &table.chunks {
+            self.dispatch(
+                pipe.clone(),
+                &[&c.buffer, &idb.buffer, &y.buf.buffer],
+                &[k as u32, c.n_rows as u32, ids.len() as u32, l.row_words(k) as u32, c.row0 as u32, 0, 0, 0],
+                grid((k.div_ceil(8) * ids.len()).div_ceil(64)),
+            );
+        }
+        Ok(y)
+    }
+
+    fn matmul(&self, x: &WgpuTensor, w: &WgpuWeight) -> Result<WgpuTensor, OpError> {
+        expect_width("matmul", x, w.k)?;
+        let y = self.alloc("matmul", &[x.rows(), w.n_rows])?;
+        self.matmul_into(x, 0, w, 0, w.n_rows, &y, 0)?;
+        Ok(y)
+    }
+
+    fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor, OpError> {
+        self.binary("add", a, b, 0, None)
+    }
+
+    fn mul(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor, OpError> {
+        self.binary("mul", a, b, 1, None)
+    }
+
+    fn scale(&self, a: &WgpuTensor, s: f32) -> Result<WgpuTensor, OpError> {
+        self.unary(a, 0, s)
+    }
+
+    fn act(&self, a: &WgpuTensor, act: Act) -> Result<WgpuTensor, OpError> {
+        self.unary(a, act_code(act), 0.0)
+    }
+
+    fn glu(&self, gate: &WgpuTensor, up: &WgpuTensor, glu: Glu) -> Result<WgpuTensor, OpError> {
+        if gate.shape != up.shape {
+            return Err(OpError::ShapeMismatch {
+                op: "glu",
+                expected: format!("{:?}", gate.shape),
+                got: up.shape.clone(),
+            });
+        }
+        let y = self.alloc("glu", &gate.shape)?;
+        let (op, alpha, limit) = Self::glu_code(glu);
+        let n = gate.len();
+        self.dispatch(
+            self.plain(Plain::Glu),
+            &[&gate.buf.buffer, &up.buf.buffer, &y.buf.buffer],
+            &[n as u32, op, alpha.to_bits(), limit.to_bits()],
+            grid(n.div_ceil(256)),
+        );
+        Ok(y)
+    }
+
+    fn rms_norm(&self, x: &WgpuTensor, weight: Option<&WgpuTensor>, eps: f32) -> Result<WgpuTensor, OpError> {
+        self.norm("rms_norm", x, weight, None, eps, 0)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &WgpuTensor,
+        weight: Option<&WgpuTensor>,
+        bias: Option<&WgpuTensor>,
+        eps: f32,
+    ) -> Result<WgpuTensor, OpError> {
+        self.norm("layer_norm", x, weight, bias, eps, 1)
+    }
+
+    fn rope(&self, x: &WgpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<WgpuTensor, OpError> {
+        let w = x.width();
+        if positions.len() != x.rows() || spec.head_dim == 0 || w % spec.head_dim != 0 || spec.n_rot > spec.head_dim {
+            return Err(OpError::ShapeMismatch {
+                op: "rope",
+                expected: format!(
+                    "[{} positions, heads * {}] with n_rot {}",
+                    positions.len(),
+                    spec.head_dim,
+                    spec.n_rot
+                ),
+                got: x.shape.clone(),
+            });
+        }
+        // cos/sin on the host, exactly as the CPU reference computes them: GPU trigonometry of
+        // large angles (position * frequency) is not accurate enough.
+        let table = kernels::RopeTable::new(spec);
+        let half = spec.n_rot / 2;
+        let mut cs = Vec::with_capacity(positions.len() * half * 2);
+        for &p in positions {
+            let (c, s) = table.cos_sin(p);
+            for i in 0..half {
+                cs.push(c[i]);
+                cs.push(s[i]);
+            }
+        }
+        let csb = self.upload("rope table", bytemuck::cast_slice(&cs))?;
+        let y = self.alloc("rope", &x.shape)?;
+        let n = x.len();
+        self.dispatch(
+            self.plain(Plain::Rope),
+            &[&x.buf.buffer, &csb.buffer, &y.buf.buffer],
+            &[x.rows() as u32, w as u32, spec.head_dim as u32, spec.n_rot as u32, spec.neox as u32, 0, 0, 0],
+            grid(n.div_ceil(256)),
+        );
+        Ok(y)
+    }
+
+    fn slice_rows(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor, OpError> {
+        let w = x.width();
+        if start + len > x.rows() {
+            return Err(OpError::ShapeMismatch {
+                op: "slice_rows",
+                expected: format!("at least {} rows", start + len),
+                got: x.shape.clone(),
+            });
+        }
+        let y = self.alloc("slice_rows", &[len, w])?;
+        self.copy(&x.buf.buffer, 4 * (start * w) as u64, &y.buf.buffer, 0, 4 * (len * w) as u64);
+        Ok(y)
+    }
+
+    fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor, OpError> {
+        if start + len > x.width() {
+            return Err(OpError::ShapeMismatch {
+                op: "slice_cols",
+                expected: format!("at least {} columns", start + len),
+                got: x.shape.clone(),
+            });
+        }
+        let y = self.alloc("slice_cols", &[x.rows(), len])?;
+        self.copy_cols(x, start, len, &y, 0);
+        Ok(y)
+    }
+
+    fn concat_cols(&self, parts: &[&WgpuTensor]) -> Result<WgpuTensor, OpError> {
+        let rows = parts.first().map(|p| p.rows()).unwrap_or(0);
+        if let Some(bad) = parts.iter().find(|p| p.rows() != rows) {
+            return Err(OpError::ShapeMismatch {
+                op: "concat_cols",
+                expected: format!("{rows} rows"),
+                got: bad.shape.clone(),
+            });
+        }
+        let width: usize = parts.iter().map(|p| p.width()).sum();
+        let y = self.alloc("concat_cols", &[rows, width])?;
+        let mut col = 0;
+        for p in parts {
+            self.copy_cols(p, 0, p.width(), &y, col);
+            col += p.width();
+        }
+        Ok(y)
+    }
+
+    fn new_cache(&self, n_ctx: usize, k_width: usize, v_width: usize) -> Result<WgpuCache, OpError> {
+        let make = |width: usize, what: &str| -> Result<wgpu::Buffer, OpError> {
+            let size = (4 * n_ctx * width) as u64;
+            if size > self.ctx.max_binding {
+                return Err(OpError::Unsupported {
+                    op: "new_cache",
+                    backend: "wgpu",
+                    why: format!(
+                        "{what} cache of {n_ctx} positions x {width} values is {size} bytes, over the storage binding limit of {} bytes; lower --ctx-size",
+                        self.ctx.max_binding
+                    ),
+                });
+            }
+            Ok(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(what),
+                size: size.max(16),
+                usage: STORAGE,
+                mapped_at_creation: false,
+            }))
+        };
+        Ok(WgpuCache { k: make(k_width, "key")?, v: make(v_width, "value")?, k_width, v_width, n_ctx })
+    }
+
+    fn attention(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        cache: &mut WgpuCache,
+        pos0: usize,
+        spec: &AttnSpec,
+        sinks: Option<&WgpuTensor>,
+    ) -> Result<WgpuTensor, OpError> {
+        let n = q.rows();
+        expect_width("attention q", q, spec.n_head * spec.head_dim_k)?;
+        expect_width("attention k", k, cache.k_width)?;
+        expect_width("attention v", v, cache.v_width)?;
+        if cache.k_width != spec.n_head_kv * spec.head_dim_k
+            || cache.v_width != spec.n_head_kv * spec.head_dim_v
+            || k.rows() != n
+            || v.rows() != n
+            || spec.n_head_kv == 0
+            || spec.n_head % spec.n_head_kv != 0
+            || spec.head_dim_k > 512
+            || spec.head_dim_v > 512
+        {
+            return Err(OpError::ShapeMismatch {
+                op: "attention",
+                expected: format!(
+                    "{n} rows of k [{}] and v [{}], n_head {} divisible by n_head_kv {}, head dims up to 512",
+                    spec.n_head_kv * spec.head_dim_k,
+                    spec.n_head_kv * spec.head_dim_v,
+                    spec.n_head,
+                    spec.n_head_kv
+                ),
+                got: vec![k.rows(), cache.k_width, v.rows(), cache.v_width],
+            });
+        }
+        if pos0 + n > cache.n_ctx {
+            return Err(OpError::ContextFull { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
+        }
+        if let Some(s) = sinks {
+            if s.len() != spec.n_head {
+                return Err(OpError::ShapeMismatch {
+                    op: "attention sinks",
+                    expected: format!("[{}]", spec.n_head),
+                    got: s.shape.clone(),
+                });
+            }
+        }
+        self.copy(&k.buf.buffer, 0, &cache.k, 4 * (pos0 * cache.k_width) as u64, 4 * (n * cache.k_width) as u64);
+        self.copy(&v.buf.buffer, 0, &cache.v, 4 * (pos0 * cache.v_width) as u64, 4 * (n * cache.v_width) as u64);
+        let y = self.alloc("attention", &[n, spec.n_head * spec.head_dim_v])?;
+        let sink_buf = sinks.map_or(&self.ctx.dummy, |s| &s.buf.buffer);
+        self.dispatch(
+            self.plain(Plain::Attention),
+            &[&q.buf.buffer, &cache.k, &cache.v, sink_buf, &y.buf.buffer],
+            &[
+                n as u32,
+                spec.n_head as u32,
+                spec.n_head_kv as u32,
+                spec.head_dim_k as u32,
+                spec.head_dim_v as u32,
+                pos0 as u32,
+                spec.window.unwrap_or(0) as u32,
+                sinks.is_some() as u32,
+                spec.scale.to_bits(),
+                spec.softcap.unwrap_or(0.0).to_bits(),
+                0,
+                0,
+            ],
+            grid(n * spec.n_head),
+        );
+        Ok(y)
+    }
+
+    fn route(
+        &self,
+        logits: &WgpuTensor,
+        selection_bias: Option<&WgpuTensor>,
+        spec: &RouteSpec,
+    ) -> Result<Routing<Self>, OpError> {
+        let n_expert = logits.width();
+        if spec.k == 0 || spec.k > n_expert {
+            return Err(OpError::ShapeMismatch {
+                op: "route",
+                expected: format!("k = {} experts of {n_expert}", spec.k),
+                got: logits.shape.clone(),
+            });
+        }
+        let bias = match selection_bias {
+            Some(b) if b.len() != n_expert => {
+                return Err(OpError::ShapeMismatch {
+                    op: "route bias",
+                    expected: format!("[{n_expert}]"),
+                    got: b.shape.clone(),
+                });
+            }
+            Some(b) => Some(self.to_host(b)?),
+            None => None,
+        };
+        // The executor needs the ids on the host (to resolve experts), so routing reads the
+        // logits back and runs the CPU reference: exact, and one small readback per MoE layer.
+        let host = self.to_host(logits)?;
+        let n = logits.rows();
+        let mut ids = vec![0u32; n * spec.k];
+        let mut weights = vec![0f32; n * spec.k];
+        for t in 0..n {
+            kernels::route_token(
+                &host[t * n_expert..(t + 1) * n_expert],
+                bias.as_deref(),
+                spec,
+                &mut ids[t * spec.k..(t + 1) * spec.k],
+                &mut weights[t * spec.k..(t + 1) * spec.k],
+            );
+        }
+        Ok(Routing { ids, weights: self.from_host(&weights, &[n, spec.k])?, k: spec.k })
+    }
+
+    fn moe_ffn(
+        &self,
+        x: &WgpuTensor,
+        routing: &Routing<Self>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+    ) -> Result<WgpuTensor, OpError> {
+        let n_embd = x.width();
+        let n = x.rows();
+        let k = routing.k;
+        let ff = spec.n_ff;
+        if routing.ids.len() != n * k
+            || experts.up.n_rows != spec.n_expert * ff
+            || experts.up.k != n_embd
+            || experts.down.n_rows != spec.n_expert * n_embd
+            || experts.down.k != ff
+        {
+            return Err(OpError::ShapeMismatch {
+                op: "moe_ffn",
+                expected: format!(
+                    "{n} tokens x {k} ids, up [{}, {ff}, {n_embd}], down [{}, {n_embd}, {ff}]",
+                    spec.n_expert, spec.n_expert
+                ),
+                got: experts.up.shape.clone(),
+            });
+        }
+        let mut by_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); spec.n_expert];
+        for t in 0..n {
+            for j in 0..k {
+                let e = routing.ids[t * k + j] as usize;
+                if e >= spec.n_expert {
+                    return Err(OpError::ShapeMismatch {
+                        op: "moe_ffn ids",
+                        expected: format!("ids < {}", spec.n_expert),
+                        got: vec![e],
+                    });
+                }
+                by_expert[e].push((t as u32, (t * k + j) as u32));
+            }
+        }
+        let out = self.from_host(&vec![0f32; n * n_embd], &[n, n_embd])?;
+        for (e, toks) in by_expert.iter().enumerate() {
+            if toks.is_empty() {
+                continue;
+            }
+            let m = toks.len();
+            let rows: Vec<u32> = toks.iter().map(|&(t, _)| t).collect();
+            let map: Vec<u32> = toks.iter().flat_map(|&(t, w)| [t, w]).collect();
+            let rows_b = self.upload("moe rows", bytemuck::cast_slice(&rows))?;
+            let xs = self.alloc("moe gather", &[m, n_embd])?;
+            self.dispatch(
+                self.plain(Plain::GatherRows),
+                &[&x.buf.buffer, &rows_b.buffer, &xs.buf.buffer],
+                &[m as u32, n_embd as u32, 0, 0],
+                grid((m * n_embd).div_ceil(256)),
+            );
+            let up = self.alloc("moe up", &[m, ff])?;
+            self.matmul_into(&xs, 0, &experts.up, e * ff, ff, &up, 0)?;
+            let up = match &experts.up_bias {
+                Some(b) => self.binary("moe up bias", &up, b, 0, Some(e))?,
+                None => up,
+            };
+            let h = match &experts.gate {
+                Some(g) => {
+                    let gate = self.alloc("moe gate", &[m, ff])?;
+                    self.matmul_into(&xs, 0, g, e * ff, ff, &gate, 0)?;
+                    let gate = match &experts.gate_bias {
+                        Some(b) => self.binary("moe gate bias", &gate, b, 0, Some(e))?,
+                        None => gate,
+                    };
+                    self.glu(&gate, &up, spec.glu)?
+                }
+                None => {
+                    let a = match spec.glu {
+                        Glu::Plain(a) => a,
+                        Glu::SwiGluOai { .. } => Act::Silu,
+                    };
+                    self.act(&up, a)?
+                }
+            };
+            let down = self.alloc("moe down", &[m, n_embd])?;
+            self.matmul_into(&h, 0, &experts.down, e * n_embd, n_embd, &down, 0)?;
+            let map_b = self.upload("moe map", bytemuck::cast_slice(&map))?;
+            let bias = experts.down_bias.as_ref().map_or(&self.ctx.dummy, |b| &b.buf.buffer);
+            self.dispatch(
+                self.plain(Plain::ScatterAdd),
+                &[&down.buf.buffer, &map_b.buffer, &routing.weights.buf.buffer, bias, &out.buf.buffer],
+                &[m as u32, n_embd as u32, experts.down_bias.is_some() as u32, (e * n_embd) as u32],
+                grid((m * n_embd).div_ceil(256)),
+            );
+        }
+        Ok(out)
+    }
+
+    fn argmax_rows(&self, x: &WgpuTensor) -> Result<Vec<u32>, OpError> {
+        let rows = x.rows();
+        let y = self.alloc_bytes("argmax", 4 * rows as u64)?;
+        self.dispatch(
+            self.plain(Plain::Argmax),
+            &[&x.buf.buffer, &y.buffer],
+            &[x.width() as u32, rows as u32, 0, 0],
+            grid(rows),
+        );
+        let bytes = self.read_back(&y.buffer, 4 * rows as u64)?;
+        Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    fn matmul_per_head(&self, x: &WgpuTensor, w: &WgpuWeight) -> Result<WgpuTensor, OpError> {
+        let (n_head, n_out) = match w.shape[..] {
+            [h, o, _] => (h, o),
+            _ => {
+                return Err(OpError::ShapeMismatch {
+                    op: "matmul_per_head",
+                    expected: "w [n_head, n_out, k]".into(),
+                    got: w.shape.clone(),
+                })
+            }
+        };
+        expect_width("matmul_per_head", x, n_head * w.k)?;
+        let y = self.alloc("matmul_per_head", &[x.rows(), n_head * n_out])?;
+        for h in 0..n_head {
+            self.matmul_into(x, h * w.k, w, h * n_out, n_out, &y, h * n_out)?;
+        }
+        Ok(y)
+    }
+}
+
+impl WgpuBackend {
+    fn norm(
+        &self,
+        op: &'static str,
+        x: &WgpuTensor,
+        weight: Option<&WgpuTensor>,
+        bias: Option<&WgpuTensor>,
+        eps: f32,
+        mode: u32,
+    ) -> Result<WgpuTensor, OpError> {
+        let w = x.width();
+        for t in [weight, bias].into_iter().flatten() {
+            if t.len() != w {
+                return Err(OpError::ShapeMismatch { op, expected: format!("weight of {w}"), got: t.shape.clone() });
+            }
+        }
+        let y = self.alloc(op, &x.shape)?;
+        let rows = x.rows();
+        let wb = weight.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
+        let bb = bias.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
+        self.dispatch(
+            self.plain(Plain::Norm),
+            &[&x.buf.buffer, wb, bb, &y.buf.buffer],
+            &[w as u32, rows as u32, mode, eps.to_bits(), weight.is_some() as u32, bias.is_some() as u32, 0, 0],
+            grid(rows),
+        );
+        Ok(y)
+    }
+}

@@ -1,0 +1,70 @@
+// Row normalisation, one workgroup per row of `width` values.
+// mode 0: RMS norm x / sqrt(mean(x^2) + eps); mode 1: layer norm (x - mean) / sqrt(var + eps).
+// Then times the weight (has_w) and plus the bias (has_b).
+struct Params {
+    width: u32,
+    n_rows: u32,
+    mode: u32,
+    eps: f32,
+    has_w: u32,
+    has_b: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<storage, read> X: array<f32>;
+@group(0) @binding(1) var<storage, read> Wt: array<f32>;
+@group(0) @binding(2) var<storage, read> Bs: array<f32>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<uniform> P: Params;
+
+const WG: u32 = 256u;
+var<workgroup> red: array<f32, 256>;
+
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= P.n_rows) {
+        return;
+    }
+    let base = row * P.width;
+    let n = f32(P.width);
+    var mean = 0.0;
+    if (P.mode == 1u) {
+        var s = 0.0;
+        for (var i = lid; i < P.width; i += WG) {
+            s += X[base + i];
+        }
+        mean = reduce_sum(s, lid) / n;
+    }
+    var ss = 0.0;
+    for (var i = lid; i < P.width; i += WG) {
+        let d = X[base + i] - mean;
+        ss += d * d;
+    }
+    let inv = 1.0 / sqrt(reduce_sum(ss, lid) / n + P.eps);
+    for (var i = lid; i < P.width; i += WG) {
+        var y = (X[base + i] - mean) * inv;
+        if (P.has_w == 1u) {
+            y *= Wt[i];
+        }
+        if (P.has_b == 1u) {
+            y += Bs[i];
+        }
+        Y[base + i] = y;
+    }
+}

@@ -1,0 +1,39 @@
+// Helpers shared by every weight type. The weight buffer `W` is bound as array<u32>: blocks were
+// repacked at upload so that each field starts on a 4-byte boundary (see layout.rs).
+struct V8 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// The four bytes of a word as unsigned values.
+fn ubytes4(q: u32) -> vec4<f32> {
+    return vec4<f32>(f32(q & 0xffu), f32((q >> 8u) & 0xffu), f32((q >> 16u) & 0xffu), f32(q >> 24u));
+}
+
+// The four bytes of a word as signed values.
+fn sbytes4(q: u32) -> vec4<f32> {
+    return vec4<f32>(
+        f32(bitcast<i32>(q << 24u) >> 24u),
+        f32(bitcast<i32>(q << 16u) >> 24u),
+        f32(bitcast<i32>(q << 8u) >> 24u),
+        f32(bitcast<i32>(q) >> 24u),
+    );
+}
+
+// Byte `i` (0..) of the block starting at word `b`.
+fn wbyte(b: u32, i: u32) -> u32 {
+    return (W[b + i / 4u] >> ((i % 4u) * 8u)) & 0xffu;
+}
+
+fn f16lo(w: u32) -> f32 {
+    return unpack2x16float(w).x;
+}
+
+fn f16hi(w: u32) -> f32 {
+    return unpack2x16float(w).y;
+}
+
+// Four bits (one per value) moved to bit 4 of each byte: the fifth bit of 5-bit quants.
+fn spread4(bits: u32) -> u32 {
+    return ((bits & 1u) << 4u) | ((bits & 2u) << 11u) | ((bits & 4u) << 18u) | ((bits & 8u) << 25u);
+}
