@@ -66,7 +66,15 @@ fn every_kernel_matches_the_portable_one() {
 #[test]
 fn prefill_tiles_give_the_same_bits_as_one_token_at_a_time() {
     let mut rng = Rng::new(0xBEEF);
-    for &dtype in &[GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+    for &dtype in &[
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::MXFP4,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ] {
         let (n_out, k, n_tok) = (45, 512, 37);
         let w = random_rows(dtype, n_out, k, &mut rng);
         let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();

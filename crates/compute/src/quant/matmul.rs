@@ -26,8 +26,9 @@ pub enum MatmulMode {
 
 /// f32 lanes of the reference dot product. The sum is defined lane-wise (lane `i` adds the
 /// products at positions `i mod LANES`), then the lanes are folded in halves, then the tail is
-/// added, so a SIMD build with any register width up to `LANES` computes the same bits.
-const LANES: usize = 16;
+/// added, so a SIMD build with any register width up to `LANES` computes the same bits. 32
+/// lanes are four independent 256-bit accumulators: enough to hide the latency of the adds.
+const LANES: usize = 32;
 
 #[inline(always)]
 fn dot_f32_lanes(a: &[f32], b: &[f32]) -> f32 {
@@ -202,10 +203,24 @@ pub fn matmul_quantized(
             let t1 = (t0 + TOKENS_PER_TILE).min(n_tok);
             for o in o_start..o_end {
                 let row = &w[o * shape.row_bytes..(o + 1) * shape.row_bytes];
-                for t in t0..t1 {
+                let mut t = t0;
+                while t + 4 <= t1 {
+                    let xs = [
+                        act.row(kind, t, k),
+                        act.row(kind, t + 1, k),
+                        act.row(kind, t + 2, k),
+                        act.row(kind, t + 3, k),
+                    ];
+                    for (i, value) in qdot.dot4(row, &xs).into_iter().enumerate() {
+                        // SAFETY: `t + i < n_tok` and `o < n_out`, so the index is inside `y`
+                        // (len n_tok * n_out); this task alone owns rows o_start..o_end.
+                        unsafe { *out.at((t + i) * n_out + o) = value };
+                    }
+                    t += 4;
+                }
+                for t in t..t1 {
                     let value = qdot.dot(row, act.row(kind, t, k));
-                    // SAFETY: `t < n_tok` and `o < n_out`, so the index is inside `y`
-                    // (len n_tok * n_out); this task alone owns rows o_start..o_end.
+                    // SAFETY: as above.
                     unsafe { *out.at(t * n_out + o) = value };
                 }
             }

@@ -15,7 +15,7 @@ use super::super::k_quants::{q3_k_scales, scale_min_k4};
 use super::super::mxfp4::{e8m0_to_f32_half, KVALUES_MXFP4};
 use super::super::qdot::ActRow;
 use super::super::{float, iq4, k_quants, legacy, mxfp4};
-use super::{SimdDequantize, SimdDot};
+use super::{SimdDequantize, SimdDot, SimdDot4};
 
 pub(in crate::quant) fn detected() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
@@ -92,16 +92,34 @@ pub(in crate::quant) fn dequantizer(dtype: GgmlType) -> Option<SimdDequantize> {
     })
 }
 
+/// The four-row kernel of `dtype`, for prefill: the weight row is unpacked once per block for
+/// four tokens. Each token's result is bit-identical to [`kernel`]'s.
+pub(super) fn kernel4(dtype: GgmlType) -> Option<SimdDot4> {
+    use GgmlType::*;
+    Some(match dtype {
+        Q4_0 => dot4_blocks32::<{ self::Q4_0 }>,
+        Q4_1 => dot4_blocks32::<{ self::Q4_1 }>,
+        Q5_0 => dot4_blocks32::<{ self::Q5_0 }>,
+        Q5_1 => dot4_blocks32::<{ self::Q5_1 }>,
+        Q8_0 => dot4_blocks32::<{ self::Q8_0 }>,
+        IQ4_NL => dot4_blocks32::<{ self::IQ4_NL }>,
+        MXFP4 => dot4_blocks32::<{ self::MXFP4 }>,
+        Q4_K => dot4_q4_k,
+        Q5_K => dot4_q5_k,
+        _ => return None,
+    })
+}
+
 pub(super) fn kernel(dtype: GgmlType) -> Option<SimdDot> {
     use GgmlType::*;
     Some(match dtype {
-        Q4_0 => dot_blocks32::<{ self::Q4_0 }>,
-        Q4_1 => dot_blocks32::<{ self::Q4_1 }>,
-        Q5_0 => dot_blocks32::<{ self::Q5_0 }>,
-        Q5_1 => dot_blocks32::<{ self::Q5_1 }>,
-        Q8_0 => dot_blocks32::<{ self::Q8_0 }>,
-        IQ4_NL => dot_blocks32::<{ self::IQ4_NL }>,
-        MXFP4 => dot_blocks32::<{ self::MXFP4 }>,
+        Q4_0 => dot1_blocks32::<{ self::Q4_0 }>,
+        Q4_1 => dot1_blocks32::<{ self::Q4_1 }>,
+        Q5_0 => dot1_blocks32::<{ self::Q5_0 }>,
+        Q5_1 => dot1_blocks32::<{ self::Q5_1 }>,
+        Q8_0 => dot1_blocks32::<{ self::Q8_0 }>,
+        IQ4_NL => dot1_blocks32::<{ self::IQ4_NL }>,
+        MXFP4 => dot1_blocks32::<{ self::MXFP4 }>,
         Q2_K => dot_q2_k,
         Q3_K => dot_q3_k,
         Q4_K => dot_q4_k,
@@ -237,47 +255,71 @@ unsafe fn scale32<const T: u8>(b: *const u8) -> f32 {
     }
 }
 
-/// One block's integer sum times `d_w * d_x` added to `acc`, and its min term to `acc_min`.
+/// One block's integer sums with `N` activation rows, times `d_w * d_x`, added to `acc[i]`,
+/// and the min terms to `acc_min[i]`. The weight block is unpacked once for all rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block32<const T: u8>(
+unsafe fn block32<const T: u8, const N: usize>(
     w: &[u8],
-    x: &ActRow<'_>,
+    xs: &[ActRow<'_>; N],
     ib: usize,
     table: __m256i,
-    acc: &mut __m256,
-    acc_min: &mut f32,
+    acc: &mut [__m256; N],
+    acc_min: &mut [f32; N],
 ) {
     let b = w.as_ptr().add(ib * block_bytes32(T));
     let lv = levels32::<T>(b, table);
-    let xq = load256(x.qs.as_ptr().add(ib * 32));
+    // Signed levels go through `|w| * (x * sign(w))`; |w| is shared by the rows.
+    let lv_u = if has_min(T) { lv } else { _mm256_sign_epi8(lv, lv) };
+    let d = scale32::<T>(b);
     let ones = _mm256_set1_epi16(1);
-    let sumi = if has_min(T) { madd_u8_i8(lv, xq, ones) } else { madd_i8_i8(lv, xq, ones) };
-    let dx = *x.d.get_unchecked(ib);
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(scale32::<T>(b) * dx), _mm256_cvtepi32_ps(sumi), *acc);
-    if has_min(T) {
-        *acc_min += f16_at(b.add(2)) * dx * *x.sums.get_unchecked(ib) as f32;
+    for i in 0..N {
+        let x = &xs[i];
+        let xq = load256(x.qs.as_ptr().add(ib * 32));
+        let xq = if has_min(T) { xq } else { _mm256_sign_epi8(xq, lv) };
+        let sumi = madd_u8_i8(lv_u, xq, ones);
+        let dx = *x.d.get_unchecked(ib);
+        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc[i]);
+        if has_min(T) {
+            acc_min[i] += f16_at(b.add(2)) * dx * *x.sums.get_unchecked(ib) as f32;
+        }
     }
 }
 
+/// `N` dot products of one row of a 32-value type; each row's result is bit-identical to the
+/// `N = 1` call (same operations in the same order per row).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_blocks32<const T: u8>(w: &[u8], x: ActRow<'_>) -> f32 {
+unsafe fn dot_blocks32<const T: u8, const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N] {
     let nb = w.len() / block_bytes32(T);
-    assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
+    for x in xs {
+        assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
+    }
     let table = table16(if T == MXFP4 { &KVALUES_MXFP4 } else { &KVALUES_IQ4NL });
     // Two independent accumulators so consecutive blocks do not wait on each other's FMA.
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut min0, mut min1) = (0.0f32, 0.0f32);
+    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+    let (mut min0, mut min1) = ([0.0f32; N], [0.0f32; N]);
     let mut ib = 0;
     while ib + 1 < nb {
-        block32::<T>(w, &x, ib, table, &mut acc0, &mut min0);
-        block32::<T>(w, &x, ib + 1, table, &mut acc1, &mut min1);
+        block32::<T, N>(w, xs, ib, table, &mut acc0, &mut min0);
+        block32::<T, N>(w, xs, ib + 1, table, &mut acc1, &mut min1);
         ib += 2;
     }
     if ib < nb {
-        block32::<T>(w, &x, ib, table, &mut acc0, &mut min0);
+        block32::<T, N>(w, xs, ib, table, &mut acc0, &mut min0);
     }
-    hsum_f32x8(_mm256_add_ps(acc0, acc1)) + (min0 + min1)
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = hsum_f32x8(_mm256_add_ps(acc0[i], acc1[i])) + (min0[i] + min1[i]);
+    }
+    out
+}
+
+unsafe fn dot1_blocks32<const T: u8>(w: &[u8], x: ActRow<'_>) -> f32 {
+    dot_blocks32::<T, 1>(w, &[x])[0]
+}
+
+unsafe fn dot4_blocks32<const T: u8>(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+    dot_blocks32::<T, 4>(w, xs)
 }
 
 /// A scale vector for one 32-value group made of two 16-value sub-blocks: `lo` for the first
@@ -368,45 +410,51 @@ unsafe fn dot_q3_k(w: &[u8], x: ActRow<'_>) -> f32 {
     hsum_f32x8(acc)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_q45_k(w, x, false)
+    dot_q45_k::<false, 1>(w, &[x])[0]
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_k(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_q45_k(w, x, true)
+    dot_q45_k::<true, 1>(w, &[x])[0]
 }
 
-#[inline]
+unsafe fn dot4_q4_k(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+    dot_q45_k::<false, 4>(w, xs)
+}
+
+unsafe fn dot4_q5_k(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+    dot_q45_k::<true, 4>(w, xs)
+}
+
+/// Q4_K (`FIVE_BITS = false`) or Q5_K with `N` activation rows; the weights are unpacked once.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45_k(w: &[u8], x: ActRow<'_>, five_bits: bool) -> f32 {
-    let block_bytes = if five_bits { 176 } else { 144 };
-    let qs_at = if five_bits { 48 } else { 16 };
-    let nb = superblocks(w, block_bytes, &x);
+unsafe fn dot_q45_k<const FIVE_BITS: bool, const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N] {
+    let block_bytes = if FIVE_BITS { 176 } else { 144 };
+    let qs_at = if FIVE_BITS { 48 } else { 16 };
+    let mut nb = 0;
+    for x in xs {
+        nb = superblocks(w, block_bytes, x);
+    }
     let (m4, m1) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_min = 0.0f32;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_min = [0.0f32; N];
     for ib in 0..nb {
         let b = w.as_ptr().add(ib * block_bytes);
         let packed = std::slice::from_raw_parts(b.add(4), 12);
-        let xq = x.qs.as_ptr().add(ib * 256);
-        let bsums = &x.sums[ib * 16..ib * 16 + 16];
-        let dx = x.d[ib];
-        let mut summ = 0i32;
         let mut sc = [0i32; 8];
+        let mut mins = [0i32; 8];
         for j in 0..8 {
             let (s, m) = scale_min_k4(j, packed);
             sc[j] = s as i32;
-            summ += m as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32);
+            mins[j] = m as i32;
         }
-        let hm = if five_bits { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
-        let mut sumi = _mm256_setzero_si256();
+        let hm = if FIVE_BITS { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
+        let mut sumi = [_mm256_setzero_si256(); N];
         for c in 0..4 {
             let q = _mm256_loadu_si256(b.add(qs_at + 32 * c) as *const __m256i);
             let mut lo = _mm256_and_si256(q, m4);
             let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if five_bits {
+            if FIVE_BITS {
                 let b_lo = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32)), m1);
                 let b_hi = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32 + 1)), m1);
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(b_lo, 4));
@@ -414,14 +462,30 @@ unsafe fn dot_q45_k(w: &[u8], x: ActRow<'_>, five_bits: bool) -> f32 {
             }
             let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
             let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
-            sumi = _mm256_add_epi32(sumi, madd_u8_i8(lo, load256(xq.add(64 * c)), s_lo));
-            sumi = _mm256_add_epi32(sumi, madd_u8_i8(hi, load256(xq.add(64 * c + 32)), s_hi));
+            for i in 0..N {
+                let xq = xs[i].qs.as_ptr().add(ib * 256);
+                sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(lo, load256(xq.add(64 * c)), s_lo));
+                sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(hi, load256(xq.add(64 * c + 32)), s_hi));
+            }
         }
-        let d = f16_at(b) * dx;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        acc_min += f16_at(b.add(2)) * dx * summ as f32;
+        let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+        for i in 0..N {
+            let x = &xs[i];
+            let bsums = &x.sums[ib * 16..ib * 16 + 16];
+            let mut summ = 0i32;
+            for j in 0..8 {
+                summ += mins[j] * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32);
+            }
+            let dx = x.d[ib];
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
+            acc_min[i] += dmin * dx * summ as f32;
+        }
     }
-    hsum_f32x8(acc) - acc_min
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = hsum_f32x8(acc[i]) - acc_min[i];
+    }
+    out
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -86,6 +86,9 @@ impl RowDequantizer {
     }
 }
 
+/// A vectorised kernel for four activation rows at once.
+type SimdDot4 = unsafe fn(&[u8], &[ActRow<'_>; 4]) -> [f32; 4];
+
 /// A vectorised kernel: `w` is whole blocks of the weight type, `x` the matching activations.
 type SimdDot = unsafe fn(&[u8], ActRow<'_>) -> f32;
 
@@ -95,14 +98,28 @@ pub(crate) struct QDot {
     dtype: GgmlType,
     /// Set only when the CPU supports the kernel's instructions (checked in `new`).
     simd: Option<SimdDot>,
+    /// As `simd`, for four rows; its results equal four `simd` calls bit for bit.
+    simd4: Option<SimdDot4>,
 }
 
 impl QDot {
     /// The dot product of `dtype` with `kernel`; falls back to portable where the kernel has no
     /// version for the type or the CPU lacks its instructions.
     pub(crate) fn new(dtype: GgmlType, kernel: Kernel) -> QDot {
-        let simd = if kernel.is_available() { simd_kernel(dtype, kernel) } else { None };
-        QDot { dtype, simd }
+        let available = kernel.is_available();
+        let simd = if available { simd_kernel(dtype, kernel) } else { None };
+        let simd4 = if available { simd_kernel4(dtype, kernel) } else { None };
+        QDot { dtype, simd, simd4 }
+    }
+
+    /// Four dot products of one weight row, each equal to [`QDot::dot`] of that row.
+    #[inline]
+    pub(crate) fn dot4(&self, w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+        match self.simd4 {
+            // SAFETY: as for `dot`: set only after the CPU features were confirmed.
+            Some(f) => unsafe { f(w, xs) },
+            None => [self.dot(w, xs[0]), self.dot(w, xs[1]), self.dot(w, xs[2]), self.dot(w, xs[3])],
+        }
     }
 
     #[inline]
@@ -113,6 +130,15 @@ impl QDot {
             Some(f) => unsafe { f(w, x) },
             None => dot_portable(self.dtype, w, x),
         }
+    }
+}
+
+#[allow(unused_variables)]
+fn simd_kernel4(dtype: GgmlType, kernel: Kernel) -> Option<SimdDot4> {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => avx2::kernel4(dtype),
+        _ => None,
     }
 }
 
