@@ -38,6 +38,28 @@ pub struct Routing<B: Backend + ?Sized> {
     pub k: usize,
 }
 
+/// Inputs of one Mamba-2 selective scan ([`Backend::ssm_scan`]) over `n` tokens of one sequence.
+/// `n_head` is the length of `a`; `head_dim` = width of `x` / `n_head`; `d_state` = width of
+/// `b` / `n_group`. Heads `h` use group `h / (n_head / n_group)` of `b` and `c`.
+pub struct SsmScan<'a, B: Backend + ?Sized> {
+    /// Inputs `[n, n_head * head_dim]`.
+    pub x: &'a B::Tensor,
+    /// Raw time steps `[n, n_head]`: the op adds `dt_bias` and applies softplus.
+    pub dt: &'a B::Tensor,
+    /// Input projections B `[n, n_group * d_state]`.
+    pub b: &'a B::Tensor,
+    /// Output projections C `[n, n_group * d_state]`.
+    pub c: &'a B::Tensor,
+    /// Decay rates A `[n_head]`, already negative (-exp(A_log), as GGUF stores `ssm_a`).
+    pub a: &'a B::Tensor,
+    /// Skip weights D `[n_head]` (y += D * x).
+    pub d: Option<&'a B::Tensor>,
+    /// Time-step bias `[n_head]`.
+    pub dt_bias: Option<&'a B::Tensor>,
+    /// Groups sharing B and C (divides `n_head`).
+    pub n_group: usize,
+}
+
 /// A compute back end. `Tensor` holds f32 activations; `Weight` a matrix in its stored type;
 /// `Cache` one layer's attention KV cache.
 pub trait Backend: Send + Sync + Sized + Clone {
@@ -161,5 +183,24 @@ pub trait Backend: Send + Sync + Sized + Clone {
                 best as u32
             })
             .collect())
+    }
+
+    // ---- recurrent layers (appended: conv / SSM state) ----
+    /// Depthwise causal convolution over a rolling window (Mamba's conv1d, LFM2's short conv):
+    /// with `xx` = the `k - 1` rows of `state` followed by the rows of `x` (`[n, channels]`),
+    /// `out[t][c] = Σ_j weight[c][j] · xx[t + j][c]` (`weight` `[channels, k]`, PyTorch's
+    /// `Conv1d(groups=channels)` weight squeezed). Returns `[n, channels]` and leaves the last
+    /// `k - 1` rows of `xx` in `state` (`[k - 1, channels]`). No bias, no activation.
+    fn ssm_conv(&self, x: &Self::Tensor, state: &mut Self::Tensor, weight: &Self::Tensor) -> Result<Self::Tensor, OpError> {
+        let _ = (x, state, weight);
+        Err(OpError::Unsupported { op: "ssm_conv", backend: self.name(), why: "not implemented on this back end".into() })
+    }
+    /// Mamba-2 selective scan of `n` tokens, token by token from `state`
+    /// (`[n_head, head_dim, d_state]`, updated in place): per head h and token t,
+    /// `dt = softplus(dt_t[h] + dt_bias[h])`, `S = S · exp(dt · a[h]) + dt · x_t[h] ⊗ B_t[g]`,
+    /// `y_t[h] = S · C_t[g] + d[h] · x_t[h]`. Returns y `[n, n_head * head_dim]`.
+    fn ssm_scan(&self, inputs: &SsmScan<'_, Self>, state: &mut Self::Tensor) -> Result<Self::Tensor, OpError> {
+        let _ = (inputs, state);
+        Err(OpError::Unsupported { op: "ssm_scan", backend: self.name(), why: "not implemented on this back end".into() })
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::hparams::Hparams;
-use crate::state::State;
+use crate::state::{Checkpoint, State, WriteLog};
 use compute::Backend;
 
 /// Which rows of logits a forward pass returns.
@@ -40,6 +40,17 @@ pub trait Runner: Send {
     fn eval(&mut self, ids: &[u32], outputs: Outputs) -> Result<Vec<f32>>;
     /// Forgets the sequence.
     fn reset(&mut self) -> Result<()>;
+    /// The sequence state at the current position, to come back to with [`Runner::restore`]
+    /// (keep a system prompt's state; see `state.rs`).
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        Err(ModelError::Request { why: "this runner cannot take checkpoints".into() })
+    }
+    /// Returns to `cp`, which must come from this runner since its last reset and have its KV
+    /// rows intact (an error says otherwise).
+    fn restore(&mut self, cp: &Checkpoint) -> Result<()> {
+        let _ = cp;
+        Err(ModelError::Request { why: "this runner cannot restore checkpoints".into() })
+    }
 }
 
 /// [`Runner`] over a concrete back end and architecture.
@@ -47,13 +58,14 @@ pub struct Session<B: Backend, A: Architecture<B>> {
     b: B,
     arch: A,
     state: State<B>,
+    log: WriteLog,
 }
 
 impl<B: Backend, A: Architecture<B>> Session<B, A> {
     /// A session with an empty state of `n_ctx` positions.
     pub fn new(b: B, arch: A, n_ctx: usize) -> Result<Self> {
         let state = arch.new_state(&b, n_ctx)?;
-        Ok(Session { b, arch, state })
+        Ok(Session { b, arch, state, log: WriteLog::new(n_ctx) })
     }
 }
 
@@ -77,12 +89,23 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
         if self.state.n_past + ids.len() > self.state.n_ctx {
             return Err(compute::OpError::ContextFull { pos: self.state.n_past, n_tokens: ids.len(), n_ctx: self.state.n_ctx }.into());
         }
+        self.log.record(self.state.n_past, ids.len());
         let logits = self.arch.forward(&self.b, &mut self.state, ids, outputs)?;
         Ok(self.b.to_host(&logits)?)
     }
     fn reset(&mut self) -> Result<()> {
         self.state = self.arch.new_state(&self.b, self.state.n_ctx)?;
+        self.log = WriteLog::new(self.state.n_ctx);
         Ok(())
+    }
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut cp = self.state.checkpoint(&self.b)?;
+        self.log.stamp(&mut cp);
+        Ok(cp)
+    }
+    fn restore(&mut self, cp: &Checkpoint) -> Result<()> {
+        self.log.check(cp)?;
+        self.state.restore(&self.b, cp)
     }
 }
 

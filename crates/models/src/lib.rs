@@ -39,6 +39,11 @@ pub mod qwen3moe;
 pub mod olmoe;
 pub mod deepseek2;
 pub mod glm4moe;
+pub mod gptoss;
+pub mod granitehybrid;
+pub mod granitemoe;
+pub mod lfm2;
+pub mod lfm2moe;
 
 pub use arch::{output_rows, positions, Architecture, Outputs, Runner, Session};
 pub use error::{ModelError, Result};
@@ -54,7 +59,7 @@ use gguf::GgufModel;
 use std::sync::Arc;
 
 /// Architecture strings (`general.architecture`) this crate runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe", "deepseek2", "glm4moe"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "gpt-oss", "granitemoe", "granitehybrid", "lfm2", "lfm2moe"];
 
 /// How to load a model.
 #[derive(Clone, Debug)]
@@ -92,6 +97,11 @@ pub fn load_on<B: Backend + 'static>(b: B, model: &Arc<GgufModel>, opts: &LoadOp
         "olmoe" => Box::new(Session::new(b.clone(), olmoe::load(&ld, hp)?, n_ctx)?),
         "deepseek2" => Box::new(Session::new(b.clone(), deepseek2::load(&ld, hp)?, n_ctx)?),
         "glm4moe" => Box::new(Session::new(b.clone(), glm4moe::load(&ld, hp)?, n_ctx)?),
+        "gpt-oss" => Box::new(Session::new(b.clone(), gptoss::load(&ld, hp)?, n_ctx)?),
+        "granitemoe" => Box::new(Session::new(b.clone(), granitemoe::load(&ld, hp)?, n_ctx)?),
+        "granitehybrid" => Box::new(Session::new(b.clone(), granitehybrid::load(&ld, hp)?, n_ctx)?),
+        "lfm2" => Box::new(Session::new(b.clone(), lfm2::load(&ld, hp)?, n_ctx)?),
+        "lfm2moe" => Box::new(Session::new(b.clone(), lfm2moe::load(&ld, hp)?, n_ctx)?),
         _ => {
             return Err(ModelError::UnsupportedArchitecture { arch, supported: SUPPORTED_ARCHITECTURES.join(", ") });
         }

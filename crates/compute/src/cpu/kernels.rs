@@ -238,3 +238,188 @@ pub fn route_token(logits: &[f32], bias: Option<&[f32]>, spec: &RouteSpec, ids: 
     }
     weights.iter_mut().for_each(|w| *w *= spec.scale);
 }
+
+/// softplus(x) = ln(1 + eˣ), returning x itself above 20 as PyTorch's `F.softplus` does
+/// (threshold 20), which the Mamba-2 time step goes through.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// Depthwise causal convolution of a window: `xx` holds `k - 1 + n` rows of `channels`
+/// values (the carried state, then the new rows), `weight` is `[channels, k]`; writes `n` rows
+/// into `out`: `out[t][c] = Σ_j weight[c][j] · xx[t + j][c]`.
+pub fn ssm_conv(xx: &[f32], weight: &[f32], k: usize, out: &mut [f32]) {
+    let channels = weight.len() / k;
+    for (t, row) in out.chunks_mut(channels).enumerate() {
+        for (c, o) in row.iter_mut().enumerate() {
+            *o = (0..k).map(|j| weight[c * k + j] * xx[(t + j) * channels + c]).sum();
+        }
+    }
+}
+
+/// One token's inputs to the selective scan: `x` `[n_head * head_dim]`, raw `dt` `[n_head]`,
+/// `b` and `c` `[n_group * d_state]`.
+#[derive(Clone, Copy)]
+pub struct ScanStep<'a> {
+    /// Inputs.
+    pub x: &'a [f32],
+    /// Raw time steps (before bias and softplus).
+    pub dt: &'a [f32],
+    /// Input projection B.
+    pub b: &'a [f32],
+    /// Output projection C.
+    pub c: &'a [f32],
+}
+
+/// Per-layer constants of the selective scan.
+#[derive(Clone, Copy)]
+pub struct ScanParams<'a> {
+    /// Decay rates `[n_head]` (negative).
+    pub a: &'a [f32],
+    /// Skip weights `[n_head]`.
+    pub d: Option<&'a [f32]>,
+    /// Time-step bias `[n_head]`.
+    pub dt_bias: Option<&'a [f32]>,
+    /// Groups sharing B and C.
+    pub n_group: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// State size per value.
+    pub d_state: usize,
+}
+
+/// Advances the SSM state (`[n_head, head_dim, d_state]`) by one token and writes its output
+/// `y` (`[n_head * head_dim]`): transformers' `mamba2_selective_state_update` (the recurrent
+/// form; its chunked prefill form computes the same sums in another order).
+pub fn ssm_scan_token(state: &mut [f32], step: ScanStep<'_>, p: &ScanParams<'_>, y: &mut [f32]) {
+    let n_head = p.a.len();
+    let heads_per_group = n_head / p.n_group;
+    let (hd, ds) = (p.head_dim, p.d_state);
+    for h in 0..n_head {
+        let g = h / heads_per_group;
+        let dt = softplus(step.dt[h] + p.dt_bias.map_or(0.0, |b| b[h]));
+        let decay = (dt * p.a[h]).exp();
+        let b = &step.b[g * ds..(g + 1) * ds];
+        let c = &step.c[g * ds..(g + 1) * ds];
+        let skip = p.d.map_or(0.0, |d| d[h]);
+        for i in 0..hd {
+            let x = step.x[h * hd + i];
+            let s = &mut state[(h * hd + i) * ds..(h * hd + i + 1) * ds];
+            let mut acc = 0f32;
+            for j in 0..ds {
+                s[j] = s[j] * decay + dt * b[j] * x;
+                acc += s[j] * c[j];
+            }
+            y[h * hd + i] = acc + skip * x;
+        }
+    }
+}
+
+#[cfg(test)]
+mod recurrent_tests {
+    use super::*;
+
+    /// A deterministic pseudo-random sequence in [-1, 1).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn softplus_matches_torch_values() {
+        // torch.nn.functional.softplus(torch.tensor([-3., 0., 1.5, 25.])) in float32.
+        let expected = [0.048587352f32, 0.6931472, 1.7014133, 25.0];
+        for (x, e) in [-3.0f32, 0.0, 1.5, 25.0].iter().zip(expected) {
+            assert!((softplus(*x) - e).abs() < 1e-6, "softplus({x}) = {} != {e}", softplus(*x));
+        }
+    }
+
+    #[test]
+    fn ssm_conv_matches_zero_padded_convolution_split_in_two_calls() {
+        // Reference: PyTorch's Conv1d(groups=channels, padding=k-1)[..., :n] over the whole
+        // sequence, written as a direct sum over zero-padded inputs.
+        let (channels, k, n) = (3, 4, 7);
+        let x = values(n * channels, 1);
+        let w = values(channels * k, 2);
+        let mut expected = vec![0f32; n * channels];
+        for t in 0..n {
+            for c in 0..channels {
+                for j in 0..k {
+                    // Tap j reads input position t + j - (k - 1).
+                    if let Some(src) = (t + j).checked_sub(k - 1) {
+                        expected[t * channels + c] += w[c * k + j] * x[src * channels + c];
+                    }
+                }
+            }
+        }
+        // Two calls (3 tokens, then 4) carrying the window, as decoding does.
+        let mut state = vec![0f32; (k - 1) * channels];
+        let mut got = Vec::new();
+        for (start, len) in [(0, 3), (3, 4)] {
+            let mut xx = state.clone();
+            xx.extend_from_slice(&x[start * channels..(start + len) * channels]);
+            let mut out = vec![0f32; len * channels];
+            ssm_conv(&xx, &w, k, &mut out);
+            state = xx[len * channels..].to_vec();
+            got.extend(out);
+        }
+        for (g, e) in got.iter().zip(&expected) {
+            assert!((g - e).abs() < 1e-6, "{g} != {e}");
+        }
+    }
+
+    #[test]
+    fn ssm_scan_matches_the_quadratic_attention_form() {
+        // Reference: the state-space-duality form of Mamba-2 (transformers' chunked scan within
+        // one chunk): y_t = Σ_{s≤t} (C_t·B_s) · exp(A Σ_{r=s+1..t} dt_r) · dt_s · x_s + D x_t,
+        // computed without any state.
+        let (n_head, n_group, hd, ds, n) = (4, 2, 3, 5, 6);
+        let a: Vec<f32> = values(n_head, 3).iter().map(|v| -(v.abs() + 0.1)).collect();
+        let d = values(n_head, 4);
+        let dt_bias = values(n_head, 5);
+        let x = values(n * n_head * hd, 6);
+        let dt = values(n * n_head, 7);
+        let b = values(n * n_group * ds, 8);
+        let c = values(n * n_group * ds, 9);
+        let sp = |t: usize, h: usize| softplus(dt[t * n_head + h] + dt_bias[h]);
+        let mut expected = vec![0f32; n * n_head * hd];
+        for t in 0..n {
+            for h in 0..n_head {
+                let g = h / (n_head / n_group);
+                for i in 0..hd {
+                    let mut y = d[h] * x[(t * n_head + h) * hd + i];
+                    for s in 0..=t {
+                        let cb: f32 = (0..ds).map(|j| c[(t * n_group + g) * ds + j] * b[(s * n_group + g) * ds + j]).sum();
+                        let decay = (a[h] * ((s + 1)..=t).map(|r| sp(r, h)).sum::<f32>()).exp();
+                        y += cb * decay * sp(s, h) * x[(s * n_head + h) * hd + i];
+                    }
+                    expected[(t * n_head + h) * hd + i] = y;
+                }
+            }
+        }
+        let p = ScanParams { a: &a, d: Some(&d), dt_bias: Some(&dt_bias), n_group, head_dim: hd, d_state: ds };
+        let mut state = vec![0f32; n_head * hd * ds];
+        for t in 0..n {
+            let step = ScanStep {
+                x: &x[t * n_head * hd..(t + 1) * n_head * hd],
+                dt: &dt[t * n_head..(t + 1) * n_head],
+                b: &b[t * n_group * ds..(t + 1) * n_group * ds],
+                c: &c[t * n_group * ds..(t + 1) * n_group * ds],
+            };
+            let mut y = vec![0f32; n_head * hd];
+            ssm_scan_token(&mut state, step, &p, &mut y);
+            for (k, (g, e)) in y.iter().zip(&expected[t * n_head * hd..]).enumerate() {
+                assert!((g - e).abs() < 1e-5, "token {t} value {k}: {g} != {e}");
+            }
+        }
+    }
+}

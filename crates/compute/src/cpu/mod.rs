@@ -8,7 +8,7 @@
 
 pub mod kernels;
 
-use crate::backend::{Backend, Experts, Routing};
+use crate::backend::{Backend, Experts, Routing, SsmScan};
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
@@ -476,5 +476,75 @@ impl Backend for CpuBackend {
             }
         }
         Ok(CpuTensor { shape: vec![n, n_embd], data: out })
+    }
+
+    fn ssm_conv(&self, x: &CpuTensor, state: &mut CpuTensor, weight: &CpuTensor) -> Result<CpuTensor, OpError> {
+        let channels = x.width();
+        let k = state.rows() + 1;
+        if state.width() != channels || weight.data.len() != channels * k || weight.width() != k {
+            return Err(OpError::ShapeMismatch {
+                op: "ssm_conv",
+                expected: format!("state [k - 1, {channels}] and weight [{channels}, k] with the same k"),
+                got: [state.shape.clone(), weight.shape.clone()].concat(),
+            });
+        }
+        let n = x.rows();
+        let mut xx = Vec::with_capacity((k - 1 + n) * channels);
+        xx.extend_from_slice(&state.data);
+        xx.extend_from_slice(&x.data);
+        let mut out = vec![0f32; n * channels];
+        kernels::ssm_conv(&xx, &weight.data, k, &mut out);
+        state.data.copy_from_slice(&xx[n * channels..]);
+        Ok(CpuTensor { shape: vec![n, channels], data: out })
+    }
+
+    fn ssm_scan(&self, inputs: &SsmScan<'_, Self>, state: &mut CpuTensor) -> Result<CpuTensor, OpError> {
+        let n_head = inputs.a.data.len();
+        let n = inputs.x.rows();
+        let bad = |expected: String, got: &[usize]| OpError::ShapeMismatch { op: "ssm_scan", expected, got: got.to_vec() };
+        if n_head == 0 || inputs.n_group == 0 || n_head % inputs.n_group != 0 || inputs.x.width() % n_head != 0 {
+            return Err(bad(format!("x [n, {n_head} heads * head_dim] and {} groups dividing the heads", inputs.n_group), &inputs.x.shape));
+        }
+        let head_dim = inputs.x.width() / n_head;
+        let group_width = inputs.b.width();
+        if group_width % inputs.n_group != 0 || inputs.c.width() != group_width {
+            return Err(bad(format!("b and c [n, {} groups * d_state]", inputs.n_group), &inputs.c.shape));
+        }
+        let d_state = group_width / inputs.n_group;
+        for (t, w) in [(inputs.dt, n_head), (inputs.b, group_width), (inputs.c, group_width)] {
+            if t.rows() != n || t.width() != w {
+                return Err(bad(format!("[{n}, {w}]"), &t.shape));
+            }
+        }
+        for t in [inputs.d, inputs.dt_bias].into_iter().flatten() {
+            if t.data.len() != n_head {
+                return Err(bad(format!("[{n_head}]"), &t.shape));
+            }
+        }
+        if state.data.len() != n_head * head_dim * d_state {
+            return Err(bad(format!("state [{n_head}, {head_dim}, {d_state}]"), &state.shape));
+        }
+        let params = kernels::ScanParams {
+            a: &inputs.a.data,
+            d: inputs.d.map(|t| &t.data[..]),
+            dt_bias: inputs.dt_bias.map(|t| &t.data[..]),
+            n_group: inputs.n_group,
+            head_dim,
+            d_state,
+        };
+        let width = n_head * head_dim;
+        let mut y = vec![0f32; n * width];
+        // Tokens depend on each other through the state, so they run in order; the work per
+        // token is small (heads x head_dim x d_state multiply-adds).
+        for (t, yt) in y.chunks_mut(width).enumerate() {
+            let step = kernels::ScanStep {
+                x: &inputs.x.data[t * width..(t + 1) * width],
+                dt: &inputs.dt.data[t * n_head..(t + 1) * n_head],
+                b: &inputs.b.data[t * group_width..(t + 1) * group_width],
+                c: &inputs.c.data[t * group_width..(t + 1) * group_width],
+            };
+            kernels::ssm_scan_token(&mut state.data, step, &params, yt);
+        }
+        Ok(CpuTensor { shape: vec![n, width], data: y })
     }
 }

@@ -1,0 +1,175 @@
+//! `gpt-oss`: OpenAI gpt-oss (20B, 120B).
+//!
+//! Reference: transformers `GptOssForCausalLM`. Differences from llama:
+//! - attention with biases on q, k, v and output, and one learned sink logit per head
+//!   (`attn_sinks`) that joins every softmax and takes its share of the probability;
+//! - sliding-window layers alternate with full layers: `attention.sliding_window_pattern` when
+//!   the file has it, else llama.cpp's gpt-oss default (even layers slide, odd layers are full,
+//!   matching the released configs' `layer_types`);
+//! - rotate-half rope with YaRN. transformers honours `rope_parameters.truncate`, false in every
+//!   gpt-oss config: the correction range is not rounded to whole dims. The GGUF format has no key
+//!   for it (gguf-py 0.19), and llama.cpp always rounds, which is why its logits drift from
+//!   transformers with position (fixtures README note 2). This file follows transformers: no
+//!   rounding. The f32 fixture holds it to 1e-4 of transformers at every position;
+//! - the pre-FFN norm is stored as `post_attention_norm`;
+//! - MoE: router with bias, top-k of the logits then softmax over the k (`SoftmaxAfterTopK`);
+//!   experts with biases on gate, up and down; clamped SwiGLU (`Glu::SwiGluOai`, alpha 1.702,
+//!   limit 7, transformers' `GptOssExperts._apply_gate`, constants as in llama.cpp, which has no
+//!   key for them either). HF's interleaved `gate_up_proj` arrives split into
+//!   `ffn_gate_exps` / `ffn_up_exps`. Released files store experts as MXFP4, which the
+//!   `compute::quant` kernels read directly.
+//!
+//! Checked by the `gpt_oss` fixture (2 layers: sliding window 8, full; YaRN factor 32).
+
+use crate::arch::{output_rows, positions, Architecture, Outputs};
+use crate::blocks::{Attention, Moe};
+use crate::error::{ModelError, Result};
+use crate::hparams::Hparams;
+use crate::loader::Loader;
+use crate::rope::rope_spec;
+use crate::state::{LayerState, State};
+use compute::spec::{AttnSpec, Gating, Glu, MoeSpec, RouteSpec};
+use compute::Backend;
+use gguf::names::{blk, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use gguf::Value;
+
+/// gpt-oss's clamped SwiGLU (config `swiglu_alpha`, `swiglu_limit`).
+const GLU: Glu = Glu::SwiGluOai { alpha: 1.702, limit: 7.0 };
+
+struct Layer<B: Backend> {
+    attn_norm: B::Tensor,
+    attn: Attention<B>,
+    ffn_norm: B::Tensor,
+    moe: Moe<B>,
+}
+
+/// A loaded gpt-oss model.
+pub struct GptOss<B: Backend> {
+    hp: Hparams,
+    tok_embd: B::Weight,
+    layers: Vec<Layer<B>>,
+    output_norm: B::Tensor,
+    output: B::Weight,
+}
+
+/// Which layers use the sliding window: the per-layer bool array or integer period of
+/// `attention.sliding_window_pattern` (the last layer of each period is full), else a period
+/// of 2.
+fn sliding_layers(md: &gguf::Metadata, hp: &Hparams) -> Result<Vec<bool>> {
+    let n = hp.block_count;
+    let key = hp.key("attention.sliding_window_pattern");
+    let period = match md.get(&key) {
+        Some(Value::Array(_, items)) if items.len() == n => {
+            return Ok(items.iter().map(|v| matches!(v, Value::Bool(true))).collect());
+        }
+        Some(_) => md.u32(&key)? as usize,
+        None => 2,
+    };
+    Ok((0..n).map(|il| period == 0 || (il % period) < period - 1).collect())
+}
+
+/// Loads the weights.
+pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<GptOss<B>> {
+    let md = ld.model.metadata();
+    let n_embd = hp.embedding_length;
+    let hd = hp.key_length;
+    let mut rope = rope_spec(ld, md, &hp, hd, hp.rope_freq_base, true)?;
+    if let Some(y) = rope.yarn.as_mut() {
+        y.truncate = false;
+    }
+    let window = md.u32_opt(&hp.key("attention.sliding_window"))?.map(|w| w as usize);
+    let sliding = sliding_layers(md, &hp)?;
+    let n_ff = match md.u32_opt(&hp.key("expert_feed_forward_length"))? {
+        Some(n) => n as usize,
+        None => hp.feed_forward_length[0],
+    };
+    if hp.expert_count == 0 || hp.expert_used_count == 0 {
+        return Err(ModelError::Hparams {
+            why: format!("{} and {} must be set for gpt-oss", hp.key("expert_count"), hp.key("expert_used_count")),
+        });
+    }
+    let mut layers = Vec::with_capacity(hp.block_count);
+    for il in 0..hp.block_count {
+        let spec = AttnSpec {
+            n_head: hp.head_count[il],
+            n_head_kv: hp.head_count_kv[il],
+            head_dim_k: hd,
+            head_dim_v: hp.value_length,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: if sliding[il] { window } else { None },
+            softcap: None,
+        };
+        layers.push(Layer {
+            attn_norm: ld.vector(&blk(il, "attn_norm.weight"), &[n_embd])?,
+            attn: Attention::load(ld, il, n_embd, spec, Some(rope.clone()), hp.rms_eps)?,
+            ffn_norm: ld.vector(&blk(il, "post_attention_norm.weight"), &[n_embd])?,
+            moe: Moe::load(
+                ld,
+                il,
+                n_embd,
+                MoeSpec { n_expert: hp.expert_count, n_ff, glu: GLU },
+                RouteSpec {
+                    k: hp.expert_used_count,
+                    gating: Gating::SoftmaxAfterTopK,
+                    has_selection_bias: false,
+                    groups: None,
+                    normalize: false,
+                    scale: 1.0,
+                },
+                None,
+            )?,
+        });
+    }
+    let n_vocab = hp.n_vocab;
+    let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
+        Some(w) => w,
+        None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
+    };
+    Ok(GptOss {
+        tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
+        output_norm: ld.vector(OUTPUT_NORM, &[n_embd])?,
+        output,
+        layers,
+        hp,
+    })
+}
+
+impl<B: Backend> Architecture<B> for GptOss<B> {
+    fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+
+    fn new_state(&self, b: &B, n_ctx: usize) -> Result<State<B>> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let (kw, vw) = l.attn.cache_widths();
+                Ok(LayerState::Attention(b.new_cache(n_ctx, kw, vw)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(State { layers, n_past: 0, n_ctx })
+    }
+
+    fn forward(&self, b: &B, state: &mut State<B>, ids: &[u32], outputs: Outputs) -> Result<B::Tensor> {
+        let n = ids.len();
+        let pos = positions(state.n_past, n);
+        let eps = self.hp.rms_eps;
+        let mut x = b.get_rows(&self.tok_embd, ids)?; // [n, n_embd]
+        for (il, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+            let LayerState::Attention(cache) = st else {
+                return Err(ModelError::Request { why: format!("layer {il}: sequence state is not a KV cache") });
+            };
+            let h = b.rms_norm(&x, Some(&layer.attn_norm), eps)?;
+            let a = layer.attn.forward(b, &h, cache, state.n_past, &pos)?;
+            x = b.add(&x, &a)?;
+            let h = b.rms_norm(&x, Some(&layer.ffn_norm), eps)?;
+            let f = layer.moe.forward(b, &h)?; // router, route (top-k, softmax), experts
+            x = b.add(&x, &f)?;
+        }
+        state.n_past += n;
+        let x = output_rows(b, &x, n, outputs)?;
+        let x = b.rms_norm(&x, Some(&self.output_norm), eps)?;
+        Ok(b.matmul(&x, &self.output)?) // [rows, n_vocab]
+    }
+}
