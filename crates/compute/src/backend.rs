@@ -203,4 +203,15 @@ pub trait Backend: Send + Sync + Sized + Clone {
         let _ = (inputs, state);
         Err(OpError::Unsupported { op: "ssm_scan", backend: self.name(), why: "not implemented on this back end".into() })
     }
+
+    // ---- per-head products (appended: DeepSeek MLA) ----
+    /// Per-head matrix products: `x` (`[n, n_head * k]`) is split into `n_head` column blocks
+    /// and block h is multiplied by `w[h]` (`w` `[n_head, n_out, k]`, `x_h · w[h]ᵀ`), giving
+    /// `[n, n_head * n_out]` with head h's result in columns `h * n_out..(h + 1) * n_out`.
+    /// DeepSeek's multi-head latent attention absorbs its key and value up-projections this way
+    /// (ggml's 3-D `mul_mat` over `attn_k_b` / `attn_v_b`).
+    fn matmul_per_head(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor, OpError> {
+        let _ = (x, w);
+        Err(OpError::Unsupported { op: "matmul_per_head", backend: self.name(), why: "not implemented on this back end".into() })
+    }
 }

@@ -423,3 +423,17 @@ mod recurrent_tests {
         }
     }
 }
+
+/// Columns `start..start + len` of every row of a row-major matrix `width` wide, packed into
+/// rows of `len` (one head's block of a multi-head activation).
+pub fn gather_cols(x: &[f32], width: usize, start: usize, len: usize) -> Vec<f32> {
+    x.chunks(width).flat_map(|row| row[start..start + len].iter().copied()).collect()
+}
+
+/// Writes rows of `len` values (`src`) into columns `start..start + len` of `out`, a row-major
+/// matrix `width` wide: the inverse of [`gather_cols`].
+pub fn scatter_cols(src: &[f32], out: &mut [f32], width: usize, start: usize, len: usize) {
+    for (row, part) in out.chunks_mut(width).zip(src.chunks(len)) {
+        row[start..start + len].copy_from_slice(part);
+    }
+}

@@ -547,4 +547,81 @@ impl Backend for CpuBackend {
         }
         Ok(CpuTensor { shape: vec![n, width], data: y })
     }
+
+    fn matmul_per_head(&self, x: &CpuTensor, w: &HostWeight) -> Result<CpuTensor, OpError> {
+        let [n_head, n_out, k] = w.shape[..] else {
+            return Err(OpError::ShapeMismatch {
+                op: "matmul_per_head",
+                expected: "a weight [n_head, n_out, k]".into(),
+                got: w.shape.clone(),
+            });
+        };
+        expect_2d("matmul_per_head", x, n_head * k)?;
+        let n = x.rows();
+        let out_width = n_head * n_out;
+        let mut out = vec![0f32; n * out_width];
+        for h in 0..n_head {
+            let xs = kernels::gather_cols(&x.data, n_head * k, h * k, k);
+            let wh = w.rows(h * n_out, (h + 1) * n_out, vec![n_out, k]);
+            let mut y = vec![0f32; n * n_out];
+            self.matmul_raw(&xs, n, &wh, &mut y)?;
+            kernels::scatter_cols(&y, &mut out, out_width, h * n_out, n_out);
+        }
+        Ok(CpuTensor { shape: vec![n, out_width], data: out })
+    }
+}
+
+#[cfg(test)]
+mod matmul_per_head_tests {
+    use super::*;
+    use gguf::{GgmlType, GgufModel, GgufWriter, Value};
+    use std::sync::Arc;
+
+    /// A weight `[n_head, n_out, k]` of f32 values written to a GGUF file and mapped back.
+    fn f32_weight(name: &str, shape: [usize; 3], values: &[f32]) -> HostWeight {
+        let path = std::env::temp_dir().join(format!("diskformer-per-head-{}-{name}.gguf", std::process::id()));
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("test".into()));
+        w.add_tensor(name, GgmlType::F32, &[shape[2] as u64, shape[1] as u64, shape[0] as u64]).unwrap();
+        let mut out = w.create(&path).unwrap();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        out.write_data(&bytes).unwrap();
+        out.finish().unwrap();
+        let model = Arc::new(GgufModel::open(&path).unwrap());
+        let hw = HostWeight::from_model(&model, name).unwrap();
+        std::fs::remove_file(&path).ok();
+        hw
+    }
+
+    #[test]
+    fn matches_a_separate_product_per_head() {
+        let (n, n_head, n_out, k) = (3, 4, 5, 6);
+        let wv: Vec<f32> = (0..n_head * n_out * k).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+        let xv: Vec<f32> = (0..n * n_head * k).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+        let w = f32_weight("w", [n_head, n_out, k], &wv);
+        let b = CpuBackend::default();
+        let x = b.from_host(&xv, &[n, n_head * k]).unwrap();
+        let y = b.matmul_per_head(&x, &w).unwrap();
+        assert_eq!(y.shape, vec![n, n_head * n_out]);
+        // y[t][h*n_out + o] = sum_j x[t][h*k + j] * w[h][o][j], summed in f64 here.
+        for t in 0..n {
+            for h in 0..n_head {
+                for o in 0..n_out {
+                    let expected: f64 = (0..k)
+                        .map(|j| xv[t * n_head * k + h * k + j] as f64 * wv[(h * n_out + o) * k + j] as f64)
+                        .sum();
+                    let got = y.data[t * n_head * n_out + h * n_out + o] as f64;
+                    assert!((got - expected).abs() < 1e-5, "t {t} h {h} o {o}: {got} vs {expected}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_mismatched_widths() {
+        let w = f32_weight("w_bad", [2, 3, 4], &[0.5; 24]);
+        let b = CpuBackend::default();
+        let x = b.from_host(&[1.0; 14], &[2, 7]).unwrap();
+        assert!(matches!(b.matmul_per_head(&x, &w), Err(OpError::ShapeMismatch { .. })));
+    }
 }
