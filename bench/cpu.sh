@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# CPU speed of diskformer against llama.cpp (the peer, 0c1e570) on the same GGUF files, same threads.
+#
+# Usage: bench/cpu.sh            (from the repository root or anywhere)
+# Environment (defaults in brackets):
+#   THREADS [2]  ROUNDS [3]  P [128] prompt tokens  N [32] generated tokens
+#   MODELS_DIR [models/]     where the real and synthetic GGUFs go
+#   SYNTH_SHAPE [dense-1b]   SYNTH_TYPES ["Q4_0 Q4_K"]   REAL [1] also bench the real small models
+#   PEER_BIN                 folder of llama-bench (default: built by ../shared/tools/build-llama-cpp.sh)
+#   MATMUL [q8]              diskformer's --matmul
+#   DF                       a prebuilt diskformer binary (default: cargo build --release here)
+#
+# What it does: builds diskformer (release) and, if needed, the peer; fetches the real small models
+# (scripts/get-models.sh); writes a synthetic 1B-class dense model per type with `diskformer synth`;
+# then, for each model, ROUNDS rounds that each run `diskformer bench -r 1` and `llama-bench -r 1`
+# one after the other (alternating, so load from other processes hits both alike; each run has its
+# own untimed warmup). Prints per-round figures and a table of mean ± sample std over the rounds
+# with the ratio diskformer / llama.cpp. Raw results go to $MODELS_DIR/bench-cpu-<date>.jsonl.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+THREADS=${THREADS:-2}
+ROUNDS=${ROUNDS:-3}
+P=${P:-128}
+N=${N:-32}
+MATMUL=${MATMUL:-q8}
+MODELS_DIR=${MODELS_DIR:-$repo/models}
+SYNTH_SHAPE=${SYNTH_SHAPE:-dense-1b}
+SYNTH_TYPES=${SYNTH_TYPES:-Q4_0 Q4_K}
+REAL=${REAL:-1}
+mkdir -p "$MODELS_DIR"
+
+# 1. diskformer, release, CPU only (or a prebuilt binary named by $DF).
+if [ -z "${DF:-}" ]; then
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+  cargo build --release -p cli --no-default-features >&2
+  DF="$CARGO_TARGET_DIR/release/diskformer"
+fi
+
+# 2. The peer.
+if [ -z "${PEER_BIN:-}" ]; then
+  PEER_BIN=$("$repo/../shared/tools/build-llama-cpp.sh" | tail -1)
+fi
+LB="$PEER_BIN/llama-bench"
+[ -x "$LB" ] || { echo "no llama-bench at $LB" >&2; exit 1; }
+
+# 3. Models: the real small ones, then the synthetic ones.
+models=()
+if [ "$REAL" = 1 ]; then
+  getter="$repo/scripts/get-models.sh"
+  [ -x "$getter" ] || getter="$repo/../shared/tools/get-models.sh"
+  while read -r _ path; do models+=("$path"); done < <("$getter" "$MODELS_DIR")
+fi
+for t in $SYNTH_TYPES; do
+  f="$MODELS_DIR/synth-$SYNTH_SHAPE-$(echo "$t" | tr A-Z a-z).gguf"
+  if [ ! -f "$f" ]; then
+    "$DF" synth --shape "$SYNTH_SHAPE" --type "$t" --seed 1 --out "$f" -t "$THREADS"
+  fi
+  models+=("$f")
+done
+
+# 4. Alternating runs.
+out="$MODELS_DIR/bench-cpu-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
+: > "$out"
+for m in "${models[@]}"; do
+  for r in $(seq 1 "$ROUNDS"); do
+    df_json=$("$DF" bench -m "$m" -p "$P" -n "$N" -r 1 -t "$THREADS" --matmul "$MATMUL" --json)
+    lb_json=$("$LB" -m "$m" -p "$P" -n "$N" -r 1 -t "$THREADS" -o json 2>/dev/null)
+    python3 - "$m" "$r" "$df_json" "$lb_json" >> "$out" <<'EOF'
+import json, sys
+m, r, df, lb = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+pp = next(x["avg_ts"] for x in lb if x["n_prompt"] > 0 and x["n_gen"] == 0)
+tg = next(x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0)
+print(json.dumps({"model": m, "round": r, "df_pp": df["pp_tok_s"], "df_tg": df["tg_tok_s"], "lb_pp": pp, "lb_tg": tg,
+                  "type": df["type"], "arch": df["arch"], "size_bytes": df["size_bytes"]}))
+EOF
+    tail -1 "$out" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(f"round {d[\"round\"]} {d[\"model\"].rsplit(\"/\",1)[-1]}: pp diskformer {d[\"df_pp\"]:.2f} llama.cpp {d[\"lb_pp\"]:.2f}; tg diskformer {d[\"df_tg\"]:.2f} llama.cpp {d[\"lb_tg\"]:.2f} tok/s")' >&2
+  done
+done
+
+# 5. Summary.
+python3 - "$out" "$P" "$N" "$THREADS" "$MATMUL" <<'EOF'
+import json, statistics, sys
+path, p, n, t, mm = sys.argv[1:6]
+rows = [json.loads(l) for l in open(path)]
+def ms(v):
+    return (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
+print(f"threads {t}, diskformer --matmul {mm}, {max(r['round'] for r in rows)} alternating rounds; raw: {path}\n")
+print(f"| model | type | test | diskformer t/s | llama.cpp t/s | diskformer / llama.cpp |")
+print(f"|---|---|---|---|---|---|")
+for m in dict.fromkeys(r["model"] for r in rows):
+    rs = [r for r in rows if r["model"] == m]
+    for test, k, size in (("pp", "pp", p), ("tg", "tg", n)):
+        d, l = ms([r["df_" + k] for r in rs]), ms([r["lb_" + k] for r in rs])
+        name = m.rsplit("/", 1)[-1]
+        print(f"| {name} | {rs[0]['type']} | {test}{size} | {d[0]:.2f} ± {d[1]:.2f} | {l[0]:.2f} ± {l[1]:.2f} | {d[0] / l[0]:.3f} |")
+EOF
