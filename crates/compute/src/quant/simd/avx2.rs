@@ -106,6 +106,7 @@ pub(super) fn kernel4(dtype: GgmlType) -> Option<SimdDot4> {
         MXFP4 => dot4_blocks32::<{ self::MXFP4 }>,
         Q4_K => dot4_q4_k,
         Q5_K => dot4_q5_k,
+        Q6_K => dot4_q6_k,
         _ => return None,
     })
 }
@@ -488,22 +489,27 @@ unsafe fn dot_q45_k<const FIVE_BITS: bool, const N: usize>(w: &[u8], xs: &[ActRo
     out
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let nb = superblocks(w, 210, &x);
+    dot_q6_k_n::<1>(w, &[x])[0]
+}
+
+unsafe fn dot4_q6_k(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+    dot_q6_k_n::<4>(w, xs)
+}
+
+/// Q6_K with `N` activation rows; the weights are unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N] {
+    let mut nb = 0;
+    for x in xs {
+        nb = superblocks(w, 210, x);
+    }
     let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
         let b = w.as_ptr().add(ib * 210);
         let scales = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
-        let xq = x.qs.as_ptr().add(ib * 256);
-        let bsums = &x.sums[ib * 16..ib * 16 + 16];
-        // Levels are stored +32 (0..64); take 32 * sum(x) back out per sub-block.
-        let mut offset = 0i32;
-        for g in 0..16 {
-            offset += scales[g] as i32 * 32 * bsums[g] as i32;
-        }
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); N];
         for half in 0..2 {
             let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
             let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
@@ -519,15 +525,30 @@ unsafe fn dot_q6_k(w: &[u8], x: ActRow<'_>) -> f32 {
             for (gi, lv) in groups.into_iter().enumerate() {
                 let g = 8 * half + 2 * gi;
                 let s = scales_2x16(scales[g] as i32, scales[g + 1] as i32);
-                let xv = load256(xq.add(128 * half + 32 * gi));
-                sumi = _mm256_add_epi32(sumi, madd_u8_i8(lv, xv, s));
+                for i in 0..N {
+                    let xv = load256(xs[i].qs.as_ptr().add(ib * 256 + 128 * half + 32 * gi));
+                    sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(lv, xv, s));
+                }
             }
         }
-        let d = f16_at(b.add(208)) * x.d[ib];
-        let total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+        let d = f16_at(b.add(208));
+        for i in 0..N {
+            let x = &xs[i];
+            // Levels are stored +32 (0..64); take 32 * sum(x) back out per sub-block.
+            let bsums = &x.sums[ib * 16..ib * 16 + 16];
+            let mut offset = 0i32;
+            for g in 0..16 {
+                offset += scales[g] as i32 * 32 * bsums[g] as i32;
+            }
+            let total = _mm256_sub_epi32(sumi[i], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[ib]), _mm256_cvtepi32_ps(total), acc[i]);
+        }
     }
-    hsum_f32x8(acc)
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = hsum_f32x8(acc[i]);
+    }
+    out
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
