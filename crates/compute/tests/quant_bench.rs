@@ -30,7 +30,10 @@ fn matmul_throughput() {
         std::env::var("QUANT_BENCH_K").ok().and_then(|v| v.parse().ok()).unwrap_or(4096usize),
     );
     println!("n_out={n_out} k={k}, {} rayon threads, best kernel {:?}", rayon::current_num_threads(), Kernel::best());
-    println!("{:<7} {:>9} | {:>22} | {:>22} | {:>24}", "type", "MiB", "decode exact", "decode q8 portable/best", "prefill64 exact / best");
+    println!(
+        "{:<7} {:>9} | {:>22} | {:>22} | {:>24}",
+        "type", "MiB", "decode exact", "decode q8 portable/best", "prefill64 exact / best"
+    );
     let mut rng = Rng::new(7);
     let types = [
         GgmlType::F32,
@@ -58,8 +61,10 @@ fn matmul_throughput() {
         let mut y64 = vec![0f32; 64 * n_out];
         let exact = best_seconds(|| quant::matmul(dtype, &w, n_out, k, &x1, &mut y1, MatmulMode::Exact).unwrap());
         let (portable, best) = if dtype.is_quantized() {
-            let p = best_seconds(|| quant::matmul_quantized(dtype, &w, n_out, k, &x1, &mut y1, Kernel::Portable).unwrap());
-            let b = best_seconds(|| quant::matmul_quantized(dtype, &w, n_out, k, &x1, &mut y1, Kernel::best()).unwrap());
+            let p =
+                best_seconds(|| quant::matmul_quantized(dtype, &w, n_out, k, &x1, &mut y1, Kernel::Portable).unwrap());
+            let b =
+                best_seconds(|| quant::matmul_quantized(dtype, &w, n_out, k, &x1, &mut y1, Kernel::best()).unwrap());
             (format!("{:.1}", gb / p), format!("{:.1}", gb / b))
         } else {
             ("-".into(), "-".into())
