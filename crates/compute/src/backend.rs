@@ -41,7 +41,7 @@ pub struct Routing<B: Backend + ?Sized> {
 /// Inputs of one Mamba-2 selective scan ([`Backend::ssm_scan`]) over `n` tokens of one sequence.
 /// `n_head` is the length of `a`; `head_dim` = width of `x` / `n_head`; `d_state` = width of
 /// `b` / `n_group`. Heads `h` use group `h / (n_head / n_group)` of `b` and `c`.
-pub struct SsmScan<'a, B: Backend + ?Sized> {
+pub struct SsmScan<'a, B: Backend> {
     /// Inputs `[n, n_head * head_dim]`.
     pub x: &'a B::Tensor,
     /// Raw time steps `[n, n_head]`: the op adds `dt_bias` and applies softplus.
@@ -191,9 +191,18 @@ pub trait Backend: Send + Sync + Sized + Clone {
     /// `out[t][c] = Σ_j weight[c][j] · xx[t + j][c]` (`weight` `[channels, k]`, PyTorch's
     /// `Conv1d(groups=channels)` weight squeezed). Returns `[n, channels]` and leaves the last
     /// `k - 1` rows of `xx` in `state` (`[k - 1, channels]`). No bias, no activation.
-    fn ssm_conv(&self, x: &Self::Tensor, state: &mut Self::Tensor, weight: &Self::Tensor) -> Result<Self::Tensor, OpError> {
+    fn ssm_conv(
+        &self,
+        x: &Self::Tensor,
+        state: &mut Self::Tensor,
+        weight: &Self::Tensor,
+    ) -> Result<Self::Tensor, OpError> {
         let _ = (x, state, weight);
-        Err(OpError::Unsupported { op: "ssm_conv", backend: self.name(), why: "not implemented on this back end".into() })
+        Err(OpError::Unsupported {
+            op: "ssm_conv",
+            backend: self.name(),
+            why: "not implemented on this back end".into(),
+        })
     }
     /// Mamba-2 selective scan of `n` tokens, token by token from `state`
     /// (`[n_head, head_dim, d_state]`, updated in place): per head h and token t,
@@ -201,7 +210,11 @@ pub trait Backend: Send + Sync + Sized + Clone {
     /// `y_t[h] = S · C_t[g] + d[h] · x_t[h]`. Returns y `[n, n_head * head_dim]`.
     fn ssm_scan(&self, inputs: &SsmScan<'_, Self>, state: &mut Self::Tensor) -> Result<Self::Tensor, OpError> {
         let _ = (inputs, state);
-        Err(OpError::Unsupported { op: "ssm_scan", backend: self.name(), why: "not implemented on this back end".into() })
+        Err(OpError::Unsupported {
+            op: "ssm_scan",
+            backend: self.name(),
+            why: "not implemented on this back end".into(),
+        })
     }
 
     // ---- per-head products (appended: DeepSeek MLA) ----

@@ -89,14 +89,14 @@ pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<GptOss<B>> {
         });
     }
     let mut layers = Vec::with_capacity(hp.block_count);
-    for il in 0..hp.block_count {
+    for (il, &slides) in sliding.iter().enumerate() {
         let spec = AttnSpec {
             n_head: hp.head_count[il],
             n_head_kv: hp.head_count_kv[il],
             head_dim_k: hd,
             head_dim_v: hp.value_length,
             scale: 1.0 / (hd as f32).sqrt(),
-            window: if sliding[il] { window } else { None },
+            window: if slides { window } else { None },
             softcap: None,
         };
         layers.push(Layer {

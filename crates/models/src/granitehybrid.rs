@@ -58,13 +58,10 @@ impl SsmDims {
             n_head: get("ssm.time_step_rank")?,
             d_conv: get("ssm.conv_kernel")?,
         };
-        if dims.n_head == 0
-            || dims.n_group == 0
-            || dims.d_inner % dims.n_head != 0
-            || dims.n_head % dims.n_group != 0
-            || dims.d_inner % dims.n_group != 0
-            || dims.d_conv < 2
-        {
+        // `n / d * d == n`: divisibility without `%` (clippy wants `is_multiple_of`, newer than
+        // the workspace's rust-version).
+        let divides = |d: usize, n: usize| d != 0 && n / d * d == n;
+        if !divides(dims.n_head, dims.d_inner) || !divides(dims.n_group, dims.n_head) || dims.d_conv < 2 {
             return Err(ModelError::Hparams { why: format!("mamba-2 sizes do not fit together: {dims:?}") });
         }
         Ok(dims)

@@ -398,7 +398,8 @@ mod recurrent_tests {
                 for i in 0..hd {
                     let mut y = d[h] * x[(t * n_head + h) * hd + i];
                     for s in 0..=t {
-                        let cb: f32 = (0..ds).map(|j| c[(t * n_group + g) * ds + j] * b[(s * n_group + g) * ds + j]).sum();
+                        let cb: f32 =
+                            (0..ds).map(|j| c[(t * n_group + g) * ds + j] * b[(s * n_group + g) * ds + j]).sum();
                         let decay = (a[h] * ((s + 1)..=t).map(|r| sp(r, h)).sum::<f32>()).exp();
                         y += cb * decay * sp(s, h) * x[(s * n_head + h) * hd + i];
                     }

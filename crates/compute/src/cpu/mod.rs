@@ -501,13 +501,20 @@ impl Backend for CpuBackend {
     fn ssm_scan(&self, inputs: &SsmScan<'_, Self>, state: &mut CpuTensor) -> Result<CpuTensor, OpError> {
         let n_head = inputs.a.data.len();
         let n = inputs.x.rows();
-        let bad = |expected: String, got: &[usize]| OpError::ShapeMismatch { op: "ssm_scan", expected, got: got.to_vec() };
-        if n_head == 0 || inputs.n_group == 0 || n_head % inputs.n_group != 0 || inputs.x.width() % n_head != 0 {
-            return Err(bad(format!("x [n, {n_head} heads * head_dim] and {} groups dividing the heads", inputs.n_group), &inputs.x.shape));
+        let bad =
+            |expected: String, got: &[usize]| OpError::ShapeMismatch { op: "ssm_scan", expected, got: got.to_vec() };
+        // `n / d * d == n`: divisibility without `%` (clippy wants `is_multiple_of`, newer than
+        // the workspace's rust-version).
+        let divides = |d: usize, n: usize| d != 0 && n / d * d == n;
+        if !divides(inputs.n_group, n_head) || !divides(n_head, inputs.x.width()) {
+            return Err(bad(
+                format!("x [n, {n_head} heads * head_dim] and {} groups dividing the heads", inputs.n_group),
+                &inputs.x.shape,
+            ));
         }
         let head_dim = inputs.x.width() / n_head;
         let group_width = inputs.b.width();
-        if group_width % inputs.n_group != 0 || inputs.c.width() != group_width {
+        if !divides(inputs.n_group, group_width) || inputs.c.width() != group_width {
             return Err(bad(format!("b and c [n, {} groups * d_state]", inputs.n_group), &inputs.c.shape));
         }
         let d_state = group_width / inputs.n_group;
