@@ -173,3 +173,97 @@ impl<B: Backend> Architecture<B> for GptOss<B> {
         Ok(b.matmul(&x, &self.output)?) // [rows, n_vocab]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Released gpt-oss files store the experts as MXFP4, which no fixture has (llama-quantize
+    //! only keeps MXFP4 it is given). This test writes the gpt_oss fixture's experts as MXFP4
+    //! and checks that the model reads them exactly: the logits equal those of a twin file
+    //! holding the same MXFP4 values decoded to F32 (the decoder itself is checked against
+    //! gguf-py by compute's quant tests), and differ from the original file's.
+    use crate::refcheck::{compare, fixture_root};
+    use crate::{load, LoadOptions, Outputs};
+    use compute::quant;
+    use compute::HostWeight;
+    use gguf::{GgmlType, GgufModel, GgufWriter};
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    /// Writes `src` with every `*_exps.weight` replaced: as MXFP4 (`decoded` false) or as the
+    /// F32 decoding of that MXFP4 (`decoded` true). Other tensors are copied unchanged.
+    fn rewrite_experts(src: &Arc<GgufModel>, path: &Path, decoded: bool) {
+        let mut w = GgufWriter::new();
+        w.set_all(src.metadata());
+        let mut data: Vec<Vec<u8>> = Vec::new();
+        for t in src.tensors() {
+            let name = t.name();
+            if name.ends_with("_exps.weight") {
+                let values = HostWeight::from_model(src, name).expect("tensor").to_f32().expect("dequantize");
+                let mut mx = vec![0u8; values.len() / 32 * 17];
+                quant::quantize(GgmlType::MXFP4, &values, &mut mx).expect("mxfp4 quantize");
+                if decoded {
+                    let mut back = vec![0f32; values.len()];
+                    quant::dequantize(GgmlType::MXFP4, &mx, &mut back).expect("mxfp4 dequantize");
+                    w.add_tensor(name, GgmlType::F32, t.shape()).expect("add");
+                    data.push(back.iter().flat_map(|v| v.to_le_bytes()).collect());
+                } else {
+                    w.add_tensor(name, GgmlType::MXFP4, t.shape()).expect("add");
+                    data.push(mx);
+                }
+            } else {
+                w.add_tensor(name, t.dtype(), t.shape()).expect("add");
+                data.push(t.data.to_vec());
+            }
+        }
+        let mut sink = w.create(path).expect("create");
+        for d in &data {
+            sink.write_data(d).expect("write");
+        }
+        sink.finish().expect("finish");
+    }
+
+    fn logits(path: &Path, prompt: &[u32]) -> Vec<f32> {
+        let model = Arc::new(GgufModel::open(path).expect("open"));
+        let mut r = load(&model, &LoadOptions { n_ctx: 64, ..LoadOptions::default() }).expect("load");
+        r.eval(prompt, Outputs::All).expect("eval")
+    }
+
+    #[test]
+    fn mxfp4_experts_read_exactly() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let (root, full) = fixture_root(&repo);
+        let dir = root.join("gpt_oss");
+        let source: PathBuf = ["model-f32.gguf", "model-q4_0.gguf"]
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|p| p.exists())
+            .expect("gpt_oss fixture");
+        println!(
+            "fixture set: {} ({}), source {}",
+            root.display(),
+            if full { "full" } else { "compact" },
+            source.display()
+        );
+        let src = Arc::new(GgufModel::open(&source).expect("open fixture"));
+        let tmp = std::env::temp_dir();
+        let mx_path = tmp.join(format!("diskformer-gptoss-mxfp4-{}.gguf", std::process::id()));
+        let f32_path = tmp.join(format!("diskformer-gptoss-mxfp4-decoded-{}.gguf", std::process::id()));
+        rewrite_experts(&src, &mx_path, false);
+        rewrite_experts(&src, &f32_path, true);
+        let mx_model = GgufModel::open(&mx_path).expect("open mxfp4 copy");
+        assert_eq!(mx_model.tensor("blk.0.ffn_up_exps.weight").expect("experts").dtype(), GgmlType::MXFP4);
+        let prompt = [1u32, 84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114, 111, 119, 110];
+        let mx = logits(&mx_path, &prompt);
+        let decoded = logits(&f32_path, &prompt);
+        let original = logits(&source, &prompt);
+        let _ = std::fs::remove_file(&mx_path);
+        let _ = std::fs::remove_file(&f32_path);
+        let reference: Vec<f64> = decoded.iter().map(|&v| v as f64).collect();
+        let (max_abs, rel) = compare(&mx, &reference);
+        println!("mxfp4 vs decoded f32: max_abs {max_abs:.1e} rel_l2 {rel:.1e}");
+        assert!(rel <= 1e-6, "mxfp4 experts disagree with their f32 decoding: rel_l2 {rel:.2e}");
+        let (_, rel_orig) = compare(&mx, &original.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        println!("mxfp4 vs original experts: rel_l2 {rel_orig:.1e}");
+        assert!(rel_orig > 1e-3, "MXFP4 rounding left the logits unchanged (rel_l2 {rel_orig:.2e}): experts not read?");
+    }
+}
