@@ -68,7 +68,8 @@ pub fn route_spec(md: &gguf::Metadata, hp: &Hparams, absent: Gating, has_selecti
     };
     let n_group = md.u32_opt(&hp.key("expert_group_count"))?.unwrap_or(1) as usize;
     let topk_group = md.u32_opt(&hp.key("expert_group_used_count"))?.unwrap_or(n_group as u32) as usize;
-    if n_group > 1 && (hp.expert_count % n_group != 0 || topk_group == 0 || topk_group > n_group) {
+    let uneven_groups = n_group > 1 && hp.expert_count / n_group * n_group != hp.expert_count;
+    if n_group > 1 && (uneven_groups || topk_group == 0 || topk_group > n_group) {
         return Err(ModelError::Hparams {
             why: format!("{} experts in {n_group} groups with {topk_group} used groups", hp.expert_count),
         });
@@ -299,7 +300,7 @@ pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<Deepseek2<B>>
             _ => (hp.key_length, hp.value_length),
         };
     let rope_dim = hp.rope_dimension_count;
-    if rope_dim == 0 || rope_dim % 2 != 0 || rope_dim >= qk_head {
+    if rope_dim == 0 || rope_dim % 2 == 1 || rope_dim >= qk_head {
         return Err(ModelError::Hparams {
             why: format!("rope dims {rope_dim} must be even and below the head's {qk_head}"),
         });
