@@ -28,14 +28,24 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// The 16 signed 6-bit scales of a Q3_K block, still offset by 32 (0..64).
+/// The 16 signed 6-bit scales of a Q3_K block, still offset by 32 (0..64). Scale `i` has its
+/// low 4 bits in nibble `i / 8` of byte `i % 8` and its high 2 bits at bit `2 * (i / 4)` of byte
+/// `8 + i % 4`; unpacked four at a time in u32 words as ggml's `dequantize_row_q3_K` does.
 #[inline(always)]
 pub(crate) fn q3_k_scales(s: &[u8]) -> [u8; 16] {
+    const LOW: u32 = 0x0f0f_0f0f;
+    const HIGH: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, tmp) = (word(0), word(1), word(2));
+    let words = [
+        (a0 & LOW) | ((tmp & HIGH) << 4),
+        (a1 & LOW) | (((tmp >> 2) & HIGH) << 4),
+        ((a0 >> 4) & LOW) | (((tmp >> 4) & HIGH) << 4),
+        ((a1 >> 4) & LOW) | (((tmp >> 6) & HIGH) << 4),
+    ];
     let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        let low = if i < 8 { s[i] & 0xF } else { s[i - 8] >> 4 };
-        let high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-        *o = low | (high << 4);
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
     }
     out
 }
