@@ -19,12 +19,18 @@ struct Cli {
 enum Command {
     /// Print the token ids of a text, as llama-tokenize does.
     Tokenize(commands::tokenize::Args),
+    /// Download a GGUF model from a Hugging Face-compatible hub into the store (resumable, verified).
+    Pull(commands::pull::Args),
+    /// List, add or remove the models of the store.
+    Models(commands::models::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Pull(a) => commands::pull::run(a),
+        Command::Models(a) => commands::models::run(a),
     };
     if let Err(e) = result {
         commands::report_error(&e);

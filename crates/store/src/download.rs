@@ -281,6 +281,7 @@ pub(crate) fn download(
     obs: &dyn PullObserver,
 ) -> Result<bool> {
     if already_verified(t.dest, t.digest, t.size_bytes) {
+        remove_stale_journal(t.dest);
         obs.file_finished(t.repo_path, false);
         return Ok(false);
     }
@@ -292,6 +293,7 @@ pub(crate) fn download(
         && hash_file(t.dest, t.digest)? == t.digest.hex()
     {
         record_verified(t.dest, t.digest, t.size_bytes)?;
+        remove_stale_journal(t.dest);
         obs.file_finished(t.repo_path, false);
         return Ok(false);
     }
@@ -388,6 +390,13 @@ pub(crate) fn download(
     let _ = std::fs::remove_file(&journal_file);
     obs.file_finished(t.repo_path, true);
     Ok(true)
+}
+
+/// A journal whose partial is gone was left by a kill between the rename and its removal.
+fn remove_stale_journal(dest: &Path) {
+    if !partial_path(dest).exists() {
+        let _ = std::fs::remove_file(journal_path(dest));
+    }
 }
 
 impl Job<'_> {

@@ -296,7 +296,7 @@ impl Hub {
             #[serde(default)]
             lfs: Option<Lfs>,
         }
-        let what = format!("repo {repo} at revision {revision}");
+        let what = Subject { repo: Some((repo, revision)), file: None };
         let mut url =
             format!("{}/api/models/{}/tree/{}?recursive=true", self.config.endpoint, repo, encode_segment(revision));
         let mut files = Vec::new();
@@ -335,7 +335,7 @@ impl Hub {
     /// As [`Hub::list_files`], plus [`StoreError::NoChecksum`] when the hub publishes no
     /// digest and [`StoreError::BadResponse`] when it publishes no size.
     pub fn file_meta(&self, repo: &RepoId, revision: &str, path: &str) -> Result<FileMeta> {
-        let what = format!("file {path} in {repo} at revision {revision}");
+        let what = Subject { repo: Some((repo, revision)), file: Some(path) };
         let resolve = self.resolve_url(repo, revision, path);
         let mut url = resolve.clone();
         for _hop in 0..6 {
@@ -409,7 +409,7 @@ impl Hub {
         {
             return Err(FetchFailure::Transient(format!("HTTP {status} from {url}")));
         }
-        let err = check_status(resp, url, &format!("download URL {url}"), self.has_token())
+        let err = check_status(resp, url, &Subject { repo: None, file: Some(url) }, self.has_token())
             .err()
             .unwrap_or_else(|| StoreError::Http { status: status.as_u16(), url: url.to_string(), body: String::new() });
         if !self.same_origin(url) && matches!(status.as_u16(), 401 | 403 | 404 | 410) {
@@ -490,19 +490,35 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     msg
 }
 
+/// What a request was for, to name it in errors.
+struct Subject<'a> {
+    repo: Option<(&'a RepoId, &'a str)>,
+    file: Option<&'a str>,
+}
+
+impl Subject<'_> {
+    /// The thing the hub says is missing or refused, as precisely as its error code allows.
+    fn describe(&self, code: &str) -> String {
+        match (self.repo, self.file, code) {
+            (Some((r, _)), _, "RepoNotFound" | "GatedRepo") => format!("repo {r}"),
+            (Some((r, rev)), _, "RevisionNotFound") => format!("revision {rev} of {r}"),
+            (Some((r, rev)), Some(f), _) => format!("file {f} in {r} at revision {rev}"),
+            (Some((r, rev)), None, _) => format!("repo {r} at revision {rev}"),
+            (None, Some(f), _) => format!("download URL {f}"),
+            (None, None, _) => "the request".to_string(),
+        }
+    }
+}
+
 /// Maps 4xx/5xx to the store's errors; passes successes through.
-fn check_status(resp: Response, url: &str, what: &str, token_sent: bool) -> Result<Response> {
+fn check_status(resp: Response, url: &str, what: &Subject<'_>, token_sent: bool) -> Result<Response> {
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);
     }
     let code = header_str(resp.headers(), "x-error-code").unwrap_or_default();
     let message = header_str(resp.headers(), "x-error-message").unwrap_or_default();
-    let subject = match code.as_str() {
-        "RepoNotFound" => what.split(" at revision").next().unwrap_or(what).replace("file ", "repo of file "),
-        "RevisionNotFound" => format!("revision of {what}"),
-        _ => what.to_string(),
-    };
+    let subject = what.describe(&code);
     match status.as_u16() {
         404 => {
             let hint = if !token_sent && code == "RepoNotFound" {

@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod tokenize;
+pub mod pull;
+pub mod models;
 
 /// Prints an error and its causes on one line, the way every subcommand reports failure.
 pub fn report_error(e: &anyhow::Error) {
