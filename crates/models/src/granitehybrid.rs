@@ -14,6 +14,9 @@
 //!   granitemoe always ropes (adjacent pairs: the converter permutes q and k as for llama);
 //! - routing: top-k of the router logits, softmax over the k chosen; plus a shared expert
 //!   (`ffn_*_shexp`, `expert_shared_feed_forward_length`) added to the routed output.
+//! - Mamba-2 details: A = -exp(A_log) is stored as `ssm_a`; dt = softplus(dt + dt_bias);
+//!   transformers also clamps dt to `time_step_limit`, which is (0, inf) in every Granite 4
+//!   config (a no-op) and which GGUF does not store, so there is no clamp here.
 //!
 //! Checked by the `granitemoehybrid` fixture (mamba, mamba, attention, mamba; 8 SSM heads,
 //! d_state 16, 1 group) and the `granitemoe` fixture.

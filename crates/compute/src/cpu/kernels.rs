@@ -261,17 +261,17 @@ pub fn ssm_conv(xx: &[f32], weight: &[f32], k: usize, out: &mut [f32]) {
     }
 }
 
-/// One token's inputs to the selective scan: `x` `[n_head * head_dim]`, raw `dt` `[n_head]`,
-/// `b` and `c` `[n_group * d_state]`.
+/// The inputs of a selective scan over `n` tokens, row-major: `x` `[n, n_head * head_dim]`,
+/// raw `dt` `[n, n_head]`, `b` and `c` `[n, n_group * d_state]`.
 #[derive(Clone, Copy)]
-pub struct ScanStep<'a> {
+pub struct ScanSeq<'a> {
     /// Inputs.
     pub x: &'a [f32],
     /// Raw time steps (before bias and softplus).
     pub dt: &'a [f32],
-    /// Input projection B.
+    /// Input projections B.
     pub b: &'a [f32],
-    /// Output projection C.
+    /// Output projections C.
     pub c: &'a [f32],
 }
 
@@ -292,30 +292,46 @@ pub struct ScanParams<'a> {
     pub d_state: usize,
 }
 
-/// Advances the SSM state (`[n_head, head_dim, d_state]`) by one token and writes its output
-/// `y` (`[n_head * head_dim]`): transformers' `mamba2_selective_state_update` (the recurrent
-/// form; its chunked prefill form computes the same sums in another order).
-pub fn ssm_scan_token(state: &mut [f32], step: ScanStep<'_>, p: &ScanParams<'_>, y: &mut [f32]) {
+/// Runs head `h` of the selective scan over every token of `seq`: advances the head's state
+/// (`[head_dim, d_state]`) token by token and writes its outputs into `y` (`[n, head_dim]`).
+/// The per-token update is transformers' `mamba2_selective_state_update` (the recurrent form;
+/// its chunked prefill form computes the same sums in another order). Heads are independent,
+/// so a caller may run them in parallel.
+pub fn ssm_scan_head(state: &mut [f32], h: usize, seq: ScanSeq<'_>, p: &ScanParams<'_>, y: &mut [f32]) {
     let n_head = p.a.len();
-    let heads_per_group = n_head / p.n_group;
+    let g = h / (n_head / p.n_group);
     let (hd, ds) = (p.head_dim, p.d_state);
-    for h in 0..n_head {
-        let g = h / heads_per_group;
-        let dt = softplus(step.dt[h] + p.dt_bias.map_or(0.0, |b| b[h]));
+    let bc_width = p.n_group * ds;
+    let skip = p.d.map_or(0.0, |d| d[h]);
+    for (t, yt) in y.chunks_mut(hd).enumerate() {
+        let dt = softplus(seq.dt[t * n_head + h] + p.dt_bias.map_or(0.0, |b| b[h]));
         let decay = (dt * p.a[h]).exp();
-        let b = &step.b[g * ds..(g + 1) * ds];
-        let c = &step.c[g * ds..(g + 1) * ds];
-        let skip = p.d.map_or(0.0, |d| d[h]);
-        for i in 0..hd {
-            let x = step.x[h * hd + i];
-            let s = &mut state[(h * hd + i) * ds..(h * hd + i + 1) * ds];
+        let b = &seq.b[t * bc_width + g * ds..][..ds];
+        let c = &seq.c[t * bc_width + g * ds..][..ds];
+        let x = &seq.x[(t * n_head + h) * hd..][..hd];
+        for (i, (yi, &xi)) in yt.iter_mut().zip(x).enumerate() {
+            let s = &mut state[i * ds..(i + 1) * ds];
             let mut acc = 0f32;
             for j in 0..ds {
-                s[j] = s[j] * decay + dt * b[j] * x;
+                s[j] = s[j] * decay + dt * b[j] * xi;
                 acc += s[j] * c[j];
             }
-            y[h * hd + i] = acc + skip * x;
+            *yi = acc + skip * xi;
         }
+    }
+}
+
+/// Columns `start..start + len` of every row of a row-major matrix `width` wide, packed into
+/// rows of `len` (one head's block of a multi-head activation).
+pub fn gather_cols(x: &[f32], width: usize, start: usize, len: usize) -> Vec<f32> {
+    x.chunks(width).flat_map(|row| row[start..start + len].iter().copied()).collect()
+}
+
+/// Writes rows of `len` values (`src`) into columns `start..start + len` of `out`, a row-major
+/// matrix `width` wide: the inverse of [`gather_cols`].
+pub fn scatter_cols(src: &[f32], out: &mut [f32], width: usize, start: usize, len: usize) {
+    for (row, part) in out.chunks_mut(width).zip(src.chunks(len)) {
+        row[start..start + len].copy_from_slice(part);
     }
 }
 
@@ -408,33 +424,24 @@ mod recurrent_tests {
             }
         }
         let p = ScanParams { a: &a, d: Some(&d), dt_bias: Some(&dt_bias), n_group, head_dim: hd, d_state: ds };
+        // Two calls (2 tokens, then 4) carrying the state, as prefill then decoding does.
         let mut state = vec![0f32; n_head * hd * ds];
-        for t in 0..n {
-            let step = ScanStep {
-                x: &x[t * n_head * hd..(t + 1) * n_head * hd],
-                dt: &dt[t * n_head..(t + 1) * n_head],
-                b: &b[t * n_group * ds..(t + 1) * n_group * ds],
-                c: &c[t * n_group * ds..(t + 1) * n_group * ds],
+        for (start, len) in [(0, 2), (2, 4)] {
+            let seq = ScanSeq {
+                x: &x[start * n_head * hd..(start + len) * n_head * hd],
+                dt: &dt[start * n_head..(start + len) * n_head],
+                b: &b[start * n_group * ds..(start + len) * n_group * ds],
+                c: &c[start * n_group * ds..(start + len) * n_group * ds],
             };
-            let mut y = vec![0f32; n_head * hd];
-            ssm_scan_token(&mut state, step, &p, &mut y);
-            for (k, (g, e)) in y.iter().zip(&expected[t * n_head * hd..]).enumerate() {
-                assert!((g - e).abs() < 1e-5, "token {t} value {k}: {g} != {e}");
+            for h in 0..n_head {
+                let mut y = vec![0f32; len * hd];
+                ssm_scan_head(&mut state[h * hd * ds..(h + 1) * hd * ds], h, seq, &p, &mut y);
+                for (k, (g, e)) in y.chunks(hd).zip(expected[start * n_head * hd..].chunks(n_head * hd)).enumerate() {
+                    for (i, (g, e)) in g.iter().zip(&e[h * hd..(h + 1) * hd]).enumerate() {
+                        assert!((g - e).abs() < 1e-5, "token {} head {h} value {i}: {g} != {e}", start + k);
+                    }
+                }
             }
         }
-    }
-}
-
-/// Columns `start..start + len` of every row of a row-major matrix `width` wide, packed into
-/// rows of `len` (one head's block of a multi-head activation).
-pub fn gather_cols(x: &[f32], width: usize, start: usize, len: usize) -> Vec<f32> {
-    x.chunks(width).flat_map(|row| row[start..start + len].iter().copied()).collect()
-}
-
-/// Writes rows of `len` values (`src`) into columns `start..start + len` of `out`, a row-major
-/// matrix `width` wide: the inverse of [`gather_cols`].
-pub fn scatter_cols(src: &[f32], out: &mut [f32], width: usize, start: usize, len: usize) {
-    for (row, part) in out.chunks_mut(width).zip(src.chunks(len)) {
-        row[start..start + len].copy_from_slice(part);
     }
 }

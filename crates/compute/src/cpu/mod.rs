@@ -541,16 +541,23 @@ impl Backend for CpuBackend {
         };
         let width = n_head * head_dim;
         let mut y = vec![0f32; n * width];
-        // Tokens depend on each other through the state, so they run in order; the work per
-        // token is small (heads x head_dim x d_state multiply-adds).
-        for (t, yt) in y.chunks_mut(width).enumerate() {
-            let step = kernels::ScanStep {
-                x: &inputs.x.data[t * width..(t + 1) * width],
-                dt: &inputs.dt.data[t * n_head..(t + 1) * n_head],
-                b: &inputs.b.data[t * group_width..(t + 1) * group_width],
-                c: &inputs.c.data[t * group_width..(t + 1) * group_width],
-            };
-            kernels::ssm_scan_token(&mut state.data, step, &params, yt);
+        let seq = kernels::ScanSeq { x: &inputs.x.data, dt: &inputs.dt.data, b: &inputs.b.data, c: &inputs.c.data };
+        // Tokens depend on each other through the state, heads do not: one task per head runs
+        // all the tokens, into its own `[n, head_dim]` block, interleaved afterwards.
+        let per_head: Vec<Vec<f32>> = state
+            .data
+            .par_chunks_mut(head_dim * d_state)
+            .enumerate()
+            .map(|(h, s)| {
+                let mut yh = vec![0f32; n * head_dim];
+                kernels::ssm_scan_head(s, h, seq, &params, &mut yh);
+                yh
+            })
+            .collect();
+        for (h, yh) in per_head.iter().enumerate() {
+            for (row, part) in y.chunks_mut(width).zip(yh.chunks(head_dim)) {
+                row[h * head_dim..(h + 1) * head_dim].copy_from_slice(part);
+            }
         }
         Ok(CpuTensor { shape: vec![n, width], data: y })
     }
