@@ -14,7 +14,7 @@ use super::super::iq4::{iq4_xs_scale, KVALUES_IQ4NL};
 use super::super::k_quants::{q3_k_scales, scale_min_k4};
 use super::super::mxfp4::{e8m0_to_f32_half, KVALUES_MXFP4};
 use super::super::qdot::ActRow;
-use super::super::{float, iq4, k_quants, legacy, mxfp4};
+use super::super::{float, k_quants, legacy};
 use super::{SimdDequantize, SimdDot, SimdDot4};
 
 pub(in crate::quant) fn detected() -> bool {
@@ -45,9 +45,54 @@ avx2_dequantizers! {
     deq_q4_k => k_quants::dequantize_q4_k,
     deq_q5_k => k_quants::dequantize_q5_k,
     deq_q6_k => k_quants::dequantize_q6_k,
-    deq_iq4_nl => iq4::dequantize_iq4_nl,
-    deq_iq4_xs => iq4::dequantize_iq4_xs,
-    deq_mxfp4 => mxfp4::dequantize_mxfp4,
+}
+
+/// One 32-value block of a table type: the table values picked by the 32 nibbles at `qs` (byte
+/// `j` gives value `j` from its low nibble and value `j + 16` from its high one), times `d`,
+/// stored at `y[0..32]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lookup_block32(table: __m128i, qs: *const u8, d: f32, y: *mut f32) {
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, _mm_set1_epi8(0x0F)));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)));
+    let dv = _mm256_set1_ps(d);
+    for (half, v) in [(0usize, lo), (16, hi)] {
+        let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+        // `d * value`, one rounding, as the portable decoder (products commute exactly).
+        _mm256_storeu_ps(y.add(half), _mm256_mul_ps(dv, a));
+        _mm256_storeu_ps(y.add(half + 8), _mm256_mul_ps(dv, b));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_iq4_nl(src: &[u8], dst: &mut [f32]) {
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
+        lookup_block32(table, b.as_ptr().add(2), f16_at(b.as_ptr()), y.as_mut_ptr());
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_mxfp4(src: &[u8], dst: &mut [f32]) {
+    let table = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
+    for (b, y) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)) {
+        lookup_block32(table, b.as_ptr().add(1), e8m0_to_f32_half(b[0]), y.as_mut_ptr());
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_iq4_xs(src: &[u8], dst: &mut [f32]) {
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    for (b, y) in src.chunks_exact(136).zip(dst.chunks_exact_mut(256)) {
+        let d = f16_at(b.as_ptr());
+        let scales_h = u16::from_le_bytes([b[2], b[3]]);
+        for ib in 0..8 {
+            let dl = d * (iq4_xs_scale(ib, scales_h, &b[4..8]) - 32) as f32;
+            lookup_block32(table, b.as_ptr().add(8 + 16 * ib), dl, y.as_mut_ptr().add(32 * ib));
+        }
+    }
 }
 
 /// F16 rows with F16C, 8 values at a time. F16C quiets signalling NaNs, so any group holding a
