@@ -70,7 +70,7 @@ impl Checkpoint {
 
 impl<B: Backend> State<B> {
     /// Copies the recurrent tensors and notes the position. The caller stamps it with
-    /// [`WriteLog::stamp`].
+    /// `WriteLog::stamp`, as `Session` does.
     ///
     /// # Errors
     /// The back end cannot read a tensor back.
@@ -90,7 +90,7 @@ impl<B: Backend> State<B> {
     }
 
     /// Puts the recurrent tensors and the position of `cp` back. The caller checks the KV rows
-    /// with [`WriteLog::check`] first.
+    /// with `WriteLog::check` first, as `Session` does.
     ///
     /// # Errors
     /// [`ModelError::Request`] when `cp` was taken from a state of another layout (another
