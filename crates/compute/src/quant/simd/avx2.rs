@@ -40,8 +40,6 @@ avx2_dequantizers! {
     deq_q5_0 => legacy::dequantize_q5_0,
     deq_q5_1 => legacy::dequantize_q5_1,
     deq_q8_0 => legacy::dequantize_q8_0,
-    deq_q2_k => k_quants::dequantize_q2_k,
-    deq_q3_k => k_quants::dequantize_q3_k,
     deq_q4_k => k_quants::dequantize_q4_k,
     deq_q5_k => k_quants::dequantize_q5_k,
     deq_q6_k => k_quants::dequantize_q6_k,
@@ -63,6 +61,68 @@ unsafe fn lookup_block32(table: __m128i, qs: *const u8, d: f32, y: *mut f32) {
         // `d * value`, one rounding, as the portable decoder (products commute exactly).
         _mm256_storeu_ps(y.add(half), _mm256_mul_ps(dv, a));
         _mm256_storeu_ps(y.add(half + 8), _mm256_mul_ps(dv, b));
+    }
+}
+
+/// The low eight bytes of `v`, as signed integers, converted to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn levels8_f32(v: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+}
+
+/// Q2_K in ggml's block order: value `128n + 32j + l` is bits `2j..` of byte `32n + l`, scale
+/// and min of its 16-value group; `dl * q - ml` (multiply, then subtract: the portable order).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q2_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(84).zip(dst.chunks_exact_mut(256)) {
+        let (d, dmin) = (f16_at(b.as_ptr().add(80)), f16_at(b.as_ptr().add(82)));
+        let y = y.as_mut_ptr();
+        for n in 0..2 {
+            for j in 0..4 {
+                for half in 0..2 {
+                    let sc = b[8 * n + 2 * j + half];
+                    let dl = _mm256_set1_ps(d * (sc & 0xF) as f32);
+                    let ml = _mm256_set1_ps(dmin * (sc >> 4) as f32);
+                    let q = _mm_loadu_si128(b.as_ptr().add(16 + 32 * n + 16 * half) as *const __m128i);
+                    let lv = _mm_and_si128(_mm_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)), _mm_set1_epi8(3));
+                    let out = y.add(128 * n + 32 * j + 16 * half);
+                    for (k, v) in [lv, _mm_srli_si128(lv, 8)].into_iter().enumerate() {
+                        let value = _mm256_sub_ps(_mm256_mul_ps(dl, levels8_f32(v)), ml);
+                        _mm256_storeu_ps(out.add(8 * k), value);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K in ggml's block order: low 2 bits as Q2_K, minus 4 where bit `4n + j` of `hmask[l]` is
+/// clear; `dl * q`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q3_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(256)) {
+        let scales = k_quants::q3_k_scales(&b[96..108]);
+        let d = f16_at(b.as_ptr().add(108));
+        let y = y.as_mut_ptr();
+        for n in 0..2 {
+            for j in 0..4 {
+                let bit = _mm_set1_epi8((1u8 << (4 * n + j)) as i8);
+                for half in 0..2 {
+                    let dl = _mm256_set1_ps(d * (scales[8 * n + 2 * j + half] as i32 - 32) as f32);
+                    let q = _mm_loadu_si128(b.as_ptr().add(32 + 32 * n + 16 * half) as *const __m128i);
+                    let low = _mm_and_si128(_mm_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)), _mm_set1_epi8(3));
+                    let hm = _mm_loadu_si128(b.as_ptr().add(16 * half) as *const __m128i);
+                    let set = _mm_cmpeq_epi8(_mm_and_si128(hm, bit), bit);
+                    let minus = _mm_andnot_si128(set, _mm_set1_epi8(4));
+                    let lv = _mm_sub_epi8(low, minus);
+                    let out = y.add(128 * n + 32 * j + 16 * half);
+                    for (k, v) in [lv, _mm_srli_si128(lv, 8)].into_iter().enumerate() {
+                        _mm256_storeu_ps(out.add(8 * k), _mm256_mul_ps(dl, levels8_f32(v)));
+                    }
+                }
+            }
+        }
     }
 }
 
