@@ -356,3 +356,24 @@ fn local_files_are_added_by_copy_or_reference_and_a_broken_one_is_reported_last(
     store.remove("Local-Q8_0").unwrap();
     assert!(src.path().join(&parts[0].0).exists());
 }
+
+#[test]
+fn a_connection_that_keeps_dropping_stops_with_the_partial_kept_then_resumes() {
+    let hub = FakeHub::start();
+    let data = bytes(1 << 20, 11);
+    hub.add_file("o/r", "m-Q8_0.gguf", data.clone(), true);
+    // Every body is cut before its first byte: no progress, so the attempts run out.
+    hub.drop_connections(0, 1000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path());
+    let e = store.pull(&hub_client(&hub, None), &req("o/r", None), &opts(256 << 10), &Quiet).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Interrupted { attempts: 4, .. }), "{msg}");
+    assert!(msg.contains("run the same command again to resume"), "{msg}");
+    let dest = dir.path().join("hub/o/r/m-Q8_0.gguf");
+    assert!(store::partial_path(&dest).exists() && !dest.exists());
+
+    hub.drop_connections(0, 0);
+    let out = store.pull(&hub_client(&hub, None), &req("o/r", None), &opts(256 << 10), &Quiet).unwrap();
+    assert_eq!(sha256(&std::fs::read(&out.files[0]).unwrap()), sha256(&data));
+}
