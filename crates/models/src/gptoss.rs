@@ -252,10 +252,10 @@ mod tests {
             r["prompt"]["ids"].as_array().expect("ids").iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let mut ran = 0;
         for (variant, v) in r["llama_cpp"].as_object().expect("llama_cpp") {
-            let path = dir.join(v["file"].as_str().expect("file"));
-            if !path.exists() {
+            // The compact subset keeps some variants' references without their files.
+            let Some(path) = v["file"].as_str().map(|f| dir.join(f)).filter(|p| p.exists()) else {
                 continue;
-            }
+            };
             let reference = if variant == "f32" { &v["last_logits"] } else { &v["dequant_f32"]["last_logits"] };
             let reference: Vec<f64> =
                 reference.as_array().expect("logits").iter().map(|x| x.as_f64().unwrap()).collect();
