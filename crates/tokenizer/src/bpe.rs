@@ -5,21 +5,23 @@
 //! falls back to the tokens of its single bytes, where those exist.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use crate::fxhash::FxHashMap;
 
 /// Merge ranks, keyed by interned symbol texts so that lookups need no allocation.
 pub(crate) struct BpeRanks {
-    part_ids: HashMap<String, u32>,
-    ranks: HashMap<(u32, u32), u32>,
+    part_ids: FxHashMap<String, u32>,
+    ranks: FxHashMap<(u32, u32), u32>,
 }
 
 impl BpeRanks {
     /// Parses `tokenizer.ggml.merges` (`"left right"`, split at the first space after the first
     /// byte, as llama.cpp does; a line without one merges two empty strings and never applies).
     pub fn new(merges: &[String]) -> BpeRanks {
-        let mut part_ids: HashMap<String, u32> = HashMap::with_capacity(merges.len());
-        let mut ranks = HashMap::with_capacity(merges.len());
-        let intern = |s: &str, part_ids: &mut HashMap<String, u32>| -> u32 {
+        let mut part_ids: FxHashMap<String, u32> = FxHashMap::default();
+        let mut ranks = FxHashMap::default();
+        let intern = |s: &str, part_ids: &mut FxHashMap<String, u32>| -> u32 {
             if let Some(&id) = part_ids.get(s) {
                 return id;
             }
@@ -38,10 +40,13 @@ impl BpeRanks {
         BpeRanks { part_ids, ranks }
     }
 
-    fn rank(&self, left: &str, right: &str) -> Option<u32> {
-        let l = *self.part_ids.get(left)?;
-        let r = *self.part_ids.get(right)?;
-        self.ranks.get(&(l, r)).copied()
+    /// The interned id of a symbol text, if any merge uses it.
+    fn part(&self, text: &str) -> Option<u32> {
+        self.part_ids.get(text).copied()
+    }
+
+    fn rank(&self, left: Option<u32>, right: Option<u32>) -> Option<u32> {
+        self.ranks.get(&(left?, right?)).copied()
     }
 }
 
@@ -49,6 +54,8 @@ impl BpeRanks {
 struct Symbol {
     start: usize,
     len: usize,
+    /// [`BpeRanks::part`] of the symbol's text.
+    part: Option<u32>,
     prev: Option<usize>,
     next: Option<usize>,
 }
@@ -58,7 +65,9 @@ pub(crate) fn merge_word(ranks: &BpeRanks, word: &str, token_id: &dyn Fn(&str) -
     let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
     for (start, c) in word.char_indices() {
         let index = symbols.len();
-        symbols.push(Symbol { start, len: c.len_utf8(), prev: index.checked_sub(1), next: Some(index + 1) });
+        let len = c.len_utf8();
+        let part = ranks.part(&word[start..start + len]);
+        symbols.push(Symbol { start, len, part, prev: index.checked_sub(1), next: Some(index + 1) });
     }
     if let Some(last) = symbols.last_mut() {
         last.next = None;
@@ -68,7 +77,7 @@ pub(crate) fn merge_word(ranks: &BpeRanks, word: &str, token_id: &dyn Fn(&str) -
     let text = |s: &Symbol| &word[s.start..s.start + s.len];
     let push = |queue: &mut BinaryHeap<Reverse<(u32, usize, usize, usize)>>, symbols: &[Symbol], l: usize, r: usize| {
         let (ls, rs) = (&symbols[l], &symbols[r]);
-        if let Some(rank) = ranks.rank(text(ls), text(rs)) {
+        if let Some(rank) = ranks.rank(ls.part, rs.part) {
             queue.push(Reverse((rank, l, r, ls.len + rs.len)));
         }
     };
@@ -82,6 +91,7 @@ pub(crate) fn merge_word(ranks: &BpeRanks, word: &str, token_id: &dyn Fn(&str) -
             continue;
         }
         symbols[l].len += right.len;
+        symbols[l].part = ranks.part(text(&symbols[l]));
         symbols[r].len = 0;
         symbols[l].next = right.next;
         if let Some(n) = right.next {
@@ -121,7 +131,7 @@ mod tests {
     fn merges_lowest_rank_first() {
         let merges: Vec<String> = ["a b", "b c", "ab c"].iter().map(|s| s.to_string()).collect();
         let ranks = BpeRanks::new(&merges);
-        let vocab: HashMap<&str, u32> = [("a", 0), ("b", 1), ("c", 2), ("ab", 3), ("bc", 4), ("abc", 5)].into();
+        let vocab: std::collections::HashMap<&str, u32> = [("a", 0), ("b", 1), ("c", 2), ("ab", 3), ("bc", 4), ("abc", 5)].into();
         let lookup = |s: &str| vocab.get(s).copied();
         let mut out = Vec::new();
         merge_word(&ranks, "abc", &lookup, &mut out);

@@ -29,6 +29,7 @@
 mod bpe;
 mod chat;
 mod error;
+mod fxhash;
 mod pretok;
 mod spm;
 mod stream;

@@ -38,6 +38,26 @@ impl CptClass {
 
 /// Classifies one code point.
 pub(crate) fn classify(c: char) -> CptClass {
+    if c.is_ascii() {
+        return classify_ascii(c as u8);
+    }
+    classify_table(c)
+}
+
+/// The Unicode classes of ASCII, without a table lookup (most text is ASCII).
+fn classify_ascii(b: u8) -> CptClass {
+    let category = match b {
+        b'A'..=b'Z' | b'a'..=b'z' => Category::Letter,
+        b'0'..=b'9' => Category::Number,
+        b' ' => Category::Separator,
+        b'$' | b'+' | b'<' | b'=' | b'>' | b'^' | b'`' | b'|' | b'~' => Category::Symbol,
+        0x21..=0x7E => Category::Punctuation,
+        _ => Category::Control,
+    };
+    CptClass { category, is_whitespace: matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r') }
+}
+
+fn classify_table(c: char) -> CptClass {
     let category = match get_general_category(c) {
         G::UppercaseLetter | G::LowercaseLetter | G::TitlecaseLetter | G::ModifierLetter | G::OtherLetter => {
             Category::Letter
@@ -151,6 +171,13 @@ mod tests {
         }
         assert_eq!(char_to_byte('ŉ'), None);
         assert_eq!(char_to_byte('€'), None);
+    }
+
+    #[test]
+    fn ascii_fast_path_agrees_with_the_table() {
+        for b in 0..128u8 {
+            assert_eq!(classify_ascii(b), classify_table(b as char), "byte {b}");
+        }
     }
 
     #[test]

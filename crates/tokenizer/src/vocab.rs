@@ -4,7 +4,9 @@
 //! then the GGUF keys, then the text-based detection of end-of-generation and fill-in-the-middle
 //! tokens that llama.cpp applies because converters do not record them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use crate::fxhash::FxHashMap;
 
 use crate::TokenizerError;
 
@@ -77,7 +79,7 @@ pub(crate) struct Vocab {
     pub vocab_type: VocabType,
     pub pre: String,
     pub tokens: Vec<TokenData>,
-    pub token_to_id: HashMap<String, u32>,
+    pub token_to_id: FxHashMap<String, u32>,
     pub special: SpecialIds,
     pub add_bos: bool,
     pub add_eos: bool,
@@ -143,7 +145,7 @@ impl Vocab {
         };
 
         let mut tokens = Vec::with_capacity(n_vocab);
-        let mut token_to_id = HashMap::with_capacity(n_vocab);
+        let mut token_to_id = FxHashMap::with_capacity_and_hasher(n_vocab, Default::default());
         for (i, text) in texts.iter().enumerate() {
             let id = i as u32;
             // llama.cpp renames empty tokens so that every token has a distinct, non-empty text.
