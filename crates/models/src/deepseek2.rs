@@ -393,20 +393,93 @@ impl<B: Backend> Architecture<B> for Deepseek2<B> {
 
 #[cfg(test)]
 mod tests {
-    //! Files from older converters store the latent expansion as one `attn_kv_b`. No fixture
-    //! has that layout, so this test writes one: the `deepseek_v2` f32 fixture with `attn_k_b`
-    //! and `attn_v_b` merged back into `attn_kv_b` (exactly the inverse of the converter's
-    //! split) and the `*_mla` keys removed, and checks the expanded (non-absorbed) path against
-    //! the same transformers logits the fixture test uses.
+    //! Two layouts no fixture covers, each checked against transformers:
+    //! - files from older converters store the latent expansion as one `attn_kv_b`: the
+    //!   `deepseek_v2` f32 fixture is rewritten with `attn_k_b` and `attn_v_b` merged back
+    //!   (exactly the inverse of the converter's split) and the `*_mla` keys removed, and the
+    //!   expanded (non-absorbed) path must give the fixture's transformers logits;
+    //! - YaRN rope scaling with DeepSeek's mscale: the `deepseek_v3` f32 fixture gets the keys
+    //!   llama.cpp's converter writes for it, and must give the logits transformers computed
+    //!   with the same weights and scaling (`tests/data/deepseek2_yarn`, made by its
+    //!   make_ref.py).
 
-    use crate::refcheck::{compare, fixture_root, F32_MAX_ABS, F32_REL_L2};
+    use crate::refcheck::{compare, fixture_root, greedy, F32_MAX_ABS, F32_REL_L2};
     use crate::{load, LoadOptions, Outputs};
     use gguf::{GgmlType, GgufModel, GgufWriter, Value};
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::sync::Arc;
+
+    /// A tensor to write: name, type, GGUF shape (ne0 first), bytes.
+    type TensorData = (String, GgmlType, Vec<u64>, Vec<u8>);
 
     fn f32s(bytes: &[u8]) -> Vec<f32> {
         bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    /// The fixture directory `name`, or `None` (printed) when this fixture set lacks its f32 file.
+    fn fixture_dir(name: &str) -> Option<PathBuf> {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let (root, full) = fixture_root(&repo);
+        println!(
+            "fixture set: {} ({})",
+            root.display(),
+            if full { "full shared set" } else { "compact committed subset" }
+        );
+        let dir = root.join(name);
+        if dir.join("model-f32.gguf").exists() {
+            Some(dir)
+        } else {
+            println!("{name} f32 is not in this fixture set: check NOT run");
+            None
+        }
+    }
+
+    /// Writes `src`'s metadata (without the keys `drop_key` selects, plus `keys`) and `tensors`
+    /// to a temporary file and opens it.
+    fn rewrite(
+        src: &GgufModel,
+        drop_key: impl Fn(&str) -> bool,
+        keys: &[(String, Value)],
+        tensors: &[TensorData],
+        tag: &str,
+    ) -> Arc<GgufModel> {
+        let mut w = GgufWriter::new();
+        for (k, val) in src.metadata().iter() {
+            if !drop_key(k) {
+                w.set(k, val.clone());
+            }
+        }
+        for (k, val) in keys {
+            w.set(k, val.clone());
+        }
+        for (name, dtype, shape, _) in tensors {
+            w.add_tensor(name, *dtype, shape).unwrap();
+        }
+        let path = std::env::temp_dir().join(format!("diskformer-deepseek2-{tag}-{}.gguf", std::process::id()));
+        let mut sink = w.create(&path).unwrap();
+        for (_, _, _, bytes) in tensors {
+            sink.write_data(bytes).unwrap();
+        }
+        sink.finish().unwrap();
+        let model = Arc::new(GgufModel::open(&path).unwrap());
+        std::fs::remove_file(&path).ok();
+        model
+    }
+
+    fn read_json(path: &Path) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn ids(v: &serde_json::Value) -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    }
+
+    fn rows(v: &serde_json::Value) -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+            .collect()
     }
 
     /// `attn_kv_b` `[n_head * (nope + v), kv_lora]` from `attn_k_b` `[n_head, kv_lora, nope]`
@@ -426,38 +499,21 @@ mod tests {
 
     #[test]
     fn legacy_kv_b_layout_matches_transformers() {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let (root, full) = fixture_root(&repo);
-        let dir = root.join("deepseek_v2");
-        println!(
-            "fixture set: {} ({})",
-            root.display(),
-            if full { "full shared set" } else { "compact committed subset" }
-        );
-        if !dir.join("model-f32.gguf").exists() {
-            println!("deepseek_v2 f32 is not in this fixture set: legacy attn_kv_b check NOT run");
-            return;
-        }
+        let Some(dir) = fixture_dir("deepseek_v2") else { return };
         let src = GgufModel::open(dir.join("model-f32.gguf")).unwrap();
         let md = src.metadata();
-        let arch = "deepseek2";
-        let key = |t: &str| format!("{arch}.{t}");
+        let key = |t: &str| format!("deepseek2.{t}");
         let n_head = md.u32(&key("attention.head_count")).unwrap() as usize;
         let kv_lora = md.u32(&key("attention.kv_lora_rank")).unwrap() as usize;
         let qk_head = md.u32(&key("attention.key_length_mla")).unwrap() as usize;
         let v = md.u32(&key("attention.value_length_mla")).unwrap() as usize;
         let nope = qk_head - md.u32(&key("rope.dimension_count")).unwrap() as usize;
-
-        let mut w = GgufWriter::new();
-        for (k, val) in md.iter() {
-            if !k.ends_with("_mla") {
-                w.set(k, val.clone());
-            }
-        }
-        w.set(&key("attention.key_length"), Value::U32(qk_head as u32));
-        w.set(&key("attention.value_length"), Value::U32(v as u32));
-        w.set(&key("attention.head_count_kv"), Value::U32(n_head as u32));
-        let mut tensors: Vec<(String, Vec<u64>, Vec<u8>)> = Vec::new();
+        let keys = [
+            (key("attention.key_length"), Value::U32(qk_head as u32)),
+            (key("attention.value_length"), Value::U32(v as u32)),
+            (key("attention.head_count_kv"), Value::U32(n_head as u32)),
+        ];
+        let mut tensors: Vec<TensorData> = Vec::new();
         for t in src.tensors() {
             let name = t.info.name.clone();
             if name.ends_with("attn_v_b.weight") {
@@ -468,43 +524,53 @@ mod tests {
                 let v_b = src.tensor(&format!("{prefix}attn_v_b.weight")).unwrap();
                 let kv_b = merge_kv_b(&f32s(t.data), &f32s(v_b.data), n_head, kv_lora, nope, v);
                 let bytes = kv_b.iter().flat_map(|x| x.to_le_bytes()).collect();
-                tensors.push((
-                    format!("{prefix}attn_kv_b.weight"),
-                    vec![kv_lora as u64, (n_head * (nope + v)) as u64],
-                    bytes,
-                ));
+                let shape = vec![kv_lora as u64, (n_head * (nope + v)) as u64];
+                tensors.push((format!("{prefix}attn_kv_b.weight"), GgmlType::F32, shape, bytes));
             } else {
-                tensors.push((name, t.info.shape.clone(), t.data.to_vec()));
+                tensors.push((name, t.info.dtype, t.info.shape.clone(), t.data.to_vec()));
             }
         }
-        for (name, shape, _) in &tensors {
-            let dtype = src.tensor_opt(name).map(|t| t.info.dtype).unwrap_or(GgmlType::F32);
-            w.add_tensor(name, dtype, shape).unwrap();
-        }
-        let path = std::env::temp_dir().join(format!("diskformer-deepseek2-legacy-{}.gguf", std::process::id()));
-        let mut sink = w.create(&path).unwrap();
-        for (_, _, bytes) in &tensors {
-            sink.write_data(bytes).unwrap();
-        }
-        sink.finish().unwrap();
-        let legacy = Arc::new(GgufModel::open(&path).unwrap());
-        std::fs::remove_file(&path).ok();
+        let legacy = rewrite(&src, |k| k.ends_with("_mla"), &keys, &tensors, "legacy");
         assert!(legacy.tensor_opt("blk.0.attn_kv_b.weight").is_some());
 
-        let reference: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("ref.json")).unwrap()).unwrap();
-        let prompt: Vec<u32> =
-            reference["prompt"]["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-        let expected: Vec<f64> = reference["hf"]["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
-            .collect();
+        let reference = read_json(&dir.join("ref.json"));
         let mut runner = load(&legacy, &LoadOptions::default()).unwrap();
-        let logits = runner.eval(&prompt, Outputs::All).unwrap();
-        let (max_abs, rel) = compare(&logits, &expected);
+        let logits = runner.eval(&ids(&reference["prompt"]["ids"]), Outputs::All).unwrap();
+        let (max_abs, rel) = compare(&logits, &rows(&reference["hf"]["logits"]));
         println!("legacy attn_kv_b deepseek_v2 vs transformers: max_abs {max_abs:.1e} rel_l2 {rel:.1e}");
         assert!(max_abs <= F32_MAX_ABS && rel <= F32_REL_L2, "max_abs {max_abs} rel_l2 {rel}");
+    }
+
+    #[test]
+    fn yarn_matches_transformers() {
+        let Some(dir) = fixture_dir("deepseek_v3") else { return };
+        let reference = read_json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek2_yarn/ref.json"));
+        let src = GgufModel::open(dir.join("model-f32.gguf")).unwrap();
+        let keys: Vec<(String, Value)> = reference["gguf_keys"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| {
+                let value = match (k.rsplit('.').next().unwrap(), v) {
+                    ("type", v) => Value::String(v.as_str().unwrap().to_string()),
+                    ("original_context_length", v) => Value::U32(v.as_u64().unwrap() as u32),
+                    (_, v) => Value::F32(v.as_f64().unwrap() as f32),
+                };
+                (k.clone(), value)
+            })
+            .collect();
+        let tensors: Vec<TensorData> =
+            src.tensors().map(|t| (t.info.name.clone(), t.info.dtype, t.info.shape.clone(), t.data.to_vec())).collect();
+        let scaled = rewrite(&src, |_| false, &keys, &tensors, "yarn");
+
+        let mut runner = load(&scaled, &LoadOptions::default()).unwrap();
+        let prompt = ids(&reference["prompt_ids"]);
+        let logits = runner.eval(&prompt, Outputs::All).unwrap();
+        let (max_abs, rel) = compare(&logits, &rows(&reference["logits"]));
+        let expected_greedy = ids(&reference["greedy"]);
+        let ours = greedy(runner.as_mut(), &prompt, expected_greedy.len()).unwrap();
+        println!("deepseek_v3 under YaRN vs transformers: max_abs {max_abs:.1e} rel_l2 {rel:.1e}, greedy {ours:?}");
+        assert!(max_abs <= F32_MAX_ABS && rel <= F32_REL_L2, "max_abs {max_abs} rel_l2 {rel}");
+        assert_eq!(ours, expected_greedy);
     }
 }
