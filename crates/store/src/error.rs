@@ -230,7 +230,8 @@ pub enum StoreError {
         why: String,
     },
     /// A local file given to `models add` that is not a readable GGUF.
-    #[error("{path} is not a usable GGUF model: {source}")]
+    // The reader's errors already name the file.
+    #[error("not a usable GGUF model: {source}")]
     NotGguf {
         /// The file.
         path: PathBuf,

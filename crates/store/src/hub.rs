@@ -475,13 +475,17 @@ fn transient_or_offline(url: &str, e: &reqwest::Error) -> FetchFailure {
     FetchFailure::Transient(format!("{} ({url})", error_chain(e)))
 }
 
-/// reqwest's top-level message is often just "error sending request"; the cause says why.
+/// reqwest's top-level message is often just "error sending request for url (...)", which the
+/// caller already says; the causes say why.
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
+    let top = e.to_string();
+    let mut msg = if top.starts_with("error sending request") && e.source().is_some() { String::new() } else { top };
     let mut cur = e.source();
     while let Some(c) = cur {
         let s = c.to_string();
-        if !msg.contains(&s) {
+        if msg.is_empty() {
+            msg = s;
+        } else if !msg.contains(&s) {
             msg.push_str(": ");
             msg.push_str(&s);
         }
