@@ -74,6 +74,9 @@ fn prefill_tiles_give_the_same_bits_as_one_token_at_a_time() {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::IQ4_XS,
     ] {
         let (n_out, k, n_tok) = (45, 512, 37);
         let w = random_rows(dtype, n_out, k, &mut rng);

@@ -212,6 +212,9 @@ pub(super) fn kernel4(dtype: GgmlType) -> Option<SimdDot4> {
         Q4_K => dot4_q4_k,
         Q5_K => dot4_q5_k,
         Q6_K => dot4_q6_k,
+        Q2_K => dot4_q2_k,
+        Q3_K => dot4_q3_k,
+        IQ4_XS => dot4_iq4_xs,
         _ => return None,
     })
 }
@@ -259,19 +262,13 @@ unsafe fn load256(p: *const i8) -> __m256i {
 }
 
 /// Unsigned u8 levels times signed i8 quants, pairs summed to i16 then multiplied by `scale`
-/// (per i16 lane) and summed to i32.
+/// (per i16 lane) and summed to i32. Signed levels go in as `|w|` with `x * sign(w)`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn madd_u8_i8(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale)
 }
 
-/// Signed levels times signed quants: `|w| * (x * sign(w))`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn madd_i8_i8(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
-    madd_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w), scale)
-}
 
 /// The 32 nibbles of 16 bytes in ggml's order: low nibbles (values 0..16), then high ones.
 #[inline]
@@ -444,59 +441,86 @@ fn superblocks(w: &[u8], block_bytes: usize, x: &ActRow<'_>) -> usize {
     nb
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q2_k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let nb = superblocks(w, 84, &x);
+    dot_q2_k_n::<1>(w, &[x])[0]
+}
+
+unsafe fn dot4_q2_k(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+    dot_q2_k_n::<4>(w, xs)
+}
+
+/// Q2_K with `N` activation rows; the weights are unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N] {
+    let mut nb = 0;
+    for x in xs {
+        nb = superblocks(w, 84, x);
+    }
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_min = 0.0f32;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_min = [0.0f32; N];
     for ib in 0..nb {
         let b = w.as_ptr().add(ib * 84);
         let sc = std::slice::from_raw_parts(b, 16);
-        let xq = x.qs.as_ptr().add(ib * 256);
-        let bsums = &x.sums[ib * 16..ib * 16 + 16];
-        let dx = x.d[ib];
-        let mut summ = 0i32;
-        for g in 0..16 {
-            summ += (sc[g] >> 4) as i32 * bsums[g] as i32;
-        }
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); N];
         for n in 0..2 {
             let q = _mm256_loadu_si256(b.add(16 + 32 * n) as *const __m256i);
             for j in 0..4 {
                 let lv = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)), m3);
                 let g = 8 * n + 2 * j;
                 let s = scales_2x16((sc[g] & 0xF) as i32, (sc[g + 1] & 0xF) as i32);
-                let xv = load256(xq.add(128 * n + 32 * j));
-                sumi = _mm256_add_epi32(sumi, madd_u8_i8(lv, xv, s));
+                for i in 0..N {
+                    let xv = load256(xs[i].qs.as_ptr().add(ib * 256 + 128 * n + 32 * j));
+                    sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(lv, xv, s));
+                }
             }
         }
-        let d = f16_at(b.add(80)) * dx;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        acc_min += f16_at(b.add(82)) * dx * summ as f32;
+        let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
+        for i in 0..N {
+            let x = &xs[i];
+            let bsums = &x.sums[ib * 16..ib * 16 + 16];
+            let mut summ = 0i32;
+            for g in 0..16 {
+                summ += (sc[g] >> 4) as i32 * bsums[g] as i32;
+            }
+            let dx = x.d[ib];
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
+            acc_min[i] += dmin * dx * summ as f32;
+        }
     }
-    hsum_f32x8(acc) - acc_min
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = hsum_f32x8(acc[i]) - acc_min[i];
+    }
+    out
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q3_k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let nb = superblocks(w, 110, &x);
+    dot_q3_k_n::<1>(w, &[x])[0]
+}
+
+unsafe fn dot4_q3_k(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+    dot_q3_k_n::<4>(w, xs)
+}
+
+/// Q3_K with `N` activation rows; the weights are unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N] {
+    let mut nb = 0;
+    for x in xs {
+        nb = superblocks(w, 110, x);
+    }
     let (m3, m1) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
         let b = w.as_ptr().add(ib * 110);
         let scales = q3_k_scales(std::slice::from_raw_parts(b.add(96), 12));
-        let xq = x.qs.as_ptr().add(ib * 256);
-        let bsums = &x.sums[ib * 16..ib * 16 + 16];
-        // Levels are stored +4 (0..8) below; take 4 * sum(x) back out per sub-block.
-        let mut offset = 0i32;
         let mut sc = [0i32; 16];
         for g in 0..16 {
             sc[g] = scales[g] as i32 - 32;
-            offset += sc[g] * 4 * bsums[g] as i32;
         }
         let hm = _mm256_loadu_si256(b as *const __m256i);
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); N];
         for n in 0..2 {
             let q = _mm256_loadu_si256(b.add(32 + 32 * n) as *const __m256i);
             for j in 0..4 {
@@ -505,15 +529,31 @@ unsafe fn dot_q3_k(w: &[u8], x: ActRow<'_>) -> f32 {
                 let hbit = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * n + j) as i32)), m1);
                 let lv = _mm256_or_si256(low, _mm256_slli_epi16(hbit, 2));
                 let g = 8 * n + 2 * j;
-                let xv = load256(xq.add(128 * n + 32 * j));
-                sumi = _mm256_add_epi32(sumi, madd_u8_i8(lv, xv, scales_2x16(sc[g], sc[g + 1])));
+                let s = scales_2x16(sc[g], sc[g + 1]);
+                for i in 0..N {
+                    let xv = load256(xs[i].qs.as_ptr().add(ib * 256 + 128 * n + 32 * j));
+                    sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(lv, xv, s));
+                }
             }
         }
-        let d = f16_at(b.add(108)) * x.d[ib];
-        let total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+        let d = f16_at(b.add(108));
+        for i in 0..N {
+            let x = &xs[i];
+            // Levels are stored +4 (0..8) above; take 4 * sum(x) back out per sub-block.
+            let bsums = &x.sums[ib * 16..ib * 16 + 16];
+            let mut offset = 0i32;
+            for g in 0..16 {
+                offset += sc[g] * 4 * bsums[g] as i32;
+            }
+            let total = _mm256_sub_epi32(sumi[i], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[ib]), _mm256_cvtepi32_ps(total), acc[i]);
+        }
     }
-    hsum_f32x8(acc)
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = hsum_f32x8(acc[i]);
+    }
+    out
 }
 
 unsafe fn dot_q4_k(w: &[u8], x: ActRow<'_>) -> f32 {
@@ -656,24 +696,45 @@ unsafe fn dot_q6_k_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N]
     out
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq4_xs(w: &[u8], x: ActRow<'_>) -> f32 {
-    let nb = superblocks(w, 136, &x);
+    dot_iq4_xs_n::<1>(w, &[x])[0]
+}
+
+unsafe fn dot4_iq4_xs(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
+    dot_iq4_xs_n::<4>(w, xs)
+}
+
+/// IQ4_XS with `N` activation rows; the weights are unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_xs_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N] {
+    let mut nb = 0;
+    for x in xs {
+        nb = superblocks(w, 136, x);
+    }
     let table = table16(&KVALUES_IQ4NL);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
         let b = w.as_ptr().add(ib * 136);
         let scales_h = (b.add(2) as *const u16).read_unaligned();
         let scales_l = std::slice::from_raw_parts(b.add(4), 4);
-        let xq = x.qs.as_ptr().add(ib * 256);
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); N];
         for sb in 0..8 {
             let lv = _mm256_shuffle_epi8(table, nibbles32(b.add(8 + 16 * sb)));
+            let lv_abs = _mm256_sign_epi8(lv, lv);
             let s = _mm256_set1_epi16((iq4_xs_scale(sb, scales_h, scales_l) - 32) as i16);
-            sumi = _mm256_add_epi32(sumi, madd_i8_i8(lv, load256(xq.add(32 * sb)), s));
+            for i in 0..N {
+                let xv = load256(xs[i].qs.as_ptr().add(ib * 256 + 32 * sb));
+                sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(lv_abs, _mm256_sign_epi8(xv, lv), s));
+            }
         }
-        let d = f16_at(b) * x.d[ib];
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        let d = f16_at(b);
+        for i in 0..N {
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * xs[i].d[ib]), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
+        }
     }
-    hsum_f32x8(acc)
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = hsum_f32x8(acc[i]);
+    }
+    out
 }
