@@ -52,6 +52,22 @@ impl RepoId {
         Ok(RepoId(s.to_string()))
     }
 
+    /// As [`RepoId::parse`], also taking a repo's web address (`https://huggingface.co/o/r`,
+    /// `hf.co/o/r/tree/main`), which users paste from a browser.
+    ///
+    /// # Errors
+    /// [`StoreError::BadRepoId`].
+    pub fn from_user(s: &str) -> Result<RepoId> {
+        let t = s.trim().trim_end_matches('/');
+        let rest = t.strip_prefix("https://").or_else(|| t.strip_prefix("http://")).unwrap_or(t);
+        let is_address = rest.len() != t.len() || rest.starts_with("huggingface.co/") || rest.starts_with("hf.co/");
+        if !is_address {
+            return RepoId::parse(t);
+        }
+        let segs: Vec<&str> = rest.split('/').skip(1).take(2).collect();
+        RepoId::parse(&segs.join("/")).map_err(|_| StoreError::BadRepoId { repo: s.to_string() })
+    }
+
     /// The id as written.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -608,6 +624,11 @@ mod tests {
         assert!(RepoId::parse("gpt2").is_ok());
         for bad in ["", "a/b/c", "a//b", "../x", "a/b c", "a/.."] {
             assert!(RepoId::parse(bad).is_err(), "{bad:?}");
+        }
+        for url in
+            ["https://huggingface.co/Qwen/Qwen3-8B-GGUF", "hf.co/Qwen/Qwen3-8B-GGUF/tree/main", "Qwen/Qwen3-8B-GGUF"]
+        {
+            assert_eq!(RepoId::from_user(url).unwrap().as_str(), "Qwen/Qwen3-8B-GGUF", "{url}");
         }
         let hub = Hub::new(HubConfig { endpoint: "http://127.0.0.1:9".into(), ..HubConfig::new() }).unwrap();
         let repo = RepoId::parse("o/r").unwrap();

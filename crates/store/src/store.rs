@@ -126,11 +126,13 @@ impl Store {
         opts: &DownloadOptions,
         obs: &dyn PullObserver,
     ) -> Result<PullOutcome> {
-        let (repo_str, want) = match (&req.want, req.repo.split_once(':')) {
+        // `owner/repo:QUANT`, but not the colon of `https://`.
+        let tag_split = req.repo.rsplit_once(':').filter(|(_, q)| !q.contains('/'));
+        let (repo_str, want) = match (&req.want, tag_split) {
             (Want::Default, Some((r, q))) => (r.to_string(), Want::parse(Some(q))),
             _ => (req.repo.clone(), req.want.clone()),
         };
-        let repo = RepoId::parse(&repo_str)?;
+        let repo = RepoId::from_user(&repo_str)?;
         let revision = req.revision.as_str();
         let (listing, Selection { paths, tag }) = match &want {
             Want::File(_) => (None, select(repo.as_str(), revision, &[], &want)?),
