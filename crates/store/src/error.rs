@@ -262,6 +262,13 @@ pub(crate) fn io_err(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnc
 }
 
 /// True when an I/O error means the file system is full (ENOSPC or EDQUOT).
+#[cfg(unix)]
 pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// True when an I/O error means the file system is full.
+#[cfg(not(unix))]
+pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull
 }
