@@ -272,3 +272,16 @@ pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
 pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::StorageFull
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    #[test]
+    fn a_full_device_reads_as_disk_full() {
+        use std::io::Write;
+        // /dev/full answers every write with ENOSPC.
+        let mut f = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let e = f.write_all(&[0u8; 4096]).and_then(|_| f.flush()).unwrap_err();
+        assert!(super::is_disk_full(&e), "{e}");
+        assert!(!super::is_disk_full(&std::io::Error::from(std::io::ErrorKind::PermissionDenied)));
+    }
+}
