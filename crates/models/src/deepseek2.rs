@@ -401,7 +401,10 @@ mod tests {
     //! - YaRN rope scaling with DeepSeek's mscale: the `deepseek_v3` f32 fixture gets the keys
     //!   llama.cpp's converter writes for it, and must give the logits transformers computed
     //!   with the same weights and scaling (`tests/data/deepseek2_yarn`, made by its
-    //!   make_ref.py).
+    //!   make_ref.py);
+    //! - lite models without `q_lora_rank` (one `attn_q`): the `deepseek_v2` f32 fixture with its
+    //!   low-rank q replaced by generated `attn_q` weights, against transformers on the same
+    //!   weights (`tests/data/deepseek2_lite`).
 
     use crate::refcheck::{compare, fixture_root, greedy, F32_MAX_ABS, F32_REL_L2};
     use crate::{load, LoadOptions, Outputs};
@@ -570,6 +573,61 @@ mod tests {
         let expected_greedy = ids(&reference["greedy"]);
         let ours = greedy(runner.as_mut(), &prompt, expected_greedy.len()).unwrap();
         println!("deepseek_v3 under YaRN vs transformers: max_abs {max_abs:.1e} rel_l2 {rel:.1e}, greedy {ours:?}");
+        assert!(max_abs <= F32_MAX_ABS && rel <= F32_REL_L2, "max_abs {max_abs} rel_l2 {rel}");
+        assert_eq!(ours, expected_greedy);
+    }
+
+    /// The generated `attn_q` of the lite check, `[rows, cols]` of `layer`: uniform in
+    /// ±1/sqrt(cols) from a multiplicative hash (tests/data/deepseek2_lite/make_ref.py's
+    /// `q_weight`, same f64 operations).
+    fn lite_q_weight(layer: usize, rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|idx| {
+                let i = (layer * rows * cols + idx) as u64;
+                let u = (i * 2654435761 % 4294967296) as f64 / 4294967296.0;
+                ((u - 0.5) * (2.0 / (cols as f64).sqrt())) as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lite_query_matches_transformers() {
+        let Some(dir) = fixture_dir("deepseek_v2") else { return };
+        let reference = read_json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/deepseek2_lite/ref.json"));
+        let src = GgufModel::open(dir.join("model-f32.gguf")).unwrap();
+        let md = src.metadata();
+        let n_embd = md.u32("deepseek2.embedding_length").unwrap() as usize;
+        let q_rows = md.u32("deepseek2.attention.head_count").unwrap() as usize
+            * md.u32("deepseek2.attention.key_length_mla").unwrap() as usize;
+        let mut tensors: Vec<TensorData> = Vec::new();
+        for t in src.tensors() {
+            let name = t.info.name.clone();
+            if name.contains("attn_q_a") {
+                continue;
+            }
+            if let Some(prefix) = name.strip_suffix("attn_q_b.weight") {
+                let layer: usize = prefix.trim_start_matches("blk.").trim_end_matches('.').parse().unwrap();
+                let bytes = lite_q_weight(layer, q_rows, n_embd).iter().flat_map(|x| x.to_le_bytes()).collect();
+                tensors.push((
+                    format!("{prefix}attn_q.weight"),
+                    GgmlType::F32,
+                    vec![n_embd as u64, q_rows as u64],
+                    bytes,
+                ));
+            } else {
+                tensors.push((name, t.info.dtype, t.info.shape.clone(), t.data.to_vec()));
+            }
+        }
+        let lite = rewrite(&src, |k| k.ends_with("q_lora_rank"), &[], &tensors, "lite");
+        assert!(lite.tensor_opt("blk.0.attn_q.weight").is_some() && lite.tensor_opt("blk.0.attn_q_a.weight").is_none());
+
+        let mut runner = load(&lite, &LoadOptions::default()).unwrap();
+        let prompt = ids(&reference["prompt_ids"]);
+        let logits = runner.eval(&prompt, Outputs::All).unwrap();
+        let (max_abs, rel) = compare(&logits, &rows(&reference["logits"]));
+        let expected_greedy = ids(&reference["greedy"]);
+        let ours = greedy(runner.as_mut(), &prompt, expected_greedy.len()).unwrap();
+        println!("lite deepseek_v2 (attn_q) vs transformers: max_abs {max_abs:.1e} rel_l2 {rel:.1e}, greedy {ours:?}");
         assert!(max_abs <= F32_MAX_ABS && rel <= F32_REL_L2, "max_abs {max_abs} rel_l2 {rel}");
         assert_eq!(ours, expected_greedy);
     }

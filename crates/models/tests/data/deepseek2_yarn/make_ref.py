@@ -50,9 +50,10 @@ def state_dict(path, cfg):
         a, m = q + "self_attn.", q + "mlp."
         sd[q + "input_layernorm.weight"] = t[p + "attn_norm.weight"]
         sd[q + "post_attention_layernorm.weight"] = t[p + "ffn_norm.weight"]
-        sd[a + "q_a_proj.weight"] = t[p + "attn_q_a.weight"]
-        sd[a + "q_a_layernorm.weight"] = t[p + "attn_q_a_norm.weight"]
-        sd[a + "q_b_proj.weight"] = t[p + "attn_q_b.weight"]
+        if p + "attn_q_a.weight" in t:
+            sd[a + "q_a_proj.weight"] = t[p + "attn_q_a.weight"]
+            sd[a + "q_a_layernorm.weight"] = t[p + "attn_q_a_norm.weight"]
+            sd[a + "q_b_proj.weight"] = t[p + "attn_q_b.weight"]
         sd[a + "kv_a_proj_with_mqa.weight"] = t[p + "attn_kv_a_mqa.weight"]
         sd[a + "kv_a_layernorm.weight"] = t[p + "attn_kv_a_norm.weight"]
         k_b = t[p + "attn_k_b.weight"]  # [n_head, kv_lora, nope] (the converter transposed it)
@@ -62,7 +63,8 @@ def state_dict(path, cfg):
         sd[a + "o_proj.weight"] = t[p + "attn_output.weight"]
         if p + "ffn_gate_inp.weight" in t:
             sd[m + "gate.weight"] = t[p + "ffn_gate_inp.weight"]
-            sd[m + "gate.e_score_correction_bias"] = t[p + "exp_probs_b.bias"]
+            if p + "exp_probs_b.bias" in t:
+                sd[m + "gate.e_score_correction_bias"] = t[p + "exp_probs_b.bias"]
             sd[m + "experts.gate_up_proj"] = torch.cat([t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"]], dim=1)
             sd[m + "experts.down_proj"] = t[p + "ffn_down_exps.weight"]
             for w in ("gate", "up", "down"):
