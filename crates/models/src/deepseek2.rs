@@ -392,7 +392,7 @@ impl<B: Backend> Architecture<B> for Deepseek2<B> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! Two layouts no fixture covers, each checked against transformers:
     //! - files from older converters store the latent expansion as one `attn_kv_b`: the
     //!   `deepseek_v2` f32 fixture is rewritten with `attn_k_b` and `attn_v_b` merged back
@@ -413,14 +413,14 @@ mod tests {
     use std::sync::Arc;
 
     /// A tensor to write: name, type, GGUF shape (ne0 first), bytes.
-    type TensorData = (String, GgmlType, Vec<u64>, Vec<u8>);
+    pub(crate) type TensorData = (String, GgmlType, Vec<u64>, Vec<u8>);
 
     fn f32s(bytes: &[u8]) -> Vec<f32> {
         bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 
     /// The fixture directory `name`, or `None` (printed) when this fixture set lacks its f32 file.
-    fn fixture_dir(name: &str) -> Option<PathBuf> {
+    pub(crate) fn fixture_dir(name: &str) -> Option<PathBuf> {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let (root, full) = fixture_root(&repo);
         println!(
@@ -439,7 +439,7 @@ mod tests {
 
     /// Writes `src`'s metadata (without the keys `drop_key` selects, plus `keys`) and `tensors`
     /// to a temporary file and opens it.
-    fn rewrite(
+    pub(crate) fn rewrite(
         src: &GgufModel,
         drop_key: impl Fn(&str) -> bool,
         keys: &[(String, Value)],
@@ -469,15 +469,15 @@ mod tests {
         model
     }
 
-    fn read_json(path: &Path) -> serde_json::Value {
+    pub(crate) fn read_json(path: &Path) -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
-    fn ids(v: &serde_json::Value) -> Vec<u32> {
+    pub(crate) fn ids(v: &serde_json::Value) -> Vec<u32> {
         v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
     }
 
-    fn rows(v: &serde_json::Value) -> Vec<f64> {
+    pub(crate) fn rows(v: &serde_json::Value) -> Vec<f64> {
         v.as_array()
             .unwrap()
             .iter()

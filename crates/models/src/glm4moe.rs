@@ -50,3 +50,48 @@ pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<MoeDecoder<B>
     };
     MoeDecoder::load(ld, hp, &spec)
 }
+
+#[cfg(test)]
+mod tests {
+    //! GLM-4.5 files end with next-token-prediction blocks that inference must skip. The
+    //! `glm4_moe` fixture has none, so this test appends one (a copy of the last block plus an
+    //! `nextn.eh_proj`, `block_count` + 1, `nextn_predict_layers` 1): the logits must stay the
+    //! transformers logits of the fixture.
+
+    use crate::deepseek2::tests::{fixture_dir, ids, read_json, rewrite, rows, TensorData};
+    use crate::refcheck::{compare, F32_MAX_ABS, F32_REL_L2};
+    use crate::{load, LoadOptions, Outputs};
+    use gguf::{GgmlType, GgufModel, Value};
+
+    #[test]
+    fn next_token_prediction_layers_are_skipped() {
+        let Some(dir) = fixture_dir("glm4_moe") else { return };
+        let src = GgufModel::open(dir.join("model-f32.gguf")).unwrap();
+        let n_block = src.metadata().u32("glm4moe.block_count").unwrap() as usize;
+        let n_embd = src.metadata().u32("glm4moe.embedding_length").unwrap() as u64;
+        let last = format!("blk.{}.", n_block - 1);
+        let extra = format!("blk.{n_block}.");
+        let mut tensors: Vec<TensorData> =
+            src.tensors().map(|t| (t.info.name.clone(), t.info.dtype, t.info.shape.clone(), t.data.to_vec())).collect();
+        let copies: Vec<TensorData> = tensors
+            .iter()
+            .filter(|t| t.0.starts_with(&last))
+            .map(|(name, dtype, shape, bytes)| (name.replacen(&last, &extra, 1), *dtype, shape.clone(), bytes.clone()))
+            .collect();
+        tensors.extend(copies);
+        let eh_proj: Vec<u8> = (0..2 * n_embd * n_embd).flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes()).collect();
+        tensors.push((format!("{extra}nextn.eh_proj.weight"), GgmlType::F32, vec![2 * n_embd, n_embd], eh_proj));
+        let keys = [
+            ("glm4moe.block_count".to_string(), Value::U32(n_block as u32 + 1)),
+            ("glm4moe.nextn_predict_layers".to_string(), Value::U32(1)),
+        ];
+        let with_mtp = rewrite(&src, |_| false, &keys, &tensors, "glm4moe-nextn");
+
+        let reference = read_json(&dir.join("ref.json"));
+        let mut runner = load(&with_mtp, &LoadOptions::default()).unwrap();
+        let logits = runner.eval(&ids(&reference["prompt"]["ids"]), Outputs::All).unwrap();
+        let (max_abs, rel) = compare(&logits, &rows(&reference["hf"]["logits"]));
+        println!("glm4_moe with one nextn block vs transformers: max_abs {max_abs:.1e} rel_l2 {rel:.1e}");
+        assert!(max_abs <= F32_MAX_ABS && rel <= F32_REL_L2, "max_abs {max_abs} rel_l2 {rel}");
+    }
+}
