@@ -23,6 +23,10 @@ enum Command {
     Pull(commands::pull::Args),
     /// List, add or remove the models of the store.
     Models(commands::models::Args),
+    /// Write a GGUF with random weights in the shape of a real model (any size, streamed).
+    Synth(commands::synth::Args),
+    /// Prompt-processing and generation speed, as llama-bench measures them.
+    Bench(commands::bench::Args),
 }
 
 fn main() {
@@ -31,6 +35,8 @@ fn main() {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Pull(a) => commands::pull::run(a),
         Command::Models(a) => commands::models::run(a),
+        Command::Synth(a) => commands::synth::run(a),
+        Command::Bench(a) => commands::bench::run(a),
     };
     if let Err(e) = result {
         commands::report_error(&e);

@@ -3,6 +3,9 @@
 pub mod tokenize;
 pub mod pull;
 pub mod models;
+pub mod load;
+pub mod synth;
+pub mod bench;
 
 /// Prints an error and its causes on one line, the way every subcommand reports failure.
 pub fn report_error(e: &anyhow::Error) {

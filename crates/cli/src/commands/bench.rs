@@ -1,0 +1,205 @@
+//! `diskformer bench`: prompt-processing and generation speed, measured as llama-bench does
+//! (tools/llama-bench/llama-bench.cpp at llama.cpp 0c1e570), so the two print comparable figures.
+//!
+//! - ppN: a prompt of N random token ids (BOS first when the model adds one) evaluated in one
+//!   batch on an empty context; tokens/s = N / time.
+//! - tgN: N single-token steps on an empty context, each feeding a random id (no sampling,
+//!   like llama-bench's `test_gen`); tokens/s = N / time.
+//! - `-d D` first fills the context with D random tokens (untimed), as llama-bench's `-d`.
+//! - One untimed warmup per test (the whole prompt for pp, one token for tg), then `-r`
+//!   repetitions, each on a cleared context; mean ± sample standard deviation of the per-run
+//!   tokens/s.
+
+use crate::commands::load::{load, Loaded, MatmulFlag, ModelArgs};
+use compute::quant::MatmulMode;
+use models::Outputs;
+use std::time::Instant;
+
+/// Arguments of `diskformer bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens of the pp test (0: skip it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens of the tg test (0: skip it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Tokens already in the context before each test (untimed).
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    n_depth: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    /// Seed of the random token ids.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Token ids from a small generator (xorshift64*), so runs are repeatable.
+struct Ids {
+    state: u64,
+    n_vocab: u32,
+}
+
+impl Ids {
+    fn next(&mut self) -> u32 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        (self.state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32 % self.n_vocab
+    }
+
+    fn take(&mut self, n: usize, first: Option<u32>) -> Vec<u32> {
+        (0..n).map(|i| if i == 0 { first.unwrap_or_else(|| self.next()) } else { self.next() }).collect()
+    }
+}
+
+/// Mean and sample standard deviation (0 for fewer than two samples).
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.reps == 0 {
+        anyhow::bail!("-r must be at least 1");
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        anyhow::bail!("nothing to measure: -p and -n are both 0");
+    }
+    let mut margs = args.model.clone();
+    let needed = args.n_depth + args.n_prompt.max(args.n_gen);
+    if margs.ctx_size == 0 {
+        margs.ctx_size = needed;
+    } else if margs.ctx_size < needed {
+        anyhow::bail!("context {} is smaller than -d + max(-p, -n) = {needed}", margs.ctx_size);
+    }
+    let matmul_default = MatmulMode::QuantizedActivations;
+    let matmul = match margs.matmul {
+        Some(MatmulFlag::Exact) => "exact",
+        Some(MatmulFlag::Q8) | None => "q8",
+    };
+    let mut m = load(&margs, matmul_default)?;
+    let n_vocab = m.runner.hparams().n_vocab as u32;
+    let bos = if m.tokenizer.add_bos() { m.tokenizer.bos() } else { None };
+    let mut ids = Ids { state: args.seed.max(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, n_vocab };
+    let threads = rayon::current_num_threads();
+
+    let mut pp = Vec::new();
+    if args.n_prompt > 0 {
+        for rep in 0..=args.reps {
+            fill(&mut m, &mut ids, args.n_depth, bos)?;
+            let prompt = ids.take(args.n_prompt, if args.n_depth == 0 { bos } else { None });
+            let t0 = Instant::now();
+            m.runner.eval(&prompt, Outputs::Last)?;
+            let secs = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                pp.push(args.n_prompt as f64 / secs);
+            }
+        }
+    }
+    let mut tg = Vec::new();
+    if args.n_gen > 0 {
+        for rep in 0..=args.reps {
+            fill(&mut m, &mut ids, args.n_depth, bos)?;
+            // The warmup (rep 0) is one token, as llama-bench's.
+            let n = if rep == 0 { 1 } else { args.n_gen };
+            let mut token = if args.n_depth == 0 { bos.unwrap_or_else(|| ids.next()) } else { ids.next() };
+            let t0 = Instant::now();
+            for _ in 0..n {
+                m.runner.eval(&[token], Outputs::Last)?;
+                token = ids.next();
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                tg.push(n as f64 / secs);
+            }
+        }
+    }
+
+    let md = m.file.metadata();
+    let arch = m.runner.hparams().arch.clone();
+    let name = md.str_opt("general.name").ok().flatten().unwrap_or("").to_string();
+    let size_bytes = m.file.tensor_bytes_total();
+    let n_params: u64 = m.file.tensors().map(|t| t.shape().iter().product::<u64>()).sum();
+    let dtype = dominant_type(&m.file);
+    let (pp_mean, pp_std) = if pp.is_empty() { (0.0, 0.0) } else { mean_std(&pp) };
+    let (tg_mean, tg_std) = if tg.is_empty() { (0.0, 0.0) } else { mean_std(&tg) };
+    if args.json {
+        let j = serde_json::json!({
+            "pp_tok_s": pp_mean,
+            "pp_std": pp_std,
+            "tg_tok_s": tg_mean,
+            "tg_std": tg_std,
+            "n_prompt": args.n_prompt,
+            "n_gen": args.n_gen,
+            "n_depth": args.n_depth,
+            "reps": args.reps,
+            "threads": threads,
+            "matmul": matmul,
+            "backend": m.runner.backend_name(),
+            "model": args.model.model.display().to_string(),
+            "arch": arch,
+            "name": name,
+            "type": dtype,
+            "size_bytes": size_bytes,
+            "n_params": n_params,
+            "pp_samples": pp,
+            "tg_samples": tg,
+        });
+        println!("{j}");
+        return Ok(());
+    }
+    let depth = if args.n_depth > 0 { format!(" @ d{}", args.n_depth) } else { String::new() };
+    let model = format!("{arch} {dtype}");
+    let size = format!("{:.2} GiB", size_bytes as f64 / (1u64 << 30) as f64);
+    let params = format!("{:.2} B", n_params as f64 / 1e9);
+    let backend = format!("{} ({matmul})", m.runner.backend_name());
+    println!(
+        "| {:30} | {:>10} | {:>10} | {:10} | {:>7} | {:>14} | {:>20} |",
+        "model", "size", "params", "backend", "threads", "test", "t/s"
+    );
+    println!("| {:-<30} | {:->10} | {:->10} | {:-<10} | {:->7} | {:->14} | {:->20} |", "", "", "", "", "", "", "");
+    for (test, n, mean, std) in [("pp", args.n_prompt, pp_mean, pp_std), ("tg", args.n_gen, tg_mean, tg_std)] {
+        if n > 0 {
+            let t = format!("{test}{n}{depth}");
+            let ts = format!("{mean:.2} ± {std:.2}");
+            println!("| {model:30} | {size:>10} | {params:>10} | {backend:10} | {threads:>7} | {t:>14} | {ts:>20} |");
+        }
+    }
+    Ok(())
+}
+
+/// Clears the context, then fills it with `n_depth` random tokens (untimed), as llama-bench's `-d`.
+fn fill(m: &mut Loaded, ids: &mut Ids, n_depth: usize, bos: Option<u32>) -> anyhow::Result<()> {
+    m.runner.reset()?;
+    if n_depth > 0 {
+        let d = ids.take(n_depth, bos);
+        m.runner.eval(&d, Outputs::Last)?;
+    }
+    Ok(())
+}
+
+/// The type holding most of the tensor bytes (what llama-bench's model column names).
+fn dominant_type(file: &gguf::GgufModel) -> String {
+    let mut by_type: Vec<(gguf::GgmlType, u64)> = Vec::new();
+    for t in file.tensors() {
+        let size = t.data.len() as u64;
+        match by_type.iter_mut().find(|(d, _)| *d == t.dtype()) {
+            Some(e) => e.1 += size,
+            None => by_type.push((t.dtype(), size)),
+        }
+    }
+    by_type.into_iter().max_by_key(|e| e.1).map(|e| e.0.name().to_string()).unwrap_or_default()
+}
