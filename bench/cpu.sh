@@ -54,7 +54,7 @@ fi
 for t in $SYNTH_TYPES; do
   f="$MODELS_DIR/synth-$SYNTH_SHAPE-$(echo "$t" | tr A-Z a-z).gguf"
   if [ ! -f "$f" ]; then
-    "$DF" synth --shape "$SYNTH_SHAPE" --type "$t" --seed 1 --out "$f" -t "$THREADS"
+    "$DF" synth --shape "$SYNTH_SHAPE" --type "$t" --seed 1 --out "$f"
   fi
   models+=("$f")
 done
@@ -74,7 +74,12 @@ tg = next(x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0)
 print(json.dumps({"model": m, "round": r, "df_pp": df["pp_tok_s"], "df_tg": df["tg_tok_s"], "lb_pp": pp, "lb_tg": tg,
                   "type": df["type"], "arch": df["arch"], "size_bytes": df["size_bytes"]}))
 EOF
-    tail -1 "$out" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(f"round {d[\"round\"]} {d[\"model\"].rsplit(\"/\",1)[-1]}: pp diskformer {d[\"df_pp\"]:.2f} llama.cpp {d[\"lb_pp\"]:.2f}; tg diskformer {d[\"df_tg\"]:.2f} llama.cpp {d[\"lb_tg\"]:.2f} tok/s")' >&2
+    tail -1 "$out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+name = d["model"].rsplit("/", 1)[-1]
+print("round %d %s: pp diskformer %.2f llama.cpp %.2f; tg diskformer %.2f llama.cpp %.2f tok/s"
+      % (d["round"], name, d["df_pp"], d["lb_pp"], d["df_tg"], d["lb_tg"]))' >&2
   done
 done
 
