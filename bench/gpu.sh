@@ -7,7 +7,8 @@
 #   bench/gpu.sh run     (on the GPU machine, no toolchain needed) unpacks the Vulkan loader from
 #                        .gl/*.deb when the system has none, then runs backend_ops (every op against
 #                        the CPU reference), the fixtures on the GPU, and the perf test: decode
-#                        matrix-vector GB/s for Q4_0, Q4_K, Q8_0, F16 next to a plain streaming read.
+#                        matrix-vector GB/s for Q4_0, Q4_K, Q8_0, F16 next to a plain streaming read,
+#                        with and without the 4-group unrolled loop (DISKFORMER_NO_UNROLL=1).
 #
 # Output: one line per op case (`matmul(q4_k, 37x512, n=5) wgpu: OK`), the fixture table, and
 # `stream read ...: GB/s` / `matvec q4_0 32768x8192: ... GB/s` lines. Logs go to $OUT when set.
@@ -19,14 +20,15 @@ bin=.gpubin
 if [ "$mode" = build ]; then
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
     mkdir -p "$bin"
-    for spec in "compute backend_ops" "models gpu_fixtures"; do
+    for spec in "compute backend_ops wgpu" "models gpu_fixtures gpu"; do
         set -- $spec
-        exe=$(cargo test -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
+        exe=$(cargo test -p "$1" --features "$3" --test "$2" --no-run --message-format=json 2>/dev/null \
             | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$2" | tail -1)
-        cp "$exe" "$bin/$2"
+        # Without debug info the binaries fit the device machine's 64 MiB transfer.
+        objcopy --strip-debug "$exe" "$bin/$2"
     done
     # A few fixtures (one per supported family, small variants) so the GPU machine can run the
     # model checks without ../shared.
@@ -60,5 +62,6 @@ if [ -d "$bin/fixtures" ]; then
     DISKFORMER_FIXTURES=$PWD/$bin/fixtures "$bin/gpu_fixtures" --nocapture 2>&1 | tee "$out/gpu_fixtures.log" || status=1
 fi
 "$bin/backend_ops" --nocapture --ignored perf 2>&1 | tee "$out/perf.log" || status=1
+DISKFORMER_NO_UNROLL=1 "$bin/backend_ops" --nocapture --ignored perf 2>&1 | sed 's/^matvec/matvec (no unroll)/' | tee -a "$out/perf.log" || status=1
 grep -E "adapter|GB/s|cases|FAIL" "$out"/backend_ops.log "$out"/perf.log || true
 exit $status

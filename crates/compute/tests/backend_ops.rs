@@ -231,6 +231,7 @@ mod gpu_ops {
         shape_cases(&g, &c, &mut rng, &mut r);
         attention_cases(&g, &c, &mut rng, &mut r);
         moe_cases(&g, &c, &mut rng, &mut r);
+        recurrent_cases(&g, &c, &mut rng, &mut r);
         r.finish();
     }
 
@@ -646,6 +647,81 @@ mod gpu_ops {
             });
             r.check(&case, got, &want.data, DEFAULT_MAX_NMSE);
         }
+    }
+
+    fn recurrent_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        // Convolution state carried over a prefill then two decode steps; the state must match too.
+        let (channels, k) = (37usize, 4usize);
+        let weight = tensor(rng, &[channels, k], 1.0);
+        let gweight = up(g, &weight);
+        let mut cstate = tensor(rng, &[k - 1, channels], 1.0);
+        let mut gstate = up(g, &cstate);
+        for n in [5usize, 1, 1] {
+            let x = tensor(rng, &[n, channels], 1.0);
+            let want = c.ssm_conv(&x, &mut cstate, &weight).unwrap();
+            let got = host(g, g.ssm_conv(&up(g, &x), &mut gstate, &gweight));
+            r.check(&format!("ssm_conv(channels={channels}, k={k}, n={n})"), got, &want.data, DEFAULT_MAX_NMSE);
+            r.check(
+                &format!("ssm_conv state(channels={channels}, k={k}, n={n})"),
+                g.to_host(&gstate),
+                &cstate.data,
+                DEFAULT_MAX_NMSE,
+            );
+        }
+        let (n_head, head_dim, d_state, n_group) = (4usize, 8usize, 16usize, 2usize);
+        let a = CpuTensor {
+            shape: vec![n_head],
+            data: rand_vec(rng, n_head, 1.0).iter().map(|v| -(v.abs() + 0.1)).collect(),
+        };
+        let d = tensor(rng, &[n_head], 1.0);
+        let dt_bias = tensor(rng, &[n_head], 1.0);
+        let (ga, gd, gbias) = (up(g, &a), up(g, &d), up(g, &dt_bias));
+        let mut cstate = tensor(rng, &[n_head, head_dim, d_state], 0.5);
+        let mut gstate = up(g, &cstate);
+        for n in [6usize, 1, 1] {
+            let x = tensor(rng, &[n, n_head * head_dim], 1.0);
+            let dt = tensor(rng, &[n, n_head], 2.0);
+            let b = tensor(rng, &[n, n_group * d_state], 1.0);
+            let cm = tensor(rng, &[n, n_group * d_state], 1.0);
+            let inputs = compute::SsmScan::<CpuBackend> {
+                x: &x,
+                dt: &dt,
+                b: &b,
+                c: &cm,
+                a: &a,
+                d: Some(&d),
+                dt_bias: Some(&dt_bias),
+                n_group,
+            };
+            let want = c.ssm_scan(&inputs, &mut cstate).unwrap();
+            let (gx, gdt, gb, gc) = (up(g, &x), up(g, &dt), up(g, &b), up(g, &cm));
+            let ginputs = compute::SsmScan::<WgpuBackend> {
+                x: &gx,
+                dt: &gdt,
+                b: &gb,
+                c: &gc,
+                a: &ga,
+                d: Some(&gd),
+                dt_bias: Some(&gbias),
+                n_group,
+            };
+            let got = host(g, g.ssm_scan(&ginputs, &mut gstate));
+            let case =
+                format!("ssm_scan(heads={n_head}, head_dim={head_dim}, d_state={d_state}, groups={n_group}, n={n})");
+            r.check(&case, got, &want.data, DEFAULT_MAX_NMSE);
+            r.check(&format!("{case} state"), g.to_host(&gstate), &cstate.data, DEFAULT_MAX_NMSE);
+        }
+        // Per-head products (DeepSeek MLA's absorbed projections).
+        let (heads, n_out, kk) = (3usize, 16usize, 64usize);
+        let file = WeightFile::new(
+            "per-head",
+            &[("per_head".into(), GgmlType::Q8_0, vec![heads, n_out, kk], rand_vec(rng, heads * n_out * kk, 1.0))],
+        );
+        let hw = file.get("per_head");
+        let x = tensor(rng, &[5, heads * kk], 1.0);
+        let want = c.matmul_per_head(&x, &c.weight(&hw).unwrap()).unwrap();
+        let got = g.weight(&hw).and_then(|w| host(g, g.matmul_per_head(&up(g, &x), &w)));
+        r.check(&format!("matmul_per_head(q8_0, heads={heads}, {n_out}x{kk}, n=5)"), got, &want.data, DEFAULT_MAX_NMSE);
     }
 
     /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s.

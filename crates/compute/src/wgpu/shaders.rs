@@ -36,12 +36,16 @@ pub enum Plain {
     ScatterAdd,
     /// Streaming-read bandwidth baseline.
     Stream,
+    /// Depthwise causal convolution (recurrent layers).
+    SsmConv,
+    /// Mamba-2 selective scan.
+    SsmScan,
 }
 
 impl Plain {
     /// Every plain kernel (for the parse test).
     #[cfg(test)]
-    pub const ALL: [Plain; 11] = [
+    pub const ALL: [Plain; 13] = [
         Plain::Binary,
         Plain::Unary,
         Plain::Glu,
@@ -53,6 +57,8 @@ impl Plain {
         Plain::GatherRows,
         Plain::ScatterAdd,
         Plain::Stream,
+        Plain::SsmConv,
+        Plain::SsmScan,
     ];
 
     /// The WGSL source.
@@ -69,6 +75,8 @@ impl Plain {
             Plain::GatherRows => include_str!("shaders/gather_rows.wgsl"),
             Plain::ScatterAdd => include_str!("shaders/scatter_add.wgsl"),
             Plain::Stream => include_str!("shaders/stream.wgsl"),
+            Plain::SsmConv => include_str!("shaders/ssm_conv.wgsl"),
+            Plain::SsmScan => include_str!("shaders/ssm_scan.wgsl"),
         };
         s.replace("{{ACT}}", ACT)
     }
@@ -82,9 +90,27 @@ fn quant(layout: &TypeLayout) -> String {
     format!("{QUANT_COMMON}\n{}", layout.shader)
 }
 
+const UNROLL4: &str = "    for (; g + 3u * WG < n_groups; g += 4u * WG) {
+        let v0 = dq8(rb + (g / gpb) * BW, g % gpb);
+        let g1 = g + WG;
+        let v1 = dq8(rb + (g1 / gpb) * BW, g1 % gpb);
+        let g2 = g + 2u * WG;
+        let v2 = dq8(rb + (g2 / gpb) * BW, g2 % gpb);
+        let g3 = g + 3u * WG;
+        let v3 = dq8(rb + (g3 / gpb) * BW, g3 % gpb);
+        for (var t = 0u; t < TOK; t++) {
+            if (t0 + t < P.n_tok) {
+                let xb = (t0 + t) * P.x_stride + P.x_col0;
+                acc[t] += x8dot(v0, xb + g * 8u, g * 8u) + x8dot(v1, xb + g1 * 8u, g1 * 8u)
+                    + x8dot(v2, xb + g2 * 8u, g2 * 8u) + x8dot(v3, xb + g3 * 8u, g3 * 8u);
+            }
+        }
+    }";
+
 /// The matrix product for one weight type. `guard_x` bounds-checks activation reads (rows whose
-/// length is not a multiple of 8); `subgroups` uses subgroup reductions.
-pub fn matmul(layout: &TypeLayout, tok: u32, guard_x: bool, subgroups: bool) -> String {
+/// length is not a multiple of 8); `subgroups` uses subgroup reductions; `unroll` loads four
+/// groups per loop iteration.
+pub fn matmul(layout: &TypeLayout, tok: u32, guard_x: bool, subgroups: bool, unroll: bool) -> String {
     let guard =
         if guard_x { "    if (c < P.k) {\n        return X[i];\n    }\n    return 0.0;" } else { "    return X[i];" };
     // Naga takes subgroup builtins without `enable subgroups;` (which it rejects as not yet
@@ -105,6 +131,7 @@ pub fn matmul(layout: &TypeLayout, tok: u32, guard_x: bool, subgroups: bool) -> 
         .replace("{{REDUCE}}", reduce)
         .replace("{{SG_ARGS}}", sg_args)
         .replace("{{SG_CALL}}", sg_call)
+        .replace("{{UNROLL}}", if unroll { UNROLL4 } else { "" })
 }
 
 /// Row lookup (embeddings) for one weight type.
@@ -134,10 +161,11 @@ mod tests {
             for tok in MATMUL_TILES {
                 for guard in [false, true] {
                     for sg in [false, true] {
-                        parse(
-                            &format!("matmul {} tok {tok} guard {guard} subgroups {sg}", l.name),
-                            &matmul(&l, tok, guard, sg),
-                        );
+                        for unroll in [false, true] {
+                            let name =
+                                format!("matmul {} tok {tok} guard {guard} subgroups {sg} unroll {unroll}", l.name);
+                            parse(&name, &matmul(&l, tok, guard, sg, unroll));
+                        }
                     }
                 }
             }

@@ -1,7 +1,8 @@
 // y[t, col0 + r] = sum_c x[t, x_col0 + c] * W[row0 + r, c] for rows r of one weight chunk and up to TOK
 // tokens per workgroup. One workgroup per output row streams the row once and dots it with each
 // token of its tile, so decode (one token) reads the weights exactly once.
-// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW, dq8), TOK, X_GUARD, REDUCE.
+// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW, dq8), TOK, X_GUARD, REDUCE,
+// UNROLL (a first loop taking four groups per iteration, so four independent loads are in flight).
 struct Params {
     k: u32,
     n_rows: u32,
@@ -57,7 +58,9 @@ fn main(
     let gpb = BV / 8u;
     let rb = (P.w_row0 + row) * P.row_words;
     var acc: array<f32, TOK>;
-    for (var g = lid; g < n_groups; g += WG) {
+    var g = lid;
+{{UNROLL}}
+    for (; g < n_groups; g += WG) {
         let v = dq8(rb + (g / gpb) * BW, g % gpb);
         let c = g * 8u;
         for (var t = 0u; t < TOK; t++) {
