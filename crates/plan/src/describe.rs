@@ -81,7 +81,7 @@ pub struct FileEntry {
 /// Tensors of one element type.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QuantUse {
-    /// ggml type name (`q4_K`, `f32`) for GGUF; safetensors dtype (`BF16`) otherwise.
+    /// ggml type name (`Q4_K`, `F32`) for GGUF; safetensors dtype (`BF16`) otherwise.
     pub dtype: String,
     /// How many tensors have it.
     pub n_tensors: usize,
@@ -193,11 +193,16 @@ pub struct ModelDescription {
 }
 
 /// Architectures whose output is an embedding rather than next-token logits.
-const EMBEDDING_ARCHES: &[&str] = &["bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "t5encoder", "neo-bert", "modern-bert"];
+const EMBEDDING_ARCHES: &[&str] =
+    &["bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "t5encoder", "neo-bert", "modern-bert"];
 
 /// Reasoning marker pairs in the order they are looked for.
-const THINK_PAIRS: &[(&str, &str)] =
-    &[("<think>", "</think>"), ("<thinking>", "</thinking>"), ("<seed:think>", "</seed:think>"), ("<|begin_of_thought|>", "<|end_of_thought|>")];
+const THINK_PAIRS: &[(&str, &str)] = &[
+    ("<think>", "</think>"),
+    ("<thinking>", "</thinking>"),
+    ("<seed:think>", "</seed:think>"),
+    ("<|begin_of_thought|>", "<|end_of_thought|>"),
+];
 
 /// Describes the model at `path`: one GGUF file, any part of a split set, or a folder in the
 /// Hugging Face layout (config.json with `*.gguf`, `*.safetensors` or `onnx/` files). Reads
@@ -207,7 +212,8 @@ const THINK_PAIRS: &[(&str, &str)] =
 /// [`PlanError::NotAModel`] for a path with no weight file; a GGUF header that does not parse;
 /// I/O errors.
 pub fn describe(path: &Path) -> Result<ModelDescription> {
-    let meta = std::fs::metadata(path).map_err(|source| PlanError::Io { path: path.into(), what: "reading", source })?;
+    let meta =
+        std::fs::metadata(path).map_err(|source| PlanError::Io { path: path.into(), what: "reading", source })?;
     if meta.is_dir() {
         describe_folder(path)
     } else {
@@ -310,7 +316,8 @@ fn describe_folder(dir: &Path) -> Result<ModelDescription> {
     variants.sort();
     d.gguf_variants = variants;
     if let Some(cfg) = &config {
-        d.hf_architecture = cfg.get("architectures").and_then(|a| a.get(0)).and_then(|a| a.as_str()).map(str::to_string);
+        d.hf_architecture =
+            cfg.get("architectures").and_then(|a| a.get(0)).and_then(|a| a.as_str()).map(str::to_string);
         d.architecture = cfg.get("model_type").and_then(|a| a.as_str()).map(str::to_string);
         d.context_length = cfg.get("max_position_embeddings").and_then(|v| v.as_u64());
         d.task = task_from_config(cfg, dir);
@@ -341,7 +348,8 @@ fn read_config(dir: &Path) -> Result<Option<serde_json::Value>> {
     if !p.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&p).map_err(|source| PlanError::Io { path: p.clone(), what: "reading", source })?;
+    let text =
+        std::fs::read_to_string(&p).map_err(|source| PlanError::Io { path: p.clone(), what: "reading", source })?;
     serde_json::from_str(&text).map(Some).map_err(|e| PlanError::BadFile { path: p, why: format!("not JSON: {e}") })
 }
 
@@ -374,7 +382,8 @@ fn fill_from_safetensors(d: &mut ModelDescription, dir: &Path, config: Option<&s
             }
         }
     }
-    d.quant_types = by_dtype.into_iter().map(|(dtype, (n, b))| QuantUse { dtype, n_tensors: n, size_bytes: b }).collect();
+    d.quant_types =
+        by_dtype.into_iter().map(|(dtype, (n, b))| QuantUse { dtype, n_tensors: n, size_bytes: b }).collect();
     d.params_total = Some(total);
     let key = |k: &str| config.and_then(|c| c.get(k)).and_then(|v| v.as_u64());
     let n_expert = key("num_local_experts").or(key("num_experts")).or(key("n_routed_experts")).unwrap_or(0);
@@ -400,18 +409,22 @@ fn safetensors_header(p: &Path) -> Result<Vec<(String, String, u64, u64)>> {
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header).map_err(|e| bad(format!("reading the safetensors header: {e}")))?;
-    let json: serde_json::Value = serde_json::from_slice(&header).map_err(|e| bad(format!("safetensors header is not JSON: {e}")))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("safetensors header is not JSON: {e}")))?;
     let obj = json.as_object().ok_or_else(|| bad("safetensors header is not a JSON object".into()))?;
     let mut out = Vec::new();
     for (name, t) in obj {
         if name == "__metadata__" {
             continue;
         }
-        let dtype = t.get("dtype").and_then(|v| v.as_str()).ok_or_else(|| bad(format!("tensor {name:?} has no dtype")))?;
-        let shape = t.get("shape").and_then(|v| v.as_array()).ok_or_else(|| bad(format!("tensor {name:?} has no shape")))?;
+        let dtype =
+            t.get("dtype").and_then(|v| v.as_str()).ok_or_else(|| bad(format!("tensor {name:?} has no dtype")))?;
+        let shape =
+            t.get("shape").and_then(|v| v.as_array()).ok_or_else(|| bad(format!("tensor {name:?} has no shape")))?;
         let n_elements = shape.iter().map(|d| d.as_u64().unwrap_or(0)).product::<u64>();
         let offsets = t.get("data_offsets").and_then(|v| v.as_array());
-        let size_bytes = match offsets.map(|o| (o.first().and_then(|v| v.as_u64()), o.get(1).and_then(|v| v.as_u64()))) {
+        let size_bytes = match offsets.map(|o| (o.first().and_then(|v| v.as_u64()), o.get(1).and_then(|v| v.as_u64())))
+        {
             Some((Some(a), Some(b))) if b >= a => b - a,
             _ => return Err(bad(format!("tensor {name:?} has bad data_offsets"))),
         };
@@ -441,11 +454,15 @@ fn fill_from_gguf(d: &mut ModelDescription, model: &GgufModel) -> Result<()> {
             expert_bytes += t.info.size_bytes;
         }
     }
-    d.quant_types = by_dtype.into_iter().map(|(n, (c, b))| QuantUse { dtype: n.to_string(), n_tensors: c, size_bytes: b }).collect();
+    d.quant_types = by_dtype
+        .into_iter()
+        .map(|(n, (c, b))| QuantUse { dtype: n.to_string(), n_tensors: c, size_bytes: b })
+        .collect();
     let expert_count = md.u32_opt(&k("expert_count")).map_err(in_file)?.unwrap_or(0) as u64;
     let expert_used = md.u32_opt(&k("expert_used_count")).map_err(in_file)?.unwrap_or(0) as u64;
     d.params_total = Some(total);
-    d.params_active = Some(if expert_count > 0 { total - expert_params + expert_params * expert_used / expert_count } else { total });
+    d.params_active =
+        Some(if expert_count > 0 { total - expert_params + expert_params * expert_used / expert_count } else { total });
     if let Some(c) = md.u32_opt(&k("context_length")).map_err(in_file)? {
         d.context_length = Some(c as u64);
     }
@@ -463,7 +480,13 @@ fn fill_from_gguf(d: &mut ModelDescription, model: &GgufModel) -> Result<()> {
     };
     d.architecture = arch.clone().or(d.architecture.take());
 
-    let mut tags: Vec<String> = md.str_array_opt("general.tags").map_err(in_file)?.unwrap_or_default().into_iter().map(str::to_string).collect();
+    let mut tags: Vec<String> = md
+        .str_array_opt("general.tags")
+        .map_err(in_file)?
+        .unwrap_or_default()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
     let facts = weight_facts(model, &a, tensor_bytes, expert_bytes)?;
     if expert_count > 0 {
         tags.push("moe".into());
@@ -497,7 +520,13 @@ fn think_markers(md: &gguf::Metadata, template: Option<&str>) -> gguf::Result<Op
     for (open, close) in THINK_PAIRS {
         if let (Some(open_id), Some(close_id)) = (id_of(open), id_of(close)) {
             let in_template = template.is_some_and(|t| t.contains(open) || t.contains("enable_thinking"));
-            return Ok(Some(ThinkMarkers { open: open.to_string(), open_id, close: close.to_string(), close_id, in_template }));
+            return Ok(Some(ThinkMarkers {
+                open: open.to_string(),
+                open_id,
+                close: close.to_string(),
+                close_id,
+                in_template,
+            }));
         }
     }
     Ok(None)
@@ -550,7 +579,8 @@ fn weight_facts(model: &GgufModel, arch: &str, tensor_bytes: u64, expert_bytes: 
     let n_vocab = model
         .tensor_opt(gguf::names::TOKEN_EMBD)
         .and_then(|t| t.shape().get(1).copied())
-        .unwrap_or(md.str_array_opt("tokenizer.ggml.tokens").map_err(in_file)?.map_or(0, |t| t.len() as u64)) as usize;
+        .unwrap_or(md.str_array_opt("tokenizer.ggml.tokens").map_err(in_file)?.map_or(0, |t| t.len() as u64))
+        as usize;
     let (gpu_tensor_bytes, gpu_expert_bytes) = gpu_bytes(model);
     Ok(WeightFacts {
         tensor_bytes,
@@ -605,16 +635,24 @@ fn readers(model: &GgufModel, arch: Option<&str>, is_moe: bool) -> Vec<Readabili
     use crate::Code;
     let arch_problem = match arch {
         None => Some("the file has no general.architecture".to_string()),
-        Some(a) if !models::SUPPORTED_ARCHITECTURES.contains(&a) => {
-            Some(format!("architecture {a:?} is not implemented (supported: {})", models::SUPPORTED_ARCHITECTURES.join(", ")))
-        }
+        Some(a) if !models::SUPPORTED_ARCHITECTURES.contains(&a) => Some(format!(
+            "architecture {a:?} is not implemented (supported: {})",
+            models::SUPPORTED_ARCHITECTURES.join(", ")
+        )),
         Some(_) => None,
     };
     let verdict = |backend: &str, type_problem: Option<(String, GgmlType)>, other: Option<(Code, String)>| {
         let problem = arch_problem
             .clone()
             .map(|r| (Code::Model, r))
-            .or_else(|| type_problem.map(|(t, d)| (Code::Format, format!("tensor {t:?} has type {} which the {backend} back end cannot read", d.name()))))
+            .or_else(|| {
+                type_problem.map(|(t, d)| {
+                    (
+                        Code::Format,
+                        format!("tensor {t:?} has type {} which the {backend} back end cannot read", d.name()),
+                    )
+                })
+            })
             .or(other);
         Readability {
             backend: backend.to_string(),
@@ -627,7 +665,11 @@ fn readers(model: &GgufModel, arch: Option<&str>, is_moe: bool) -> Vec<Readabili
     #[cfg(feature = "gpu")]
     let gpu = verdict("gpu", first_unreadable(model, gpu_reads), None);
     #[cfg(not(feature = "gpu"))]
-    let gpu = verdict("gpu", None, Some((Code::Gpu, "this build has no GPU back end (built without the `gpu` feature)".into())));
+    let gpu = verdict(
+        "gpu",
+        None,
+        Some((Code::Gpu, "this build has no GPU back end (built without the `gpu` feature)".into())),
+    );
     let paging = if is_moe {
         (Code::Unimplemented, "expert paging is not implemented yet (crates/pager)".to_string())
     } else {

@@ -47,11 +47,10 @@ mod probe;
 mod session;
 
 pub use bytes::{format_bytes, parse_bytes};
+pub use compute::quant::MatmulMode;
 pub use describe::{
     describe, FileEntry, Format, ModelDescription, QuantUse, Readability, SourceKind, Task, ThinkMarkers, WeightFacts,
 };
-pub use compute::quant::MatmulMode;
-pub use tokenizer::ChatMessage;
 pub use error::{PlanError, Result};
 pub use plan::{
     plan_with, BackendKind, BackendPlan, Budget, Code, Estimate, Plan, PlanOptions, Refusal, DEFAULT_MAX_CTX,
@@ -59,9 +58,10 @@ pub use plan::{
 };
 pub use probe::{probe, CpuInfo, DiskInfo, GpuInfo, Machine, MemoryInfo, ProbeOptions, Source, BANDWIDTH_TABLE};
 pub use session::{
-    load, AbortHandle, CHUNK_BUFFER, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions, Primed,
-    Progress, Session, SessionInfo, Stage, StopReason,
+    load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions, Primed,
+    Progress, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
 };
+pub use tokenizer::ChatMessage;
 
 /// Describes the model at `path`, probes the machine (measuring bandwidths) and plans.
 ///

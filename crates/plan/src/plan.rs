@@ -212,7 +212,8 @@ fn needs(w: &WeightFacts, n_ctx: u64) -> Needs {
 
 /// Bytes one generated token reads: dense weights, the used experts' share, KV at half context.
 fn bytes_per_token(w: &WeightFacts, weight_bytes: u64, expert_bytes: u64, n_ctx: u64) -> u64 {
-    let active_experts = if w.expert_count > 0 { expert_bytes * w.expert_used_count as u64 / w.expert_count as u64 } else { 0 };
+    let active_experts =
+        if w.expert_count > 0 { expert_bytes * w.expert_used_count as u64 / w.expert_count as u64 } else { 0 };
     weight_bytes - expert_bytes + active_experts + w.kv_bytes_per_position * n_ctx / 2 + w.recurrent_state_bytes
 }
 
@@ -220,7 +221,13 @@ fn speed(bytes_per_token: u64, bw: Option<f64>) -> Option<f64> {
     bw.map(|b| b / bytes_per_token.max(1) as f64)
 }
 
-fn refuse(backend: BackendKind, device: Option<String>, code: Code, reason: String, need_bytes: Option<u64>) -> BackendPlan {
+fn refuse(
+    backend: BackendKind,
+    device: Option<String>,
+    code: Code,
+    reason: String,
+    need_bytes: Option<u64>,
+) -> BackendPlan {
     BackendPlan { backend, device, estimate: None, refusal: Some(Refusal { code, reason, need_bytes }) }
 }
 
@@ -311,11 +318,17 @@ impl Ctx<'_> {
         let d = self.desc;
         if let Some(want) = self.opts.task {
             if want != d.task {
-                return Some((Code::Task, format!("{} was asked for but the model does {}", want.as_str(), d.task.as_str())));
+                return Some((
+                    Code::Task,
+                    format!("{} was asked for but the model does {}", want.as_str(), d.task.as_str()),
+                ));
             }
         }
         if d.task != Task::TextGeneration {
-            return Some((Code::Task, format!("the model does {}; diskformer runs text generation only", d.task.as_str())));
+            return Some((
+                Code::Task,
+                format!("the model does {}; diskformer runs text generation only", d.task.as_str()),
+            ));
         }
         if d.gguf.is_none() {
             let found: Vec<&str> = d.formats.iter().map(|f| f.as_str()).collect();
@@ -334,7 +347,9 @@ impl Ctx<'_> {
 
     fn judge(&self, backend: BackendKind) -> BackendPlan {
         let device = match backend {
-            BackendKind::Cpu => Some(format!("cpu: {}", self.machine.cpu.model.as_deref().unwrap_or(&self.machine.cpu.arch))),
+            BackendKind::Cpu => {
+                Some(format!("cpu: {}", self.machine.cpu.model.as_deref().unwrap_or(&self.machine.cpu.arch)))
+            }
             _ => self.gpu.map(|g| format!("gpu {}: {}", g.index, g.name)),
         };
         if let Some((code, reason)) = self.common(backend) {
@@ -398,12 +413,21 @@ impl Ctx<'_> {
     fn judge_gpu(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let kind = BackendKind::Gpu;
         if !self.machine.gpu_compiled {
-            return refuse(kind, device, Code::Gpu, "this build has no GPU back end (built without the `gpu` feature)".into(), None);
+            return refuse(
+                kind,
+                device,
+                Code::Gpu,
+                "this build has no GPU back end (built without the `gpu` feature)".into(),
+                None,
+            );
         }
         let Some(gpu) = self.gpu else {
             let why = match self.opts.gpu_index {
                 Some(i) => format!("GPU {i} asked for but {} found", self.machine.gpus.len()),
-                None => "no GPU adapter found (Vulkan, Metal or DX12); install a driver (lavapipe: mesa-vulkan-drivers)".into(),
+                None => {
+                    "no GPU adapter found (Vulkan, Metal or DX12); install a driver (lavapipe: mesa-vulkan-drivers)"
+                        .into()
+                }
             };
             return refuse(kind, device, Code::Gpu, why, None);
         };
@@ -466,7 +490,8 @@ impl Plan {
         match self.chosen_plan() {
             Some(b) => {
                 let e = b.estimate.as_ref();
-                let speed = e.and_then(|e| e.tok_per_sec).map_or("speed unknown".to_string(), |s| format!("~{s:.0} tok/s"));
+                let speed =
+                    e.and_then(|e| e.tok_per_sec).map_or("speed unknown".to_string(), |s| format!("~{s:.0} tok/s"));
                 let others: Vec<String> = self
                     .backends
                     .iter()
@@ -495,7 +520,9 @@ impl Plan {
     pub fn reasons(&self) -> String {
         self.backends
             .iter()
-            .filter_map(|b| b.refusal.as_ref().map(|r| format!("{}: {} [{}]", b.backend.as_str(), r.reason, r.code.as_str())))
+            .filter_map(|b| {
+                b.refusal.as_ref().map(|r| format!("{}: {} [{}]", b.backend.as_str(), r.reason, r.code.as_str()))
+            })
             .collect::<Vec<_>>()
             .join("; ")
     }
@@ -532,7 +559,10 @@ impl Plan {
                 arch: self.architecture.clone().unwrap_or_default(),
                 supported: models::SUPPORTED_ARCHITECTURES.join(", "),
             },
-            _ => PlanError::NoBackend { model: self.model.display().to_string(), reasons: format!("{}: {}", kind.as_str(), r.reason) },
+            _ => PlanError::NoBackend {
+                model: self.model.display().to_string(),
+                reasons: format!("{}: {}", kind.as_str(), r.reason),
+            },
         })
     }
 }

@@ -128,7 +128,12 @@ pub struct ProbeOptions {
 /// `probe --measure` runs), used when a probe does not measure: (device-name substring, bytes
 /// per second, where and how it was measured). A match is by substring of the GPU name or CPU
 /// model; see docs/PLAN.md.
-pub const BANDWIDTH_TABLE: &[(&str, f64, &str)] = &[];
+pub const BANDWIDTH_TABLE: &[(&str, f64, &str)] = &[(
+    "NVIDIA H200",
+    3.68e12,
+    "H200 141 GB (driver 580.159.04, Vulkan): 3.68 and 3.88 TB/s in two runs of the 1 GiB stream \
+     read of `probe --measure` (2026-11-30); the lower is kept",
+)];
 
 /// Looks the machine over.
 ///
@@ -152,7 +157,9 @@ pub fn probe(opts: &ProbeOptions) -> Machine {
     let disks = opts
         .disk_paths
         .iter()
-        .filter_map(|p| disk_space(p).map(|(free_bytes, total_bytes)| DiskInfo { path: p.clone(), free_bytes, total_bytes }))
+        .filter_map(|p| {
+            disk_space(p).map(|(free_bytes, total_bytes)| DiskInfo { path: p.clone(), free_bytes, total_bytes })
+        })
         .collect();
     Machine { gpus, gpu_compiled: cfg!(feature = "gpu"), cpu, memory, disks }
 }
@@ -192,7 +199,19 @@ fn simd_features() -> Vec<String> {
     macro_rules! check {
         ($($f:tt),*) => { $( if std::arch::is_x86_feature_detected!($f) { out.push($f.to_string()); } )* };
     }
-    check!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "avxvnni");
+    check!(
+        "sse4.2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512vnni",
+        "avx512bf16",
+        "avxvnni"
+    );
     out
 }
 
@@ -341,7 +360,9 @@ fn gpus(_memory: &MemoryInfo, _measure: bool) -> Vec<GpuInfo> {
 /// (total, free) bytes per NVIDIA GPU from `nvidia-smi`, empty when it is not installed.
 #[cfg(feature = "gpu")]
 fn nvidia_smi_memory() -> Vec<(u64, u64)> {
-    let out = std::process::Command::new("nvidia-smi").args(["--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"]).output();
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"])
+        .output();
     let Ok(out) = out else { return Vec::new() };
     if !out.status.success() {
         return Vec::new();
@@ -359,7 +380,11 @@ fn nvidia_smi_memory() -> Vec<(u64, u64)> {
 /// GPUs, 64 MiB on software renderers, which are slow.
 #[cfg(feature = "gpu")]
 fn measure_gpu_bandwidth(index: usize, device_type: &str) -> Option<f64> {
-    let b = compute::wgpu::WgpuBackend::new(compute::wgpu::WgpuOptions { adapter_index: Some(index), prefer_discrete: false }).ok()?;
+    let b = compute::wgpu::WgpuBackend::new(compute::wgpu::WgpuOptions {
+        adapter_index: Some(index),
+        prefer_discrete: false,
+    })
+    .ok()?;
     let bytes: u64 = if device_type == "Cpu" { 64 << 20 } else { (1u64 << 30).min(b.max_binding_bytes()) };
     let secs = b.perf_stream(bytes, if device_type == "Cpu" { 3 } else { 20 }).ok()?;
     (secs > 0.0).then(|| bytes as f64 / secs)

@@ -355,7 +355,10 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         why: "no GGUF file to load (diskformer runs GGUF models)".into(),
     })?;
     let dir = gguf_path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    let machine = probe(&ProbeOptions { disk_paths: vec![dir], measure_bandwidth: opts.measure_bandwidth && opts.backend.is_none() });
+    let machine = probe(&ProbeOptions {
+        disk_paths: vec![dir],
+        measure_bandwidth: opts.measure_bandwidth && opts.backend.is_none(),
+    });
     let plan = plan_with(&desc, &machine, &opts.plan);
     let picked = plan.pick(opts.backend)?.backend;
     let mut report = |p: Progress| {
@@ -396,7 +399,8 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         think_markers,
         plan,
     };
-    let engine = Engine { runner, tokenizer, template, think_markers, cached: Vec::new(), primed: None };
+    let engine =
+        Engine { runner, tokenizer, template, think_markers, cached: Vec::new(), primed: None, last_prompt: None };
     let (tx, rx) = channel();
     let thread = std::thread::Builder::new()
         .name("diskformer-engine".into())
@@ -426,13 +430,21 @@ fn read_ahead(file: &GgufModel, total_bytes: u64, report: &mut impl FnMut(Progre
     report(Progress { stage: Stage::Read, done_bytes: total_bytes, total_bytes });
 }
 
-fn build_runner(kind: BackendKind, file: &Arc<GgufModel>, model_opts: &models::LoadOptions, gpu_index: Option<usize>) -> Result<Box<dyn Runner>> {
+fn build_runner(
+    kind: BackendKind,
+    file: &Arc<GgufModel>,
+    model_opts: &models::LoadOptions,
+    gpu_index: Option<usize>,
+) -> Result<Box<dyn Runner>> {
     match kind {
         BackendKind::Cpu => Ok(models::load(file, model_opts)?),
         #[cfg(feature = "gpu")]
         BackendKind::Gpu => {
-            let b = compute::wgpu::WgpuBackend::new(compute::wgpu::WgpuOptions { adapter_index: gpu_index, prefer_discrete: true })
-                .map_err(|e| PlanError::NoDevice { why: e.to_string() })?;
+            let b = compute::wgpu::WgpuBackend::new(compute::wgpu::WgpuOptions {
+                adapter_index: gpu_index,
+                prefer_discrete: true,
+            })
+            .map_err(|e| PlanError::NoDevice { why: e.to_string() })?;
             Ok(models::load_on(b, file, model_opts)?)
         }
         other => {
@@ -525,6 +537,9 @@ struct Engine {
     /// Tokens whose KV the runner holds, in order (`runner.n_past()` of them).
     cached: Vec<u32>,
     primed: Option<PrimedState>,
+    /// The last prompt and a checkpoint at its end: the next turn of a conversation starts
+    /// with it even when the reply, tokenized again, differs from the tokens generated.
+    last_prompt: Option<(Vec<u32>, Checkpoint)>,
 }
 
 /// Where reasoning stands after `ids`: inside a block when the last open marker comes after
@@ -560,6 +575,7 @@ impl Engine {
                     let r = self.runner.reset().map_err(PlanError::from);
                     self.cached.clear();
                     self.primed = None;
+                    self.last_prompt = None;
                     let _ = reply.send(r);
                 }
             }
@@ -572,7 +588,8 @@ impl Engine {
 
     /// Encodes rendered text, adding BOS only when the template has not written it already.
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let has_bos_text = self.tokenizer.add_bos() && self.bos_text().is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        let has_bos_text =
+            self.tokenizer.add_bos() && self.bos_text().is_some_and(|b| !b.is_empty() && text.starts_with(b));
         Ok(self.tokenizer.encode(text, !has_bos_text, true)?)
     }
 
@@ -590,7 +607,12 @@ impl Engine {
         let conv = |user: &str| vec![ChatMessage::new("system", system), ChatMessage::new("user", user)];
         let a = self.render(&conv("A"), None, true)?;
         let b = self.render(&conv("B"), None, true)?;
-        let n = a.char_indices().zip(b.chars()).take_while(|((_, x), y)| x == y).last().map_or(0, |((i, c), _)| i + c.len_utf8());
+        let n = a
+            .char_indices()
+            .zip(b.chars())
+            .take_while(|((_, x), y)| x == y)
+            .last()
+            .map_or(0, |((i, c), _)| i + c.len_utf8());
         Ok(a[..n].to_string())
     }
 
@@ -604,6 +626,7 @@ impl Engine {
     fn restart(&mut self) -> Result<()> {
         self.runner.reset()?;
         self.cached.clear();
+        self.last_prompt = None;
         Ok(())
     }
 
@@ -612,7 +635,11 @@ impl Engine {
         let tokens = self.encode(&text)?;
         if tokens.len() >= self.runner.n_ctx() {
             return Err(PlanError::Request {
-                why: format!("the system prompt has {} tokens but the context holds {}; load with a larger context", tokens.len(), self.runner.n_ctx()),
+                why: format!(
+                    "the system prompt has {} tokens but the context holds {}; load with a larger context",
+                    tokens.len(),
+                    self.runner.n_ctx()
+                ),
             });
         }
         self.primed = None;
@@ -649,25 +676,34 @@ impl Engine {
     }
 
     /// Brings the cache to a prefix of `prompt` (shorter than it, so at least one token is
-    /// evaluated for logits) and returns how many prompt tokens it already holds.
+    /// evaluated for logits) and returns how many prompt tokens it already holds. In order: the
+    /// cache itself when it is a prefix; else the longest anchor (the last prompt's end, the
+    /// primed prompt) that is a prefix and whose checkpoint still restores; else the primed
+    /// prompt evaluated again; else nothing.
     fn reuse_prefix(&mut self, prompt: &[u32]) -> Result<usize> {
         let common = common_prefix(&self.cached, prompt);
         if common == self.cached.len() && common < prompt.len() {
             return Ok(common);
         }
-        let primed_prefix = self.primed.as_ref().filter(|p| p.tokens.len() < prompt.len() && prompt.starts_with(&p.tokens));
-        if let Some(p) = primed_prefix {
-            let n = p.tokens.len();
-            let restored = match &p.checkpoint {
-                Some(cp) => self.runner.restore(cp).is_ok(),
-                None => false,
-            };
-            if restored {
-                self.cached.truncate(n);
+        let fits = |tokens: &[u32]| tokens.len() < prompt.len() && prompt.starts_with(tokens);
+        let mut anchors: Vec<(Vec<u32>, Checkpoint)> = Vec::new();
+        if let Some(a) = self.last_prompt.as_ref().filter(|a| fits(&a.0)) {
+            anchors.push(a.clone());
+        }
+        if let Some(p) = self.primed.as_ref().filter(|p| fits(&p.tokens)) {
+            anchors.extend(p.checkpoint.clone().map(|cp| (p.tokens.clone(), cp)));
+        }
+        anchors.sort_by_key(|a| std::cmp::Reverse(a.0.len()));
+        for (tokens, cp) in anchors {
+            // A refused restore (rows rewritten since, or taken before a reset) changes nothing.
+            if self.runner.restore(&cp).is_ok() {
+                let n = tokens.len();
+                self.cached = tokens;
                 return Ok(n);
             }
-            // No usable checkpoint (taken before a reset): evaluate the prefix again, keep a new one.
-            let tokens = p.tokens.clone();
+        }
+        if let Some(tokens) = self.primed.as_ref().filter(|p| fits(&p.tokens)).map(|p| p.tokens.clone()) {
+            // The primed checkpoint is stale: evaluate the prefix again and keep a new one.
             self.restart()?;
             if !tokens.is_empty() {
                 self.eval(&tokens)?;
@@ -682,7 +718,14 @@ impl Engine {
         Ok(0)
     }
 
-    fn generate(&mut self, input: Input, opts: &GenerateOptions, tx: &SyncSender<Event>, abort: &AbortHandle, started_at: Instant) -> Result<Finish> {
+    fn generate(
+        &mut self,
+        input: Input,
+        opts: &GenerateOptions,
+        tx: &SyncSender<Event>,
+        abort: &AbortHandle,
+        started_at: Instant,
+    ) -> Result<Finish> {
         let finish = |stop, n_prompt_tokens, n_cached_tokens, n_generated, prompt_ms, generate_ms| Finish {
             stop,
             n_prompt_tokens,
@@ -703,13 +746,17 @@ impl Engine {
         let n_ctx = self.runner.n_ctx();
         if prompt.len() >= n_ctx {
             return Err(PlanError::Request {
-                why: format!("the prompt has {} tokens but the context holds {n_ctx}; shorten it or load with a larger context", prompt.len()),
+                why: format!(
+                    "the prompt has {} tokens but the context holds {n_ctx}; shorten it or load with a larger context",
+                    prompt.len()
+                ),
             });
         }
         let t0 = Instant::now();
         let n_cached = self.reuse_prefix(&prompt)?;
         let start = self.cached.len();
         let mut logits = self.eval(&prompt[start..])?;
+        self.last_prompt = self.runner.checkpoint().ok().map(|cp| (prompt.clone(), cp));
         let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
         let n_vocab = self.runner.hparams().n_vocab;
@@ -760,7 +807,12 @@ impl Engine {
         };
         let tail = decoder.finish();
         if !tail.is_empty() {
-            let _ = tx.send(Event::Chunk(Chunk { text: tail, token_id: None, n_tokens: n_generated, kind: kind_of(reasoning) }));
+            let _ = tx.send(Event::Chunk(Chunk {
+                text: tail,
+                token_id: None,
+                n_tokens: n_generated,
+                kind: kind_of(reasoning),
+            }));
         }
         drop(decoder);
         Ok(finish(stop, prompt.len(), n_cached, n_generated, prompt_ms, t1.elapsed().as_secs_f64() * 1e3))

@@ -26,8 +26,24 @@ fn describe_json_has_the_documented_fields() {
     assert_eq!(
         keys(&v),
         sorted(&[
-            "path", "source", "formats", "architecture", "hf_architecture", "task", "tags", "files", "total_size_bytes", "gguf",
-            "gguf_variants", "quant_types", "params_total", "params_active", "context_length", "chat_template", "thinking", "readers",
+            "path",
+            "source",
+            "formats",
+            "architecture",
+            "hf_architecture",
+            "task",
+            "tags",
+            "files",
+            "total_size_bytes",
+            "gguf",
+            "gguf_variants",
+            "quant_types",
+            "params_total",
+            "params_active",
+            "context_length",
+            "chat_template",
+            "thinking",
+            "readers",
             "weights",
         ])
     );
@@ -43,8 +59,19 @@ fn describe_json_has_the_documented_fields() {
     assert_eq!(
         keys(&v["weights"]),
         sorted(&[
-            "tensor_bytes", "expert_bytes", "dense_bytes", "gpu_tensor_bytes", "gpu_expert_bytes", "expert_count", "expert_used_count",
-            "n_layers", "n_embd", "n_vocab", "max_ffn", "kv_bytes_per_position", "recurrent_state_bytes",
+            "tensor_bytes",
+            "expert_bytes",
+            "dense_bytes",
+            "gpu_tensor_bytes",
+            "gpu_expert_bytes",
+            "expert_count",
+            "expert_used_count",
+            "n_layers",
+            "n_embd",
+            "n_vocab",
+            "max_ffn",
+            "kv_bytes_per_position",
+            "recurrent_state_bytes",
         ])
     );
 }
@@ -79,8 +106,19 @@ fn probe_json_has_the_documented_fields() {
     assert_eq!(
         keys(&g),
         sorted(&[
-            "index", "name", "api", "device_type", "driver", "shader_f16", "subgroups", "max_storage_binding_bytes", "memory_bytes",
-            "memory_free_bytes", "memory_source", "bandwidth_bytes_per_s", "bandwidth_source",
+            "index",
+            "name",
+            "api",
+            "device_type",
+            "driver",
+            "shader_f16",
+            "subgroups",
+            "max_storage_binding_bytes",
+            "memory_bytes",
+            "memory_free_bytes",
+            "memory_source",
+            "bandwidth_bytes_per_s",
+            "bandwidth_source",
         ])
     );
     assert_eq!(g["bandwidth_source"], "measured");
@@ -96,7 +134,17 @@ fn plan_json_has_the_documented_fields() {
     let v = serde_json::to_value(&p).unwrap();
     assert_eq!(
         keys(&v),
-        sorted(&["model", "architecture", "n_ctx", "chosen", "backends", "gpu_budget", "ram_budget", "speed_model", "assumptions"])
+        sorted(&[
+            "model",
+            "architecture",
+            "n_ctx",
+            "chosen",
+            "backends",
+            "gpu_budget",
+            "ram_budget",
+            "speed_model",
+            "assumptions"
+        ])
     );
     assert_eq!(keys(&v["gpu_budget"]), sorted(&["bytes", "source"]));
     let b = &v["backends"];
@@ -107,10 +155,29 @@ fn plan_json_has_the_documented_fields() {
     }
     assert_eq!(
         keys(&b[0]["estimate"]),
-        sorted(&["gpu_bytes", "ram_bytes", "disk_bytes", "bytes_per_token", "tok_per_sec", "bandwidth_bytes_per_s", "bandwidth_source"])
+        sorted(&[
+            "gpu_bytes",
+            "ram_bytes",
+            "disk_bytes",
+            "bytes_per_token",
+            "tok_per_sec",
+            "bandwidth_bytes_per_s",
+            "bandwidth_source"
+        ])
     );
     assert_eq!(keys(&b[2]["refusal"]), sorted(&["code", "reason", "need_bytes"]));
     assert_eq!(b[2]["refusal"]["code"], "unimplemented");
     let back: plan::Plan = serde_json::from_value(v).unwrap();
     assert_eq!(back, p, "the JSON reads back");
+}
+
+/// `cargo test -p plan --features gpu --test json -- --ignored --nocapture` prints this
+/// machine as `diskformer probe --json` does, with measured bandwidths (how the rows of
+/// `plan::BANDWIDTH_TABLE` were made).
+#[test]
+#[ignore = "measures bandwidths for about a second; run with --ignored to print this machine"]
+fn print_this_machine_measured() {
+    let m = plan::probe(&plan::ProbeOptions { disk_paths: vec![".".into()], measure_bandwidth: true });
+    println!("{}", serde_json::to_string_pretty(&m).unwrap());
+    assert!(m.memory.bandwidth_bytes_per_s.is_some_and(|b| b > 0.0));
 }

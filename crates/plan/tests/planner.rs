@@ -14,7 +14,8 @@
 mod common;
 
 use plan::{
-    describe, plan_with, BackendKind, Code, CpuInfo, Format, GpuInfo, Machine, MemoryInfo, PlanOptions, Source, SourceKind, Task,
+    describe, plan_with, BackendKind, Code, CpuInfo, Format, GpuInfo, Machine, MemoryInfo, PlanOptions, Source,
+    SourceKind, Task,
 };
 
 const GIB: u64 = 1 << 30;
@@ -31,7 +32,13 @@ const MOE_EXPERT_BYTES: u64 = 884_736;
 const MOE_KV_PER_POS: u64 = 2 * 2 * (64 + 64) * 4;
 
 fn cpu() -> CpuInfo {
-    CpuInfo { model: Some("test cpu".into()), arch: "x86_64".into(), simd: vec![], cores_logical: 8, cores_physical: Some(4) }
+    CpuInfo {
+        model: Some("test cpu".into()),
+        arch: "x86_64".into(),
+        simd: vec![],
+        cores_logical: 8,
+        cores_physical: Some(4),
+    }
 }
 
 /// A machine with `ram` bytes available read at `ram_bw`, and optionally one GPU.
@@ -81,8 +88,9 @@ fn describe_reads_the_fixture_headers() {
     assert_eq!(d.task, Task::TextGeneration);
     assert_eq!(d.params_total, Some(LLAMA_PARAMS));
     assert_eq!(d.params_active, Some(LLAMA_PARAMS));
-    let types: Vec<(&str, usize, u64)> = d.quant_types.iter().map(|q| (q.dtype.as_str(), q.n_tensors, q.size_bytes)).collect();
-    assert_eq!(types, vec![("f32", 5, 5120), ("q4_0", 15, 737_280), ("q6_K", 1, 107_520)]);
+    let types: Vec<(&str, usize, u64)> =
+        d.quant_types.iter().map(|q| (q.dtype.as_str(), q.n_tensors, q.size_bytes)).collect();
+    assert_eq!(types, vec![("F32", 5, 5120), ("Q4_0", 15, 737_280), ("Q6_K", 1, 107_520)]);
     assert_eq!(d.files.len(), 1);
     assert_eq!(d.files[0].size_bytes, std::fs::metadata(common::fixture("llama")).unwrap().len());
     assert!(!d.chat_template && d.thinking.is_none());
@@ -94,7 +102,10 @@ fn describe_reads_the_fixture_headers() {
     assert_eq!(m.params_total, Some(MOE_PARAMS));
     assert_eq!(m.params_active, Some(MOE_PARAMS - MOE_EXPERT_PARAMS + MOE_EXPERT_PARAMS * 2 / 8));
     let w = m.weights.as_ref().unwrap();
-    assert_eq!((w.expert_bytes, w.expert_count, w.expert_used_count, w.kv_bytes_per_position), (MOE_EXPERT_BYTES, 8, 2, MOE_KV_PER_POS));
+    assert_eq!(
+        (w.expert_bytes, w.expert_count, w.expert_used_count, w.kv_bytes_per_position),
+        (MOE_EXPERT_BYTES, 8, 2, MOE_KV_PER_POS)
+    );
     assert!(m.tags.contains(&"moe".to_string()));
 }
 
@@ -106,7 +117,10 @@ fn describe_finds_the_template_and_think_markers() {
     let d = describe(&p).unwrap();
     assert!(d.chat_template);
     let t = d.thinking.unwrap();
-    assert_eq!((t.open.as_str(), t.open_id, t.close.as_str(), t.close_id, t.in_template), ("<think>", 5, "</think>", 6, true));
+    assert_eq!(
+        (t.open.as_str(), t.open_id, t.close.as_str(), t.close_id, t.in_template),
+        ("<think>", 5, "</think>", 6, true)
+    );
     assert!(d.tags.contains(&"thinking".to_string()) && d.tags.contains(&"chat".to_string()));
 }
 
@@ -124,7 +138,11 @@ fn cpu_wins_on_a_machine_without_gpu() {
     let gpu = p.backend(BackendKind::Gpu).refusal.clone().unwrap();
     assert_eq!(gpu.code, Code::Gpu);
     for k in [BackendKind::GpuPaged, BackendKind::Hybrid] {
-        assert_eq!(p.backend(k).refusal.as_ref().unwrap().code, Code::Model, "{k:?}: a dense model has no experts to page");
+        assert_eq!(
+            p.backend(k).refusal.as_ref().unwrap().code,
+            Code::Model,
+            "{k:?}: a dense model has no experts to page"
+        );
     }
     assert!(p.summary_line().starts_with("plan: cpu"), "{}", p.summary_line());
 }
@@ -142,7 +160,8 @@ fn ram_budget_refuses_the_cpu_with_the_bytes_it_needs() {
     assert_eq!(p.pick(Some(BackendKind::Cpu)).unwrap_err().code(), "budget");
     // The need is exact: that budget runs, one byte less does not. A --ram-budget overrides
     // what the machine has.
-    let at = |b: u64| plan_with(&d, &machine(1 << 20, 20e9, None), &PlanOptions { ram_budget_bytes: Some(b), ..opts(256) });
+    let at =
+        |b: u64| plan_with(&d, &machine(1 << 20, 20e9, None), &PlanOptions { ram_budget_bytes: Some(b), ..opts(256) });
     assert_eq!(at(need).chosen, Some(BackendKind::Cpu));
     assert_eq!(at(need - 1).backend(BackendKind::Cpu).refusal.as_ref().unwrap().code, Code::Ram);
 }
@@ -284,7 +303,10 @@ fn a_safetensors_folder_is_described_and_refused_for_its_format() {
     assert_eq!((d.architecture.as_deref(), d.hf_architecture.as_deref()), (Some("llama"), Some("LlamaForCausalLM")));
     assert_eq!((d.task, d.context_length, d.params_total), (Task::TextGeneration, Some(2048), Some(36)));
     assert_eq!(d.files.len(), 3);
-    assert_eq!(d.total_size_bytes, bytes.len() as u64 + 10 + std::fs::metadata(dir.path().join("config.json")).unwrap().len());
+    assert_eq!(
+        d.total_size_bytes,
+        bytes.len() as u64 + 10 + std::fs::metadata(dir.path().join("config.json")).unwrap().len()
+    );
     let p = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(0));
     assert!(p.backends.iter().all(|b| b.refusal.as_ref().unwrap().code == Code::Format));
     assert_eq!(describe(&dir.path().join("onnx")).unwrap().formats, vec![Format::Onnx]);
@@ -293,7 +315,8 @@ fn a_safetensors_folder_is_described_and_refused_for_its_format() {
 #[test]
 fn a_folder_with_gguf_files_plans_its_first_variant() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.json"), r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}"#).unwrap();
+    std::fs::write(dir.path().join("config.json"), r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}"#)
+        .unwrap();
     std::fs::copy(common::fixture("qwen3"), dir.path().join("b-q4_0.gguf")).unwrap();
     std::fs::copy(common::fixture("qwen3"), dir.path().join("a-q4_0.gguf")).unwrap();
     let d = describe(dir.path()).unwrap();
