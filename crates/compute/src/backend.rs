@@ -28,6 +28,52 @@ pub struct Experts<B: Backend + ?Sized> {
     pub down_bias: Option<B::Tensor>,
 }
 
+/// One expert matrix `[n_out, k]` in its stored type, as bytes in host memory.
+#[derive(Clone, Copy, Debug)]
+pub struct HostMatrix<'a> {
+    /// Stored element type.
+    pub dtype: gguf::GgmlType,
+    /// The matrix's bytes (`n_out` rows of `k` elements).
+    pub bytes: &'a [u8],
+    /// Rows.
+    pub n_out: usize,
+    /// Row length in elements.
+    pub k: usize,
+}
+
+/// One expert's matrices in host memory, lent by an [`ExpertStore`] for one computation.
+#[derive(Clone, Copy, Debug)]
+pub struct HostExpert<'a> {
+    /// Expert index within its layer.
+    pub id: u32,
+    /// Gate projection `[n_ff, n_embd]` (absent for non-gated experts).
+    pub gate: Option<HostMatrix<'a>>,
+    /// Up projection `[n_ff, n_embd]`.
+    pub up: HostMatrix<'a>,
+    /// Down projection `[n_embd, n_ff]`.
+    pub down: HostMatrix<'a>,
+}
+
+/// Where a back end finds expert matrices when they are not resident: a cache that reads them
+/// from disk under a memory budget (crates/pager). A back end given a store asks it at every
+/// `moe_ffn` instead of using [`Experts`]' stacked weights, so model files never learn whether
+/// their experts are resident or paged; biases stay in [`Experts`] (they are small).
+pub trait ExpertStore: Send + Sync + std::fmt::Debug {
+    /// Makes experts `ids` (distinct) of `layer` available in host memory and calls `compute`
+    /// with them, in the order of `ids`, in one or more consecutive groups: a store whose budget
+    /// holds fewer experts than `ids` lends them a group at a time. The experts stay in place
+    /// until `compute` returns; its error is passed through.
+    ///
+    /// # Errors
+    /// The store cannot read an expert (I/O, unknown layer or id), or `compute` failed.
+    fn with_host_experts(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+    ) -> Result<(), OpError>;
+}
+
 /// Routing result: for each token, `k` expert ids and their weights.
 pub struct Routing<B: Backend + ?Sized> {
     /// Expert ids `[n_tokens, k]`.

@@ -8,12 +8,13 @@
 
 pub mod kernels;
 
-use crate::backend::{Backend, Experts, Routing, SsmScan};
+use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// An f32 tensor in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,6 +59,8 @@ impl CpuCache {
 #[derive(Clone, Debug)]
 pub struct CpuBackend {
     mode: MatmulMode,
+    /// Where `moe_ffn` finds expert matrices when set (a pager); else the stacked weights.
+    expert_store: Option<Arc<dyn ExpertStore>>,
 }
 
 impl Default for CpuBackend {
@@ -69,7 +72,19 @@ impl Default for CpuBackend {
 impl CpuBackend {
     /// A back end computing matrix products in `mode`.
     pub fn new(mode: MatmulMode) -> CpuBackend {
-        CpuBackend { mode }
+        CpuBackend { mode, expert_store: None }
+    }
+
+    /// This back end with its experts taken from `store` (paged from disk under a memory
+    /// budget) instead of the model's stacked expert weights.
+    pub fn with_expert_store(mut self, store: Arc<dyn ExpertStore>) -> CpuBackend {
+        self.expert_store = Some(store);
+        self
+    }
+
+    /// The expert store `moe_ffn` asks, if any.
+    pub fn expert_store(&self) -> Option<&Arc<dyn ExpertStore>> {
+        self.expert_store.as_ref()
     }
 
     /// The matrix-product mode.
@@ -103,6 +118,61 @@ impl CpuBackend {
                 got: b.shape.clone(),
             })
         }
+    }
+
+    fn matmul_host(&self, x: &[f32], w: &HostMatrix<'_>, y: &mut [f32]) -> Result<(), OpError> {
+        quant::matmul(w.dtype, w.bytes, w.n_out, w.k, x, y, self.mode)
+            .map_err(|source| OpError::Quant { op: "matmul", source })
+    }
+
+    /// One expert's FFN over the rows `xs` (`[m, n_embd]`) of the tokens `toks` (token index,
+    /// routing weight), added into `out` (`[n, n_embd]`) scaled by each token's weight.
+    fn expert_ffn(
+        &self,
+        xs: &[f32],
+        toks: &[(usize, f32)],
+        ex: &HostExpert<'_>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        out: &mut [f32],
+    ) -> Result<(), OpError> {
+        let (m, e, ff) = (toks.len(), ex.id as usize, spec.n_ff);
+        let n_embd = ex.down.n_out;
+        let bias_row =
+            |b: &Option<CpuTensor>, width: usize| b.as_ref().map(|b| b.data[e * width..(e + 1) * width].to_vec());
+        let mut up = vec![0f32; m * ff];
+        self.matmul_host(xs, &ex.up, &mut up)?;
+        if let Some(b) = bias_row(&experts.up_bias, ff) {
+            up.chunks_mut(ff).for_each(|r| r.iter_mut().zip(&b).for_each(|(x, y)| *x += y));
+        }
+        let h: Vec<f32> = match &ex.gate {
+            Some(g) => {
+                let mut gate = vec![0f32; m * ff];
+                self.matmul_host(xs, g, &mut gate)?;
+                if let Some(b) = bias_row(&experts.gate_bias, ff) {
+                    gate.chunks_mut(ff).for_each(|r| r.iter_mut().zip(&b).for_each(|(x, y)| *x += y));
+                }
+                gate.iter().zip(&up).map(|(&g, &u)| kernels::glu(g, u, spec.glu)).collect()
+            }
+            None => {
+                let act = match spec.glu {
+                    Glu::Plain(a) => a,
+                    Glu::SwiGluOai { .. } => Act::Silu,
+                };
+                up.iter().map(|&u| kernels::act(u, act)).collect()
+            }
+        };
+        let mut down = vec![0f32; m * n_embd];
+        self.matmul_host(&h, &ex.down, &mut down)?;
+        let down_bias = bias_row(&experts.down_bias, n_embd);
+        for (r, &(t, w)) in toks.iter().enumerate() {
+            let o = &mut out[t * n_embd..(t + 1) * n_embd];
+            for (c, ov) in o.iter_mut().enumerate() {
+                let b = down_bias.as_ref().map_or(0.0, |b| b[c]);
+                *ov += w * (down[r * n_embd + c] + b);
+            }
+        }
+        Ok(())
     }
 
     fn matmul_raw(&self, x: &[f32], n_tok: usize, w: &HostWeight, y: &mut [f32]) -> Result<(), OpError> {
@@ -433,45 +503,52 @@ impl Backend for CpuBackend {
             }
         }
         let mut out = vec![0f32; n * n_embd];
-        for (e, toks) in by_expert.iter().enumerate() {
-            if toks.is_empty() {
-                continue;
-            }
-            let m = toks.len();
-            let xs: Vec<f32> = toks.iter().flat_map(|&(t, _)| x.data[t * n_embd..(t + 1) * n_embd].iter().copied()).collect();
-            let ff = spec.n_ff;
-            let expert = |w: &HostWeight, rows: usize| w.rows(e * rows, (e + 1) * rows, vec![rows, w.row_len()]);
-            let bias_row = |b: &Option<CpuTensor>, width: usize| b.as_ref().map(|b| b.data[e * width..(e + 1) * width].to_vec());
-            let mut up = vec![0f32; m * ff];
-            self.matmul_raw(&xs, m, &expert(&experts.up, ff), &mut up)?;
-            if let Some(b) = bias_row(&experts.up_bias, ff) {
-                up.chunks_mut(ff).for_each(|r| r.iter_mut().zip(&b).for_each(|(x, y)| *x += y));
-            }
-            let h: Vec<f32> = match &experts.gate {
-                Some(g) => {
-                    let mut gate = vec![0f32; m * ff];
-                    self.matmul_raw(&xs, m, &expert(g, ff), &mut gate)?;
-                    if let Some(b) = bias_row(&experts.gate_bias, ff) {
-                        gate.chunks_mut(ff).for_each(|r| r.iter_mut().zip(&b).for_each(|(x, y)| *x += y));
+        let rows_of = |toks: &[(usize, f32)]| -> Vec<f32> {
+            toks.iter().flat_map(|&(t, _)| x.data[t * n_embd..(t + 1) * n_embd].iter().copied()).collect()
+        };
+        // Experts in ascending id order on both paths, so paged and resident runs add the same
+        // terms in the same order and give bit-identical outputs.
+        let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
+        match &self.expert_store {
+            Some(store) => {
+                store.with_host_experts(experts.layer, &used, &mut |group: &[HostExpert<'_>]| {
+                    for ex in group {
+                        let toks = by_expert.get(ex.id as usize).ok_or_else(|| OpError::ShapeMismatch {
+                            op: "moe_ffn store",
+                            expected: format!("expert ids < {}", spec.n_expert),
+                            got: vec![ex.id as usize],
+                        })?;
+                        let expected = (spec.n_ff, n_embd);
+                        if (ex.up.n_out, ex.up.k) != expected || (ex.down.n_out, ex.down.k) != (n_embd, spec.n_ff) {
+                            return Err(OpError::ShapeMismatch {
+                                op: "moe_ffn store",
+                                expected: format!("up [{}, {n_embd}], down [{n_embd}, {}]", spec.n_ff, spec.n_ff),
+                                got: vec![ex.up.n_out, ex.up.k, ex.down.n_out, ex.down.k],
+                            });
+                        }
+                        self.expert_ffn(&rows_of(toks), toks, ex, experts, spec, &mut out)?;
                     }
-                    gate.iter().zip(&up).map(|(&g, &u)| kernels::glu(g, u, spec.glu)).collect()
-                }
-                None => {
-                    let act = match spec.glu {
-                        Glu::Plain(a) => a,
-                        Glu::SwiGluOai { .. } => Act::Silu,
-                    };
-                    up.iter().map(|&u| kernels::act(u, act)).collect()
-                }
-            };
-            let mut down = vec![0f32; m * n_embd];
-            self.matmul_raw(&h, m, &expert(&experts.down, n_embd), &mut down)?;
-            let down_bias = bias_row(&experts.down_bias, n_embd);
-            for (r, &(t, w)) in toks.iter().enumerate() {
-                let o = &mut out[t * n_embd..(t + 1) * n_embd];
-                for (c, ov) in o.iter_mut().enumerate() {
-                    let b = down_bias.as_ref().map_or(0.0, |b| b[c]);
-                    *ov += w * (down[r * n_embd + c] + b);
+                    Ok(())
+                })?;
+            }
+            None => {
+                let ff = spec.n_ff;
+                for &e in &used {
+                    let e = e as usize;
+                    let toks = &by_expert[e];
+                    let matrix =
+                        |w: &HostWeight, rows: usize| w.rows(e * rows, (e + 1) * rows, vec![rows, w.row_len()]);
+                    let (gate, up, down) = (
+                        experts.gate.as_ref().map(|g| matrix(g, ff)),
+                        matrix(&experts.up, ff),
+                        matrix(&experts.down, n_embd),
+                    );
+                    fn host(w: &HostWeight) -> HostMatrix<'_> {
+                        HostMatrix { dtype: w.dtype, bytes: w.bytes(), n_out: w.shape[0], k: w.row_len() }
+                    }
+                    let ex =
+                        HostExpert { id: e as u32, gate: gate.as_ref().map(host), up: host(&up), down: host(&down) };
+                    self.expert_ffn(&rows_of(toks), toks, &ex, experts, spec, &mut out)?;
                 }
             }
         }
