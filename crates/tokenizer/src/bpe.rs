@@ -131,7 +131,8 @@ mod tests {
     fn merges_lowest_rank_first() {
         let merges: Vec<String> = ["a b", "b c", "ab c"].iter().map(|s| s.to_string()).collect();
         let ranks = BpeRanks::new(&merges);
-        let vocab: std::collections::HashMap<&str, u32> = [("a", 0), ("b", 1), ("c", 2), ("ab", 3), ("bc", 4), ("abc", 5)].into();
+        let vocab: std::collections::HashMap<&str, u32> =
+            [("a", 0), ("b", 1), ("c", 2), ("ab", 3), ("bc", 4), ("abc", 5)].into();
         let lookup = |s: &str| vocab.get(s).copied();
         let mut out = Vec::new();
         merge_word(&ranks, "abc", &lookup, &mut out);

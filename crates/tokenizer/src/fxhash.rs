@@ -54,9 +54,14 @@ impl Hasher for FxHasher {
     fn write_usize(&mut self, i: usize) {
         self.add(i as u64);
     }
+    /// Fx leaves the low bits weak, and hashbrown picks buckets by the low bits; a SplitMix64
+    /// finalizer spreads them (without it, Gemma's 262k-token map probed long chains).
     #[inline]
     fn finish(&self) -> u64 {
-        self.hash
+        let mut z = self.hash;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 }
 
