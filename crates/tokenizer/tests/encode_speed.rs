@@ -10,6 +10,8 @@ use tokenizer::Tokenizer;
 
 /// About `n_bytes` of text: fixture strings mixed with pseudo-random words, so that the per-word
 /// cache sees both repeats and new words.
+// `is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
+#[allow(clippy::manual_is_multiple_of)]
 fn corpus(n_bytes: usize) -> String {
     let fixture: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/trained-gpt2.json")).unwrap(),
