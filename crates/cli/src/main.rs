@@ -27,6 +27,8 @@ enum Command {
     Synth(commands::synth::Args),
     /// Prompt-processing and generation speed, as llama-bench measures them.
     Bench(commands::bench::Args),
+    /// Serve models over OpenAI- and Anthropic-compatible HTTP APIs.
+    Serve(commands::serve::Args),
 }
 
 fn main() {
@@ -37,6 +39,7 @@ fn main() {
         Command::Models(a) => commands::models::run(a),
         Command::Synth(a) => commands::synth::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     if let Err(e) = result {
         commands::report_error(&e);

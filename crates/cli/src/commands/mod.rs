@@ -6,6 +6,7 @@ pub mod models;
 pub mod load;
 pub mod synth;
 pub mod bench;
+pub mod serve;
 
 /// Prints an error and its causes on one line, the way every subcommand reports failure.
 pub fn report_error(e: &anyhow::Error) {

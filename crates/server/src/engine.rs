@@ -1,0 +1,397 @@
+//! [`Loaded`]: one model's sessions (slots), its tokenizer and template, and generation runs
+//! that stream [`Event`]s to async handlers from a blocking thread.
+
+use crate::error::{ApiError, ErrorKind};
+use crate::metrics::Metrics;
+use plan::{ChunkKind, GenerateOptions, Input, Session, StopReason};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokenizer::{ChatOptions, ChatTemplate, Tokenizer};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+/// How models are loaded and served.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Context length (0: the model's, capped by the planner).
+    pub n_ctx: u64,
+    /// Sessions per model: requests served at once.
+    pub parallel: usize,
+    /// Requests admitted per model (running and waiting); beyond it requests get 503.
+    pub queue_max: usize,
+    /// Back end (`None`: the planner's choice).
+    pub backend: Option<plan::BackendKind>,
+    /// Read the weights into the page cache before serving.
+    pub read_ahead: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { n_ctx: 0, parallel: 1, queue_max: 16, backend: None, read_ahead: true }
+    }
+}
+
+/// A loaded model.
+pub struct Loaded {
+    /// The model's name in requests.
+    pub name: String,
+    /// The GGUF.
+    pub path: PathBuf,
+    sessions: Vec<Session>,
+    active: Vec<AtomicUsize>,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    bos_text: Option<String>,
+    /// Context length of each session.
+    pub n_ctx: usize,
+    /// The back end's name.
+    pub backend_name: &'static str,
+    admit: Arc<Semaphore>,
+    queue_max: usize,
+    /// Resident memory the load added (bytes), measured around it.
+    pub effective_bytes: u64,
+    /// How long loading took.
+    pub load_ms: f64,
+}
+
+/// Sampling and stopping of one request.
+#[derive(Clone, Debug)]
+pub struct GenOptions {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Sampling parameters.
+    pub sampling: models::sampling::SamplingParams,
+    /// Strings that end the answer (not included in it).
+    pub stop: Vec<String>,
+}
+
+/// Why a generation ended, as the APIs say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or a stop string.
+    Stop,
+    /// A stop string matched (Anthropic reports it apart).
+    StopSequence,
+    /// `max_tokens` reached, or the context is full.
+    Length,
+    /// The client went away.
+    Cancelled,
+}
+
+/// The end of a generation.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// The stop string that matched.
+    pub stop_sequence: Option<String>,
+    /// Prompt tokens.
+    pub n_prompt: usize,
+    /// Of those, taken from the KV cache.
+    pub n_cached: usize,
+    /// Tokens generated.
+    pub n_generated: usize,
+}
+
+/// What a running generation sends.
+#[derive(Debug)]
+pub enum Event {
+    /// Answer text.
+    Text(String),
+    /// Reasoning text.
+    Reasoning(String),
+    /// The end.
+    Done(Outcome),
+    /// A failure; nothing follows.
+    Failed(ApiError),
+}
+
+/// Aborts the generation when dropped: a handler or stream dropped because the client
+/// disconnected stops its generation, queued or running.
+pub struct AbortOnDrop(Option<plan::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.abort();
+        }
+    }
+}
+
+/// A started generation: its events, and the guard that cancels it.
+pub struct Running {
+    /// Events, in order; the channel closes after `Done` or `Failed`.
+    pub rx: mpsc::Receiver<Event>,
+    /// Cancels the generation on drop.
+    pub guard: AbortOnDrop,
+}
+
+/// Resident set size of this process, from /proc (0 where unavailable).
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * 4096)
+}
+
+impl Loaded {
+    /// Loads `path` with `opts.parallel` sessions. Blocking: call from a blocking thread.
+    ///
+    /// # Errors
+    /// The planner's and loader's errors.
+    pub fn load(name: &str, path: &Path, opts: &EngineOptions) -> Result<Loaded, plan::PlanError> {
+        let t0 = Instant::now();
+        let rss0 = resident_bytes();
+        let file = gguf::GgufModel::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+        let template = ChatTemplate::from_gguf(file.metadata())?;
+        let bos_text = tokenizer.bos().and_then(|b| tokenizer.token_text(b)).map(str::to_string);
+        drop(file);
+        let mut sessions = Vec::new();
+        for i in 0..opts.parallel.max(1) {
+            let lo = plan::LoadOptions {
+                backend: opts.backend,
+                plan: plan::PlanOptions { n_ctx: opts.n_ctx, ..Default::default() },
+                measure_bandwidth: false,
+                read_ahead: opts.read_ahead && i == 0,
+                ..Default::default()
+            };
+            sessions.push(plan::load(path, lo)?);
+        }
+        let info = sessions[0].info();
+        let (n_ctx, backend_name) = (info.n_ctx, info.backend_name);
+        let active = sessions.iter().map(|_| AtomicUsize::new(0)).collect();
+        Ok(Loaded {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            sessions,
+            active,
+            tokenizer,
+            template,
+            bos_text,
+            n_ctx,
+            backend_name,
+            admit: Arc::new(Semaphore::new(opts.queue_max.max(1))),
+            queue_max: opts.queue_max.max(1),
+            effective_bytes: resident_bytes().saturating_sub(rss0),
+            load_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// Requests admitted now (running or waiting).
+    pub fn in_flight(&self) -> usize {
+        self.queue_max - self.admit.available_permits()
+    }
+
+    /// Whether the model has a chat template.
+    pub fn has_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// Renders a conversation (OpenAI-form JSON messages) with tools for generation.
+    ///
+    /// # Errors
+    /// No chat template; the template failing.
+    pub fn render_chat(&self, messages: &[Value], tools: Option<Value>, thinking: Option<bool>) -> Result<String, ApiError> {
+        let t = self.template.as_ref().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "model {} has no chat template (tokenizer.chat_template); use /v1/completions with a prompt",
+                self.name
+            ))
+        })?;
+        let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, tools, ..Default::default() };
+        Ok(t.render_json(messages, &opts)?)
+    }
+
+    /// The text as the engine encodes a raw prompt: a BOS the template wrote is dropped when
+    /// the tokenizer adds its own, so it is not doubled.
+    fn prompt_text(&self, rendered: String) -> String {
+        match &self.bos_text {
+            Some(b) if !b.is_empty() && self.tokenizer.add_bos() && rendered.starts_with(b.as_str()) => {
+                rendered[b.len()..].to_string()
+            }
+            _ => rendered,
+        }
+    }
+
+    /// Tokens the engine will evaluate for `rendered`.
+    ///
+    /// # Errors
+    /// The tokenizer failing.
+    pub fn count_tokens(&self, rendered: &str) -> Result<usize, ApiError> {
+        Ok(self.tokenizer.encode(&self.prompt_text(rendered.to_string()), true, true)?.len())
+    }
+
+    /// Admits a request (or refuses it with 503 when the queue is full) and starts its
+    /// generation on the least busy session. The engine runs on the session's thread and a
+    /// blocking thread relays its chunks; nothing here computes on async workers.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Overloaded`] when `queue_max` requests are admitted already; a prompt that
+    /// does not fit the context.
+    pub fn start(self: &Arc<Self>, rendered: String, opts: GenOptions, metrics: Arc<Metrics>) -> Result<Running, ApiError> {
+        let permit = self.admit.clone().try_acquire_owned().map_err(|_| {
+            metrics.rejected.fetch_add(1, Ordering::Relaxed);
+            ApiError::new(
+                ErrorKind::Overloaded,
+                format!("model {} is busy: {} requests are queued or running; retry later", self.name, self.queue_max),
+            )
+        })?;
+        let text = self.prompt_text(rendered);
+        let n_prompt = self.tokenizer.encode(&text, true, true)?.len();
+        if n_prompt + 1 > self.n_ctx {
+            return Err(ApiError::invalid(format!(
+                "the prompt has {n_prompt} tokens but the context holds {}; shorten it",
+                self.n_ctx
+            )));
+        }
+        let slot = (0..self.sessions.len()).min_by_key(|&i| self.active[i].load(Ordering::Relaxed)).unwrap_or(0);
+        self.active[slot].fetch_add(1, Ordering::Relaxed);
+        let gopts = GenerateOptions { max_tokens: opts.max_tokens, sampling: opts.sampling.clone(), thinking: None };
+        let generation = self.sessions[slot].generate(Input::Prompt(text), gopts);
+        let guard = AbortOnDrop(Some(generation.abort_handle()));
+        let (tx, rx) = mpsc::channel(64);
+        let this = Arc::clone(self);
+        metrics.requests.fetch_add(1, Ordering::Relaxed);
+        tokio::task::spawn_blocking(move || {
+            relay(generation, &opts.stop, &tx, &metrics);
+            this.active[slot].fetch_sub(1, Ordering::Relaxed);
+            drop::<OwnedSemaphorePermit>(permit);
+        });
+        Ok(Running { rx, guard })
+    }
+}
+
+/// Bytes at the end of `text` that could begin a stop string (held back until known).
+fn held_back(text: &str, stops: &[String]) -> usize {
+    let mut keep = 0;
+    for s in stops {
+        for n in (1..s.len().min(text.len() + 1)).rev() {
+            if text.is_char_boundary(text.len() - n) && s.is_char_boundary(n) && text.ends_with(&s[..n]) {
+                keep = keep.max(n);
+                break;
+            }
+        }
+    }
+    keep
+}
+
+/// The earliest stop string in `text`: (byte offset, the string).
+fn find_stop<'a>(text: &str, stops: &'a [String]) -> Option<(usize, &'a String)> {
+    stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str()).map(|i| (i, s))).min_by_key(|p| p.0)
+}
+
+/// Reads the engine's chunks (blocking) and sends events; ends the generation early on a stop
+/// string or when the receiver is gone.
+fn relay(mut generation: plan::Generation, stops: &[String], tx: &mpsc::Sender<Event>, metrics: &Metrics) {
+    let abort = generation.abort_handle();
+    let mut pending = String::new();
+    let mut stop_hit: Option<String> = None;
+    let mut gone = false;
+    for chunk in generation.by_ref() {
+        let event = match chunk.kind {
+            ChunkKind::Reasoning => Event::Reasoning(chunk.text),
+            ChunkKind::Text => {
+                pending.push_str(&chunk.text);
+                if let Some((at, s)) = find_stop(&pending, stops) {
+                    pending.truncate(at);
+                    stop_hit = Some(s.clone());
+                    abort.abort();
+                    Event::Text(std::mem::take(&mut pending))
+                } else {
+                    let emit = pending.len() - held_back(&pending, stops);
+                    let rest = pending.split_off(emit);
+                    Event::Text(std::mem::replace(&mut pending, rest))
+                }
+            }
+        };
+        let empty = matches!(&event, Event::Text(t) | Event::Reasoning(t) if t.is_empty());
+        if !empty && tx.blocking_send(event).is_err() {
+            gone = true;
+            abort.abort();
+        }
+        if stop_hit.is_some() || gone {
+            break;
+        }
+    }
+    if !pending.is_empty() && stop_hit.is_none() && !gone {
+        let _ = tx.blocking_send(Event::Text(pending));
+    }
+    match generation.finish() {
+        Ok(f) => {
+            metrics.record(&f);
+            let reason = match (&stop_hit, f.stop) {
+                (Some(_), _) => FinishReason::StopSequence,
+                (None, StopReason::EndOfGeneration) => FinishReason::Stop,
+                (None, StopReason::MaxTokens | StopReason::ContextFull) => FinishReason::Length,
+                (None, StopReason::Aborted) => FinishReason::Cancelled,
+            };
+            if reason == FinishReason::Cancelled {
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tx.blocking_send(Event::Done(Outcome {
+                reason,
+                stop_sequence: stop_hit,
+                n_prompt: f.n_prompt_tokens,
+                n_cached: f.n_cached_tokens,
+                n_generated: f.n_generated,
+            }));
+        }
+        Err(e) => {
+            let _ = tx.blocking_send(Event::Failed(e.into()));
+        }
+    }
+}
+
+/// A whole generation, collected.
+#[derive(Debug, Default)]
+pub struct Collected {
+    /// Answer text.
+    pub text: String,
+    /// Reasoning text.
+    pub reasoning: String,
+    /// The end.
+    pub outcome: Option<Outcome>,
+}
+
+impl Running {
+    /// Collects every event.
+    ///
+    /// # Cancel safety
+    /// Dropping this future drops `self`, whose guard aborts the generation: a client that
+    /// disconnects during a non-streaming request stops its generation.
+    ///
+    /// # Errors
+    /// The engine's failure.
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+        let mut c = Collected::default();
+        while let Some(e) = self.rx.recv().await {
+            match e {
+                Event::Text(t) => c.text.push_str(&t),
+                Event::Reasoning(t) => c.reasoning.push_str(&t),
+                Event::Done(o) => c.outcome = Some(o),
+                Event::Failed(e) => return Err(e),
+            }
+        }
+        if c.outcome.is_none() {
+            return Err(ApiError::new(ErrorKind::Internal, "the generation ended without an outcome"));
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_prefixes_are_held_back() {
+        let stops = vec!["</s>".to_string(), "END".to_string()];
+        assert_eq!(held_back("hello </", &stops), 2);
+        assert_eq!(held_back("hello E", &stops), 1);
+        assert_eq!(held_back("hello", &stops), 0);
+        assert_eq!(find_stop("a END b </s>", &stops).map(|p| p.0), Some(2));
+    }
+}

@@ -1,0 +1,77 @@
+//! [`Metrics`]: counters for `/metrics` in Prometheus' text format.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Server-wide counters, updated by generations as they end.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Generations started.
+    pub requests: AtomicU64,
+    /// Requests refused with 503 because a queue was full.
+    pub rejected: AtomicU64,
+    /// Generations ended by cancellation (client gone).
+    pub cancelled: AtomicU64,
+    /// Prompt tokens of finished generations.
+    pub prompt_tokens: AtomicU64,
+    /// Of those, taken from the KV cache.
+    pub cached_tokens: AtomicU64,
+    /// Tokens generated.
+    pub generated_tokens: AtomicU64,
+    /// Microseconds spent evaluating prompts.
+    pub prompt_us: AtomicU64,
+    /// Microseconds spent generating.
+    pub generate_us: AtomicU64,
+}
+
+impl Metrics {
+    /// Adds a finished generation.
+    pub fn record(&self, f: &plan::Finish) {
+        self.prompt_tokens.fetch_add(f.n_prompt_tokens as u64, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(f.n_cached_tokens as u64, Ordering::Relaxed);
+        self.generated_tokens.fetch_add(f.n_generated as u64, Ordering::Relaxed);
+        self.prompt_us.fetch_add((f.prompt_ms * 1e3) as u64, Ordering::Relaxed);
+        self.generate_us.fetch_add((f.generate_ms * 1e3) as u64, Ordering::Relaxed);
+    }
+
+    /// The Prometheus exposition; `models` gives (name, in-flight requests) of loaded models.
+    pub fn render(&self, models: &[(String, usize)], resident_bytes: u64) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = String::new();
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP diskformer_{name} {help}\n# TYPE diskformer_{name} counter\ndiskformer_{name} {v}");
+        };
+        counter("requests_total", "Generations started.", get(&self.requests));
+        counter("requests_rejected_total", "Requests refused with 503 (queue full).", get(&self.rejected));
+        counter("requests_cancelled_total", "Generations cancelled by the client.", get(&self.cancelled));
+        counter("prompt_tokens_total", "Prompt tokens.", get(&self.prompt_tokens));
+        counter("prompt_tokens_cached_total", "Prompt tokens served from the KV cache.", get(&self.cached_tokens));
+        counter("tokens_generated_total", "Tokens generated.", get(&self.generated_tokens));
+        let rate = |tokens: u64, us: u64| if us == 0 { 0.0 } else { tokens as f64 / (us as f64 / 1e6) };
+        let _ = writeln!(
+            s,
+            "# HELP diskformer_prompt_tokens_per_second Prompt evaluation speed over all requests.\n\
+             # TYPE diskformer_prompt_tokens_per_second gauge\ndiskformer_prompt_tokens_per_second {:.3}",
+            rate(get(&self.prompt_tokens) - get(&self.cached_tokens), get(&self.prompt_us))
+        );
+        let _ = writeln!(
+            s,
+            "# HELP diskformer_generation_tokens_per_second Generation speed over all requests.\n\
+             # TYPE diskformer_generation_tokens_per_second gauge\ndiskformer_generation_tokens_per_second {:.3}",
+            rate(get(&self.generated_tokens), get(&self.generate_us))
+        );
+        let _ = writeln!(
+            s,
+            "# HELP diskformer_requests_in_flight Requests running or queued, per model.\n# TYPE diskformer_requests_in_flight gauge"
+        );
+        for (name, n) in models {
+            let _ = writeln!(s, "diskformer_requests_in_flight{{model=\"{}\"}} {n}", name.replace(['"', '\\', '\n'], "_"));
+        }
+        let _ = writeln!(
+            s,
+            "# HELP diskformer_resident_memory_bytes Resident memory of the server.\n\
+             # TYPE diskformer_resident_memory_bytes gauge\ndiskformer_resident_memory_bytes {resident_bytes}"
+        );
+        s
+    }
+}
