@@ -25,11 +25,13 @@ pub struct EngineOptions {
     pub backend: Option<plan::BackendKind>,
     /// Read the weights into the page cache before serving.
     pub read_ahead: bool,
+    /// A chat template (Jinja source) replacing the models' own.
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, parallel: 1, queue_max: 16, backend: None, read_ahead: true }
+        EngineOptions { n_ctx: 0, parallel: 1, queue_max: 16, backend: None, read_ahead: true, chat_template: None }
     }
 }
 
@@ -146,8 +148,14 @@ impl Loaded {
         let rss0 = resident_bytes();
         let file = gguf::GgufModel::open(path)?;
         let tokenizer = Tokenizer::from_gguf(file.metadata())?;
-        let template = ChatTemplate::from_gguf(file.metadata())?;
         let bos_text = tokenizer.bos().and_then(|b| tokenizer.token_text(b)).map(str::to_string);
+        let template = match &opts.chat_template {
+            Some(src) => {
+                let eos = tokenizer.eos().and_then(|e| tokenizer.token_text(e)).unwrap_or("");
+                Some(ChatTemplate::new(src, bos_text.as_deref().unwrap_or(""), eos)?)
+            }
+            None => ChatTemplate::from_gguf(file.metadata())?,
+        };
         drop(file);
         let mut sessions = Vec::new();
         for i in 0..opts.parallel.max(1) {

@@ -54,6 +54,9 @@ pub struct Args {
     /// Back end.
     #[arg(long, value_enum, default_value_t = DeviceFlag::Auto)]
     pub device: DeviceFlag,
+    /// A chat template file (Jinja) used instead of the models' own.
+    #[arg(long)]
+    pub chat_template_file: Option<PathBuf>,
     /// Skip reading the weights into the page cache at load.
     #[arg(long)]
     pub no_read_ahead: bool,
@@ -94,6 +97,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             queue_max: args.queue.max(1),
             backend,
             read_ahead: !args.no_read_ahead,
+            chat_template: match &args.chat_template_file {
+                Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+                None => None,
+            },
         },
         router: server::registry::RouterOptions {
             models_max: args.models_max,
