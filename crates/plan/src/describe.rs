@@ -388,7 +388,7 @@ fn fill_from_safetensors(d: &mut ModelDescription, dir: &Path, config: Option<&s
     let key = |k: &str| config.and_then(|c| c.get(k)).and_then(|v| v.as_u64());
     let n_expert = key("num_local_experts").or(key("num_experts")).or(key("n_routed_experts")).unwrap_or(0);
     let n_used = key("num_experts_per_tok").or(key("moe_topk")).unwrap_or(0);
-    d.params_active = Some(if n_expert > 0 { total - experts + experts * n_used / n_expert } else { total });
+    d.params_active = Some((experts * n_used).checked_div(n_expert).map_or(total, |active| total - experts + active));
     if n_expert > 0 {
         d.tags.push("moe".into());
     }
@@ -461,8 +461,9 @@ fn fill_from_gguf(d: &mut ModelDescription, model: &GgufModel) -> Result<()> {
     let expert_count = md.u32_opt(&k("expert_count")).map_err(in_file)?.unwrap_or(0) as u64;
     let expert_used = md.u32_opt(&k("expert_used_count")).map_err(in_file)?.unwrap_or(0) as u64;
     d.params_total = Some(total);
-    d.params_active =
-        Some(if expert_count > 0 { total - expert_params + expert_params * expert_used / expert_count } else { total });
+    d.params_active = Some(
+        (expert_params * expert_used).checked_div(expert_count).map_or(total, |active| total - expert_params + active),
+    );
     if let Some(c) = md.u32_opt(&k("context_length")).map_err(in_file)? {
         d.context_length = Some(c as u64);
     }
@@ -500,7 +501,7 @@ fn fill_from_gguf(d: &mut ModelDescription, model: &GgufModel) -> Result<()> {
     if facts.recurrent_state_bytes > 0 {
         tags.push("recurrent".into());
     }
-    tags.extend(d.tags.drain(..));
+    tags.append(&mut d.tags);
     tags.sort();
     tags.dedup();
     d.tags = tags;

@@ -59,7 +59,7 @@ pub use plan::{
 pub use probe::{probe, CpuInfo, DiskInfo, GpuInfo, Machine, MemoryInfo, ProbeOptions, Source, BANDWIDTH_TABLE};
 pub use session::{
     load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions, Primed,
-    Progress, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
+    Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
 };
 pub use tokenizer::ChatMessage;
 

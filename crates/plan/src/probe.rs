@@ -292,8 +292,12 @@ fn disk_space(path: &Path) -> Option<(u64, u64)> {
         }
         // SAFETY: statvfs returned 0, so it initialised `st`.
         let st = unsafe { st.assume_init() };
+        // The field types differ between platforms (u32 on some), hence the casts.
+        #[allow(clippy::unnecessary_cast)]
         let frsize = st.f_frsize as u64;
-        Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+        #[allow(clippy::unnecessary_cast)]
+        let (free, total) = (st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize);
+        Some((free, total))
     }
     #[cfg(not(unix))]
     {

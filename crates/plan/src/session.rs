@@ -48,6 +48,9 @@ pub struct Progress {
     pub total_bytes: u64,
 }
 
+/// A receiver of loading progress events.
+pub type ProgressFn = Box<dyn FnMut(&Progress) + Send>;
+
 /// How to load a model.
 pub struct LoadOptions {
     /// The back end; `None` runs the plan's choice.
@@ -63,7 +66,7 @@ pub struct LoadOptions {
     /// Run one token through the model after loading.
     pub warm_up: bool,
     /// Called with each progress event, on the loading thread.
-    pub progress: Option<Box<dyn FnMut(&Progress) + Send>>,
+    pub progress: Option<ProgressFn>,
 }
 
 impl Default for LoadOptions {

@@ -181,3 +181,21 @@ fn print_this_machine_measured() {
     println!("{}", serde_json::to_string_pretty(&m).unwrap());
     assert!(m.memory.bandwidth_bytes_per_s.is_some_and(|b| b > 0.0));
 }
+
+/// `cargo test -p plan --features gpu --test json -- --ignored --nocapture` also prints what
+/// `diskformer describe --json` and `diskformer plan --json` say about SmolLM2 here (the
+/// examples of docs/PLAN.md).
+#[test]
+#[ignore = "prints examples; needs models/SmolLM2-135M-Instruct.Q4_1.gguf"]
+fn print_smollm2_description_and_plan() {
+    let Some(model) = common::smollm2() else {
+        eprintln!("SKIPPED: SmolLM2-135M-Instruct not in models/ (scripts/get-models.sh)");
+        return;
+    };
+    let d = plan::describe(&model).unwrap();
+    println!("{}", serde_json::to_string_pretty(&d).unwrap());
+    let m = plan::probe(&plan::ProbeOptions { disk_paths: vec![".".into()], measure_bandwidth: true });
+    let p = plan::plan_with(&d, &m, &plan::PlanOptions { budget_bytes: Some(64 << 20), ..Default::default() });
+    println!("{}", serde_json::to_string_pretty(&p).unwrap());
+    println!("{}", p.summary_line());
+}

@@ -23,6 +23,7 @@ const GIB: u64 = 1 << 30;
 /// llama fixture (q4_0): 256 hidden, 2 layers, 4 heads of 64, 2 KV heads.
 const LLAMA_TENSOR_BYTES: u64 = 849_920;
 const LLAMA_PARAMS: u64 = 1_443_072;
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))]
 const LLAMA_GPU_BYTES: u64 = 932_864;
 const LLAMA_KV_PER_POS: u64 = 2 * 2 * (64 + 64) * 4;
 /// qwen3_moe fixture (q4_0): 128 hidden, 2 layers, 2 KV heads of 64, 8 experts, top-2.
