@@ -1,6 +1,9 @@
 //! `diskformer tokenize`.
 
+use std::io::Write;
 use std::path::PathBuf;
+
+use anyhow::Context;
 
 /// Arguments of `diskformer tokenize`.
 #[derive(clap::Args)]
@@ -21,8 +24,19 @@ pub struct Args {
     text: String,
 }
 
-/// Runs the command.
+/// Runs the command: the ids llama-tokenize prints for the same flags.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let _ = (&args.model, args.json, args.no_add_special, args.no_parse_special, &args.text);
-    anyhow::bail!("tokenize is not wired yet")
+    let model = gguf::GgufModel::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?;
+    let tokenizer = tokenizer::Tokenizer::from_gguf(model.metadata())
+        .with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
+    let ids = tokenizer.encode(&args.text, !args.no_add_special, !args.no_parse_special)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::json!({ "ids": ids }))?;
+    } else {
+        for id in ids {
+            writeln!(out, "{id}")?;
+        }
+    }
+    Ok(())
 }
