@@ -62,7 +62,12 @@ fn start(names: &[&str], preload: bool, engine: EngineOptions, router: RouterOpt
         addr: "127.0.0.1:0".parse().unwrap(),
         preload: if preload { names.iter().map(|s| s.to_string()).collect() } else { vec![] },
         models,
-        engine: EngineOptions { backend: Some(server::BackendKind::Cpu), read_ahead: false, n_ctx: 256, ..engine },
+        engine: EngineOptions {
+            backend: Some(server::BackendKind::Cpu),
+            read_ahead: false,
+            n_ctx: if engine.n_ctx == 0 { 256 } else { engine.n_ctx },
+            ..engine
+        },
         router,
         api_key: api_key.map(str::to_string),
     };
@@ -303,9 +308,9 @@ fn deferred_tools_enter_the_prompt_on_reference() {
 
 #[test]
 fn a_full_queue_answers_503_and_disconnects_cancel() {
-    let s = start(&["tiny"], true, EngineOptions { queue_max: 1, ..Default::default() }, RouterOptions::default(), None);
-    // A long streaming request holds the only slot; the client reads one event and leaves.
-    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 200, "stream": true, "temperature": 0}).to_string();
+    let s = start(&["tiny"], true, EngineOptions { queue_max: 1, n_ctx: 2048, ..Default::default() }, RouterOptions::default(), None);
+    // A long streaming request holds the only slot; the client reads the first bytes and leaves.
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 2000, "stream": true, "temperature": 0, "stop": []}).to_string();
     let mut c = TcpStream::connect(s.addr).unwrap();
     write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut buf = [0u8; 512];
@@ -327,6 +332,12 @@ fn a_full_queue_answers_503_and_disconnects_cancel() {
     }
     let m = request(s.addr, "GET", "/metrics", &[], None).2;
     assert!(m.contains("diskformer_requests_cancelled_total 1"), "{m}");
+    let generated: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("diskformer_tokens_generated_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(generated < 2000, "the cancelled stream ran to the end ({generated} tokens)");
 }
 
 #[test]
@@ -346,9 +357,20 @@ fn the_router_unloads_the_idle_model_first() {
     assert_eq!(st, 200);
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["data"][0]["status"]["value"], "unloaded");
+    let mut events = TcpStream::connect(s.addr).unwrap();
+    write!(events, "GET /models/sse HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let chat = |m: &str| post(s.addr, "/v1/chat/completions", json!({"model": m, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
     assert_eq!(chat("a").0, 200);
     assert_eq!(chat("b").0, 200);
+    events.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !(seen.contains("event: unload") && seen.matches("event: load").count() >= 2) {
+        let n = events.read(&mut buf).expect("model events");
+        assert!(n > 0, "events ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(seen.contains("\"model\":\"a\""), "{seen}");
     let v: Value = serde_json::from_str(&request(s.addr, "GET", "/models", &[], None).2).unwrap();
     let state = |i: usize| v["data"][i]["status"]["value"].as_str().unwrap().to_string();
     assert_eq!((state(0), state(1)), ("unloaded".to_string(), "loaded".to_string()), "{v}");
@@ -362,4 +384,22 @@ fn the_router_unloads_the_idle_model_first() {
     // autoload=false refuses an unloaded model.
     let (st, _) = post(s.addr, "/v1/chat/completions?autoload=false", json!({"model": "a", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
     assert_eq!(st, 503);
+}
+
+#[test]
+fn a_busy_model_is_never_unloaded() {
+    let engine = EngineOptions { n_ctx: 2048, ..Default::default() };
+    let s = start(&["a", "b"], false, engine, RouterOptions { models_max: 1, ..Default::default() }, None);
+    // A long stream on `a`, whose client reads the first bytes and keeps the connection.
+    let body = json!({"model": "a", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 2000, "stream": true, "temperature": 0}).to_string();
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut buf = [0u8; 256];
+    assert!(c.read(&mut buf).unwrap() > 0);
+    let (st, v) = post(s.addr, "/v1/chat/completions", json!({"model": "b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
+    assert_eq!(st, 200, "{v}");
+    let v: Value = serde_json::from_str(&request(s.addr, "GET", "/models", &[], None).2).unwrap();
+    assert_eq!(v["data"][0]["status"]["value"], "loaded", "the busy model stays: {v}");
+    assert_eq!(v["data"][1]["status"]["value"], "loaded", "{v}");
+    drop(c);
 }
