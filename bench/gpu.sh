@@ -59,7 +59,7 @@ status=0
 "$bin/backend_ops" --nocapture --test-threads 1 2>&1 | tee "$out/backend_ops.log" || status=1
 DISKFORMER_NO_SUBGROUPS=1 "$bin/backend_ops" --nocapture --test-threads 1 backend_ops_match_cpu 2>&1 | tail -3 | tee "$out/backend_ops_no_subgroups.log" || status=1
 if [ -d "$bin/fixtures" ]; then
-    DISKFORMER_FIXTURES=$PWD/$bin/fixtures "$bin/gpu_fixtures" --nocapture 2>&1 | tee "$out/gpu_fixtures.log" || status=1
+    DISKFORMER_GPU_VARIANTS=all DISKFORMER_FIXTURES=$PWD/$bin/fixtures "$bin/gpu_fixtures" --nocapture 2>&1 | tee "$out/gpu_fixtures.log" || status=1
 fi
 "$bin/backend_ops" --nocapture --ignored perf 2>&1 | tee "$out/perf.log" || status=1
 DISKFORMER_NO_UNROLL=1 "$bin/backend_ops" --nocapture --ignored perf 2>&1 | sed 's/^matvec/matvec (no unroll)/' | tee -a "$out/perf.log" || status=1
