@@ -18,6 +18,7 @@
 //! the row length unless stated), so every projection keeps unit-RMS activations at unit RMS; norm
 //! gains are 1 + N(0, 0.02²); biases N(0, 0.02²); attention sinks N(0, 0.1²). A forward pass
 //! then yields logits of standard deviation about 1 and greedy decoding never meets a NaN.
+//! (Gemma 3 alone: embedding N(0, 1/n_embd²) and final gain sqrt(n_embd), see `embeddings`.)
 //! Routers (`ffn_gate_inp.weight`) stay F32, as llama-quantize keeps them.
 //!
 //! # Routing skew
@@ -292,7 +293,9 @@ impl SynthShape {
             "llama" | "qwen2" => base,
             "qwen3" => SynthShape { tied: true, ..base },
             "gemma3" => SynthShape { n_layer: 6, sliding_window: 8, tied: true, rms_eps: 1e-6, ..base },
-            "qwen3moe" | "olmoe" => moe,
+            "qwen3moe" => moe,
+            // llama.cpp's OLMoE has as many kv heads as heads, n_embd wide.
+            "olmoe" => SynthShape { n_head_kv: 4, ..moe },
             "gpt-oss" => {
                 SynthShape { sliding_window: 8, yarn_factor: 32.0, yarn_orig_ctx: 4096, rope_base: 150000.0, ..moe }
             }
@@ -575,6 +578,13 @@ impl SynthShape {
             if self.head_dim % 2 != 0 {
                 return bad(format!("head_dim {} is odd (rope rotates pairs)", self.head_dim));
             }
+            if self.arch == "olmoe" && (self.n_head_kv != self.n_head || self.n_head * self.head_dim != self.n_embd) {
+                return bad(format!(
+                    "OLMoE needs n_head_kv = n_head and n_head * head_dim = n_embd (llama.cpp sizes its q/k norms n_embd); \
+                     got {}:{} heads of {} for {}",
+                    self.n_head, self.n_head_kv, self.head_dim, self.n_embd
+                ));
+            }
             if !self.is_moe() && self.n_ff == 0 {
                 return bad("n_ff is 0".into());
             }
@@ -856,8 +866,26 @@ impl PlanBuilder<'_> {
 
     fn embeddings(&mut self, untied: bool) {
         let s = self.s;
-        self.matrix(TOKEN_EMBD.to_string(), &[s.n_embd, s.n_vocab]);
-        self.gain(OUTPUT_NORM.to_string(), s.n_embd);
+        if s.arch == "gemma3" {
+            // Gemma scales the input embedding by sqrt(n_embd). Drawn at the usual std, the
+            // token's own row would then dominate the tied output projection and greedy decoding
+            // would repeat its input forever; drawn sqrt(n_embd) times smaller, the input has the
+            // RMS other architectures get, and a final gain of sqrt(n_embd) restores logits of
+            // std 1.
+            let n = s.n_embd as f32;
+            let dtype = fallback_type(self.o.dtype, s.n_embd);
+            self.push(TOKEN_EMBD.to_string(), &[s.n_embd, s.n_vocab], dtype, Init::Normal { mean: 0.0, std: 1.0 / n });
+            let gain = n.sqrt();
+            self.push(
+                OUTPUT_NORM.to_string(),
+                &[s.n_embd],
+                GgmlType::F32,
+                Init::Normal { mean: gain, std: 0.02 * gain },
+            );
+        } else {
+            self.matrix(TOKEN_EMBD.to_string(), &[s.n_embd, s.n_vocab]);
+            self.gain(OUTPUT_NORM.to_string(), s.n_embd);
+        }
         if untied {
             self.matrix(OUTPUT.to_string(), &[s.n_embd, s.n_vocab]);
         }
