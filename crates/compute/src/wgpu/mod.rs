@@ -671,19 +671,11 @@ impl WgpuBackend {
 
     /// `y[:, y_col0 + r] = x[:, x_col0..x_col0 + k] · W[w_row0 + r]ᵀ` for `r < n_rows` (an
     /// expert's or a head's rows of a stack, or the whole matrix).
-    fn matmul_into(
-        &self,
-        x: &WgpuTensor,
-        x_col0: usize,
-        w: &WgpuWeight,
-        w_row0: usize,
-        n_rows: usize,
-        y: &WgpuTensor,
-        y_col0: usize,
-    ) -> Result<(), OpError> {
+    fn matmul_into(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span) -> Result<(), OpError> {
+        let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         let n_tok = x.rows();
         let k = w.k;
-        let guard = k % 8 != 0;
+        let guard = !k.is_multiple_of(8);
         let l = w.layout;
         let row_words = l.row_words(k);
         let tok = if n_tok == 1 { shaders::MATMUL_TILES[0] } else { shaders::MATMUL_TILES[1] };
@@ -779,7 +771,27 @@ impl WgpuBackend {
     #[doc(hidden)]
     pub fn perf_matvec(&self, x: &WgpuTensor, w: &WgpuWeight, reps: usize) -> Result<f64, OpError> {
         let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
-        self.time_reps(reps, || self.matmul_into(x, 0, w, 0, w.n_rows, &y, 0))
+        self.time_reps(reps, || self.matmul_into(x, w, &y, Span::whole(w)))
+    }
+}
+
+/// Which part of a matrix product `matmul_into` computes: rows `w_row0..w_row0 + n_rows` of the
+/// weight (an expert's or a head's slice of a stack) against columns `x_col0..x_col0 + k` of the
+/// activations, into columns `y_col0..` of the output.
+#[derive(Clone, Copy)]
+struct Span {
+    x_col0: usize,
+    w_row0: usize,
+    n_rows: usize,
+    y_col0: usize,
+}
+
+impl Span {
+    fn whole(w: &WgpuWeight) -> Span {
+        Span { x_col0: 0, w_row0: 0, n_rows: w.n_rows, y_col0: 0 }
+    }
+    fn rows(w_row0: usize, n_rows: usize) -> Span {
+        Span { x_col0: 0, w_row0, n_rows, y_col0: 0 }
     }
 }
 
@@ -847,7 +859,7 @@ impl Backend for WgpuBackend {
         })?;
         let k = w.row_len();
         let n_rows = w.n_rows();
-        if !l.is_float() && k % l.block_values != 0 {
+        if !l.is_float() && !k.is_multiple_of(l.block_values) {
             return Err(OpError::Weight {
                 name: w.name.clone(),
                 why: format!("row of {k} values is not whole {}-value blocks", l.block_values),
@@ -925,7 +937,7 @@ impl Backend for WgpuBackend {
     fn matmul(&self, x: &WgpuTensor, w: &WgpuWeight) -> Result<WgpuTensor, OpError> {
         expect_width("matmul", x, w.k)?;
         let y = self.alloc("matmul", &[x.rows(), w.n_rows])?;
-        self.matmul_into(x, 0, w, 0, w.n_rows, &y, 0)?;
+        self.matmul_into(x, w, &y, Span::whole(w))?;
         Ok(y)
     }
 
@@ -981,7 +993,11 @@ impl Backend for WgpuBackend {
 
     fn rope(&self, x: &WgpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<WgpuTensor, OpError> {
         let w = x.width();
-        if positions.len() != x.rows() || spec.head_dim == 0 || w % spec.head_dim != 0 || spec.n_rot > spec.head_dim {
+        if positions.len() != x.rows()
+            || spec.head_dim == 0
+            || !w.is_multiple_of(spec.head_dim)
+            || spec.n_rot > spec.head_dim
+        {
             return Err(OpError::ShapeMismatch {
                 op: "rope",
                 expected: format!(
@@ -1105,7 +1121,7 @@ impl Backend for WgpuBackend {
             || k.rows() != n
             || v.rows() != n
             || spec.n_head_kv == 0
-            || spec.n_head % spec.n_head_kv != 0
+            || !spec.n_head.is_multiple_of(spec.n_head_kv)
             || spec.head_dim_k > 512
             || spec.head_dim_v > 512
         {
@@ -1259,7 +1275,7 @@ impl Backend for WgpuBackend {
                 grid((m * n_embd).div_ceil(256)),
             );
             let up = self.alloc("moe up", &[m, ff])?;
-            self.matmul_into(&xs, 0, &experts.up, e * ff, ff, &up, 0)?;
+            self.matmul_into(&xs, &experts.up, &up, Span::rows(e * ff, ff))?;
             let up = match &experts.up_bias {
                 Some(b) => self.binary("moe up bias", &up, b, 0, Some(e))?,
                 None => up,
@@ -1267,7 +1283,7 @@ impl Backend for WgpuBackend {
             let h = match &experts.gate {
                 Some(g) => {
                     let gate = self.alloc("moe gate", &[m, ff])?;
-                    self.matmul_into(&xs, 0, g, e * ff, ff, &gate, 0)?;
+                    self.matmul_into(&xs, g, &gate, Span::rows(e * ff, ff))?;
                     let gate = match &experts.gate_bias {
                         Some(b) => self.binary("moe gate bias", &gate, b, 0, Some(e))?,
                         None => gate,
@@ -1283,7 +1299,7 @@ impl Backend for WgpuBackend {
                 }
             };
             let down = self.alloc("moe down", &[m, n_embd])?;
-            self.matmul_into(&h, 0, &experts.down, e * n_embd, n_embd, &down, 0)?;
+            self.matmul_into(&h, &experts.down, &down, Span::rows(e * n_embd, n_embd))?;
             let map_b = self.upload("moe map", bytemuck::cast_slice(&map))?;
             let bias = experts.down_bias.as_ref().map_or(&self.ctx.dummy, |b| &b.buf.buffer);
             self.dispatch(
@@ -1323,7 +1339,7 @@ impl Backend for WgpuBackend {
         expect_width("matmul_per_head", x, n_head * w.k)?;
         let y = self.alloc("matmul_per_head", &[x.rows(), n_head * n_out])?;
         for h in 0..n_head {
-            self.matmul_into(x, h * w.k, w, h * n_out, n_out, &y, h * n_out)?;
+            self.matmul_into(x, w, &y, Span { x_col0: h * w.k, w_row0: h * n_out, n_rows: n_out, y_col0: h * n_out })?;
         }
         Ok(y)
     }
