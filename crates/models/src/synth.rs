@@ -556,7 +556,7 @@ impl SynthShape {
                     return bad(format!("{name} is 0"));
                 }
             }
-            if self.n_expert % self.n_group != 0 || self.n_group_used > self.n_group {
+            if !self.n_expert.is_multiple_of(self.n_group) || self.n_group_used > self.n_group {
                 return bad(format!(
                     "{} experts in {} groups, {} used",
                     self.n_expert, self.n_group, self.n_group_used
@@ -572,10 +572,10 @@ impl SynthShape {
             if self.head_dim == 0 || self.n_head_kv == 0 {
                 return bad("head_dim and n_head_kv must be positive".into());
             }
-            if self.n_head % self.n_head_kv != 0 {
+            if !self.n_head.is_multiple_of(self.n_head_kv) {
                 return bad(format!("n_head {} is not a multiple of n_head_kv {}", self.n_head, self.n_head_kv));
             }
-            if self.head_dim % 2 != 0 {
+            if !self.head_dim.is_multiple_of(2) {
                 return bad(format!("head_dim {} is odd (rope rotates pairs)", self.head_dim));
             }
             if self.arch == "olmoe" && (self.n_head_kv != self.n_head || self.n_head * self.head_dim != self.n_embd) {
@@ -742,7 +742,7 @@ pub struct SynthPlan {
 /// in llama.cpp's src/llama-quant.cpp), then F16.
 fn fallback_type(dtype: GgmlType, row_len: usize) -> GgmlType {
     use GgmlType::*;
-    let fits = |t: GgmlType| row_len % t.block_elems() == 0;
+    let fits = |t: GgmlType| row_len.is_multiple_of(t.block_elems());
     if fits(dtype) {
         return dtype;
     }
