@@ -198,6 +198,7 @@ fn gpu_budget_refuses_with_the_bytes_it_needs() {
     let m = machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9)));
     let with_budget = |b: u64| plan_with(&d, &m, &PlanOptions { budget_bytes: Some(b), ..opts(256) });
     let p = with_budget(LLAMA_GPU_BYTES);
+    eprintln!("{}", serde_json::to_string(p.backend(BackendKind::Gpu)).unwrap());
     let r = p.backend(BackendKind::Gpu).refusal.clone().unwrap();
     assert_eq!(r.code, Code::Budget, "weights alone fill the budget; the cache does not fit");
     let need = r.need_bytes.unwrap();
