@@ -1,11 +1,17 @@
 //! One module per subcommand.
 
+pub mod eval;
+pub mod fixtures;
+pub mod load;
+pub mod run;
 pub mod tokenize;
 pub mod pull;
 pub mod models;
-pub mod load;
 pub mod synth;
 pub mod bench;
+pub mod describe;
+pub mod plan;
+pub mod probe;
 pub mod serve;
 
 /// Prints an error and its causes on one line, the way every subcommand reports failure.
