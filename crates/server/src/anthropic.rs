@@ -43,7 +43,10 @@ fn text_of_blocks(v: &Value, where_: &str) -> Result<String, ApiError> {
                     Some("text") => s.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
                     Some("tool_reference") => {}
                     other => {
-                        return Err(ApiError::invalid_param(where_, format!("block type {other:?} is not supported here")))
+                        return Err(ApiError::invalid_param(
+                            where_,
+                            format!("block type {other:?} is not supported here"),
+                        ))
                     }
                 }
             }
@@ -65,7 +68,10 @@ pub fn to_openai_messages(system: Option<&Value>, messages: &[Value]) -> Result<
     for (i, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         if role != "user" && role != "assistant" {
-            return Err(ApiError::invalid_param(&format!("messages[{i}].role"), format!("role {role:?}: user or assistant")));
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].role"),
+                format!("role {role:?}: user or assistant"),
+            ));
         }
         let content = m.get("content").cloned().unwrap_or(Value::Null);
         let Value::Array(blocks) = content else {
@@ -88,15 +94,19 @@ pub fn to_openai_messages(system: Option<&Value>, messages: &[Value]) -> Result<
                 Some("tool_result") if role == "user" => {
                     let c = b.get("content").cloned().unwrap_or(Value::Null);
                     let refs: Vec<Value> = match &c {
-                        Value::Array(a) => {
-                            a.iter().filter(|x| x.get("type").and_then(Value::as_str) == Some("tool_reference")).cloned().collect()
-                        }
+                        Value::Array(a) => a
+                            .iter()
+                            .filter(|x| x.get("type").and_then(Value::as_str) == Some("tool_reference"))
+                            .cloned()
+                            .collect(),
                         _ => Vec::new(),
                     };
                     let mut parts = vec![json!({"type": "text", "text": text_of_blocks(&c, &at)?})];
                     parts.extend(refs);
-                    out.push(json!({"role": "tool", "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null),
-                                    "content": parts}));
+                    out.push(
+                        json!({"role": "tool", "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null),
+                                    "content": parts}),
+                    );
                 }
                 other => return Err(ApiError::invalid_param(&at, format!("block type {other:?} is not supported"))),
             }
@@ -273,7 +283,8 @@ async fn stream_messages(
     async fn delta(sink: &mut SseSink, block: &mut Block, index: &mut usize, kind: Block, text: String) -> bool {
         if *block != kind {
             if *block != Block::None {
-                if !sink.send(Some("content_block_stop"), json!({"type": "content_block_stop", "index": *index})).await {
+                if !sink.send(Some("content_block_stop"), json!({"type": "content_block_stop", "index": *index})).await
+                {
                     return false;
                 }
                 *index += 1;
@@ -283,7 +294,10 @@ async fn stream_messages(
                 _ => json!({"type": "text", "text": ""}),
             };
             if !sink
-                .send(Some("content_block_start"), json!({"type": "content_block_start", "index": *index, "content_block": cb}))
+                .send(
+                    Some("content_block_start"),
+                    json!({"type": "content_block_start", "index": *index, "content_block": cb}),
+                )
                 .await
             {
                 return false;
@@ -294,7 +308,8 @@ async fn stream_messages(
             Block::Thinking => json!({"type": "thinking_delta", "thinking": text}),
             _ => json!({"type": "text_delta", "text": text}),
         };
-        sink.send(Some("content_block_delta"), json!({"type": "content_block_delta", "index": *index, "delta": d})).await
+        sink.send(Some("content_block_delta"), json!({"type": "content_block_delta", "index": *index, "delta": d}))
+            .await
     }
     while let Some(ev) = sink.next_event(&mut running).await {
         let ok = match ev {
@@ -313,7 +328,10 @@ async fn stream_messages(
                     return;
                 }
                 if block != Block::None {
-                    if !sink.send(Some("content_block_stop"), json!({"type": "content_block_stop", "index": index})).await {
+                    if !sink
+                        .send(Some("content_block_stop"), json!({"type": "content_block_stop", "index": index}))
+                        .await
+                    {
                         return;
                     }
                     index += 1;
@@ -321,9 +339,21 @@ async fn stream_messages(
                 for call in &calls {
                     let cb = json!({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}});
                     let d = json!({"type": "input_json_delta", "partial_json": call.arguments.to_string()});
-                    if !sink.send(Some("content_block_start"), json!({"type": "content_block_start", "index": index, "content_block": cb})).await
-                        || !sink.send(Some("content_block_delta"), json!({"type": "content_block_delta", "index": index, "delta": d})).await
-                        || !sink.send(Some("content_block_stop"), json!({"type": "content_block_stop", "index": index})).await
+                    if !sink
+                        .send(
+                            Some("content_block_start"),
+                            json!({"type": "content_block_start", "index": index, "content_block": cb}),
+                        )
+                        .await
+                        || !sink
+                            .send(
+                                Some("content_block_delta"),
+                                json!({"type": "content_block_delta", "index": index, "delta": d}),
+                            )
+                            .await
+                        || !sink
+                            .send(Some("content_block_stop"), json!({"type": "content_block_stop", "index": index}))
+                            .await
                     {
                         return;
                     }

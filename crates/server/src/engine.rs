@@ -202,7 +202,12 @@ impl Loaded {
     ///
     /// # Errors
     /// No chat template; the template failing.
-    pub fn render_chat(&self, messages: &[Value], tools: Option<Value>, thinking: Option<bool>) -> Result<String, ApiError> {
+    pub fn render_chat(
+        &self,
+        messages: &[Value],
+        tools: Option<Value>,
+        thinking: Option<bool>,
+    ) -> Result<String, ApiError> {
         let t = self.template.as_ref().ok_or_else(|| {
             ApiError::invalid(format!(
                 "model {} has no chat template (tokenizer.chat_template); use /v1/completions with a prompt",
@@ -239,7 +244,12 @@ impl Loaded {
     /// # Errors
     /// [`ErrorKind::Overloaded`] when `queue_max` requests are admitted already; a prompt that
     /// does not fit the context.
-    pub fn start(self: &Arc<Self>, rendered: String, opts: GenOptions, metrics: Arc<Metrics>) -> Result<Running, ApiError> {
+    pub fn start(
+        self: &Arc<Self>,
+        rendered: String,
+        opts: GenOptions,
+        metrics: Arc<Metrics>,
+    ) -> Result<Running, ApiError> {
         let permit = self.admit.clone().try_acquire_owned().map_err(|_| {
             metrics.rejected.fetch_add(1, Ordering::Relaxed);
             ApiError::new(

@@ -132,9 +132,8 @@ where
 {
     let (tx, rx) = mpsc::channel::<SseEvent>(32);
     tokio::spawn(produce(SseSink { tx }));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
-    });
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
@@ -152,7 +151,10 @@ async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Request, n
     if given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
         return next.run(req).await;
     }
-    let e = ApiError::new(ErrorKind::Authentication, "missing or invalid API key (Authorization: Bearer <key> or x-api-key)");
+    let e = ApiError::new(
+        ErrorKind::Authentication,
+        "missing or invalid API key (Authorization: Bearer <key> or x-api-key)",
+    );
     if req.uri().path().starts_with("/v1/messages") {
         error::AnthropicError(e).into_response()
     } else {
@@ -255,13 +257,11 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| ApiError::new(ErrorKind::Unavailable, format!("cannot bind {}: {e}", config.addr)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("no local address: {e}")))?;
+    let addr =
+        listener.local_addr().map_err(|e| ApiError::new(ErrorKind::Internal, format!("no local address: {e}")))?;
     ready(addr);
     axum::serve(listener, app(registry, metrics, config.api_key))
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("server failed: {e}")))
 }
-

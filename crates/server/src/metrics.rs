@@ -39,7 +39,8 @@ impl Metrics {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = String::new();
         let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(s, "# HELP diskformer_{name} {help}\n# TYPE diskformer_{name} counter\ndiskformer_{name} {v}");
+            let _ =
+                writeln!(s, "# HELP diskformer_{name} {help}\n# TYPE diskformer_{name} counter\ndiskformer_{name} {v}");
         };
         counter("requests_total", "Generations started.", get(&self.requests));
         counter("requests_rejected_total", "Requests refused with 503 (queue full).", get(&self.rejected));
@@ -65,7 +66,8 @@ impl Metrics {
             "# HELP diskformer_requests_in_flight Requests running or queued, per model.\n# TYPE diskformer_requests_in_flight gauge"
         );
         for (name, n) in models {
-            let _ = writeln!(s, "diskformer_requests_in_flight{{model=\"{}\"}} {n}", name.replace(['"', '\\', '\n'], "_"));
+            let _ =
+                writeln!(s, "diskformer_requests_in_flight{{model=\"{}\"}} {n}", name.replace(['"', '\\', '\n'], "_"));
         }
         let _ = writeln!(
             s,

@@ -13,7 +13,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
-
 /// `stop`: one string or a list.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
@@ -261,7 +260,10 @@ impl ChatRequest {
             }
         }
         if self.parallel_tool_calls == Some(false) {
-            return Err(ApiError::invalid_param("parallel_tool_calls", "false is not supported (calls are not limited)"));
+            return Err(ApiError::invalid_param(
+                "parallel_tool_calls",
+                "false is not supported (calls are not limited)",
+            ));
         }
         let _ = &self.user;
         let mut thinking = match self.reasoning_effort.as_deref() {
@@ -593,4 +595,3 @@ pub async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Js
         format!("model {name} is a text-generation model; no embedding model is served"),
     ))
 }
-

@@ -162,11 +162,26 @@ impl Registry {
         let entries = models
             .into_iter()
             .map(|(n, path)| {
-                (n, Entry { path, state: State::Unloaded, last_used: now, memory: MemStatus::Unmeasured, effective: None })
+                (
+                    n,
+                    Entry {
+                        path,
+                        state: State::Unloaded,
+                        last_used: now,
+                        memory: MemStatus::Unmeasured,
+                        effective: None,
+                    },
+                )
             })
             .collect();
         let (events, _) = broadcast::channel(256);
-        Arc::new(Registry { entries: Mutex::new(entries), engine, router, events, load_lock: tokio::sync::Mutex::new(()) })
+        Arc::new(Registry {
+            entries: Mutex::new(entries),
+            engine,
+            router,
+            events,
+            load_lock: tokio::sync::Mutex::new(()),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -275,7 +290,10 @@ impl Registry {
             let wait = {
                 let mut g = self.lock();
                 let e = g.get_mut(name).ok_or_else(|| {
-                    ApiError::new(ErrorKind::NotFound, format!("model {name:?} is not known; GET /v1/models lists them"))
+                    ApiError::new(
+                        ErrorKind::NotFound,
+                        format!("model {name:?} is not known; GET /v1/models lists them"),
+                    )
                 })?;
                 match &e.state {
                     State::Loaded(l) => {

@@ -168,7 +168,10 @@ pub fn referenced_tools(messages: &[Value]) -> BTreeSet<String> {
 ///
 /// # Errors
 /// A tool without a function name; a `tool_reference` to a tool the request does not declare.
-pub fn active_tools(tools: &[Value], referenced: &BTreeSet<String>) -> Result<(Vec<Value>, BTreeSet<String>), ApiError> {
+pub fn active_tools(
+    tools: &[Value],
+    referenced: &BTreeSet<String>,
+) -> Result<(Vec<Value>, BTreeSet<String>), ApiError> {
     let mut shown = Vec::new();
     let mut names = BTreeSet::new();
     let mut declared = BTreeSet::new();
@@ -186,7 +189,8 @@ pub fn active_tools(tools: &[Value], referenced: &BTreeSet<String>) -> Result<(V
             .and_then(Value::as_str)
             .ok_or_else(|| ApiError::invalid_param(&format!("tools[{i}].function.name"), "missing"))?;
         declared.insert(name.to_string());
-        let deferred = [t.get("defer_loading"), f.get("defer_loading")].into_iter().flatten().any(|d| d == &json!(true));
+        let deferred =
+            [t.get("defer_loading"), f.get("defer_loading")].into_iter().flatten().any(|d| d == &json!(true));
         if deferred && !referenced.contains(name) {
             continue;
         }
@@ -198,7 +202,9 @@ pub fn active_tools(tools: &[Value], referenced: &BTreeSet<String>) -> Result<(V
         shown.push(json!({"type": "function", "function": f}));
     }
     if let Some(unknown) = referenced.iter().find(|r| !declared.contains(*r)) {
-        return Err(ApiError::invalid(format!("a tool_reference names {unknown:?}, which is not among the request's tools")));
+        return Err(ApiError::invalid(format!(
+            "a tool_reference names {unknown:?}, which is not among the request's tools"
+        )));
     }
     Ok((shown, names))
 }
@@ -233,7 +239,9 @@ mod tests {
 
     #[test]
     fn undeclared_names_and_plain_text_are_not_calls() {
-        assert!(parse_tool_calls("<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", &names(&["a"])).is_none());
+        assert!(
+            parse_tool_calls("<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", &names(&["a"])).is_none()
+        );
         assert!(parse_tool_calls("hello", &names(&["a"])).is_none());
     }
 

@@ -91,11 +91,18 @@ fn one_model() -> Server {
 }
 
 /// A raw HTTP/1.1 request; returns (status, headers, body).
-fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&Value>) -> (u16, String, String) {
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     if !body.is_empty() {
         req.push_str("Content-Type: application/json\r\n");
     }
@@ -110,7 +117,8 @@ fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)],
     let raw = String::from_utf8_lossy(&raw).to_string();
     let (head, rest) = raw.split_once("\r\n\r\n").expect("a response head");
     let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
     (status, head.to_string(), body)
 }
 
@@ -185,14 +193,26 @@ fn health_models_and_chat() {
     let (_, v2) = post(s.addr, "/v1/chat/completions", req);
     assert_eq!(v["choices"][0]["message"]["content"], v2["choices"][0]["message"]["content"]);
 
-    let (st, c) = post(s.addr, "/v1/chat/completions/input_tokens", json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}]}));
+    let (st, c) = post(
+        s.addr,
+        "/v1/chat/completions/input_tokens",
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}]}),
+    );
     assert_eq!(st, 200, "{c}");
     assert_eq!(c["input_tokens"], fixture_tokens(prompt));
-    let (st, c) = post(s.addr, "/v1/messages/count_tokens", json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}]}));
+    let (st, c) = post(
+        s.addr,
+        "/v1/messages/count_tokens",
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}]}),
+    );
     assert_eq!(st, 200, "{c}");
     assert_eq!(c["input_tokens"], fixture_tokens(prompt));
 
-    let (st, v) = post(s.addr, "/v1/completions", json!({"model": "tiny", "prompt": "Once upon", "max_tokens": 3, "temperature": 0}));
+    let (st, v) = post(
+        s.addr,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "Once upon", "max_tokens": 3, "temperature": 0}),
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["usage"]["completion_tokens"], 3);
@@ -230,8 +250,12 @@ fn streaming_is_well_formed() {
     let stops = names.iter().filter(|n| *n == "content_block_stop").count();
     assert_eq!(starts, stops);
 
-    let (st, v) = post(s.addr, "/v1/messages", json!({"model": "tiny", "max_tokens": 2, "temperature": 0,
-        "system": "Be short.", "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}));
+    let (st, v) = post(
+        s.addr,
+        "/v1/messages",
+        json!({"model": "tiny", "max_tokens": 2, "temperature": 0,
+        "system": "Be short.", "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}),
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["type"], "message");
     assert_eq!(v["stop_reason"], "max_tokens");
@@ -245,16 +269,23 @@ fn errors_use_the_envelopes() {
     assert_eq!(st, 400);
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert!(v["error"]["message"].as_str().unwrap().contains("frobnicate"), "{v}");
-    let (st, v) = post(s.addr, "/v1/chat/completions", json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}));
+    let (st, v) =
+        post(s.addr, "/v1/chat/completions", json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}));
     assert_eq!(st, 404, "{v}");
-    let (st, v) = post(s.addr, "/v1/chat/completions", json!({"model": "tiny", "n": 2, "messages": [{"role": "user", "content": "x"}]}));
+    let (st, v) = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "n": 2, "messages": [{"role": "user", "content": "x"}]}),
+    );
     assert_eq!(st, 400);
     assert_eq!(v["error"]["param"], "n");
-    let (st, v) = post(s.addr, "/v1/messages", json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}));
+    let (st, v) =
+        post(s.addr, "/v1/messages", json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}));
     assert_eq!(st, 400);
     assert_eq!(v["type"], "error");
     assert!(v["error"]["message"].as_str().unwrap().contains("max_tokens"));
-    let (st, v) = post(s.addr, "/v1/messages", json!({"model": "tiny", "max_tokens": 1, "bogus": true, "messages": []}));
+    let (st, v) =
+        post(s.addr, "/v1/messages", json!({"model": "tiny", "max_tokens": 1, "bogus": true, "messages": []}));
     assert_eq!(st, 400);
     assert_eq!(v["error"]["type"], "invalid_request_error");
 }
@@ -281,11 +312,17 @@ fn stop_strings_end_the_answer() {
 #[test]
 fn deferred_tools_enter_the_prompt_on_reference() {
     let s = one_model();
-    let tool = |name: &str, defer: bool| json!({"type": "function", "defer_loading": defer,
-        "function": {"name": name, "description": format!("does {name}"), "parameters": {"type": "object"}}});
+    let tool = |name: &str, defer: bool| {
+        json!({"type": "function", "defer_loading": defer,
+        "function": {"name": name, "description": format!("does {name}"), "parameters": {"type": "object"}}})
+    };
     let msgs = json!([{"role": "user", "content": "hi"}]);
     let count = |tools: Value, msgs: &Value| {
-        let (st, v) = post(s.addr, "/v1/chat/completions/input_tokens", json!({"model": "tiny", "messages": msgs, "tools": tools}));
+        let (st, v) = post(
+            s.addr,
+            "/v1/chat/completions/input_tokens",
+            json!({"model": "tiny", "messages": msgs, "tools": tools}),
+        );
         assert_eq!(st, 200, "{v}");
         v["input_tokens"].as_u64().unwrap()
     };
@@ -302,13 +339,23 @@ fn deferred_tools_enter_the_prompt_on_reference() {
     assert_eq!(a, b, "a referenced deferred tool is shown like any other");
     // Anthropic form.
     let atool = |name: &str, defer: bool| json!({"name": name, "description": format!("does {name}"), "input_schema": {"type": "object"}, "defer_loading": defer});
-    let (_, v1) = post(s.addr, "/v1/messages/count_tokens", json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [atool("alpha", false), atool("beta", true)]}));
+    let (_, v1) = post(
+        s.addr,
+        "/v1/messages/count_tokens",
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [atool("alpha", false), atool("beta", true)]}),
+    );
     assert_eq!(v1["input_tokens"].as_u64().unwrap(), plain);
 }
 
 #[test]
 fn a_full_queue_answers_503_and_disconnects_cancel() {
-    let s = start(&["tiny"], true, EngineOptions { queue_max: 1, n_ctx: 2048, ..Default::default() }, RouterOptions::default(), None);
+    let s = start(
+        &["tiny"],
+        true,
+        EngineOptions { queue_max: 1, n_ctx: 2048, ..Default::default() },
+        RouterOptions::default(),
+        None,
+    );
     // A long streaming request holds the only slot; the client reads the first bytes and leaves.
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 2000, "stream": true, "temperature": 0, "stop": []}).to_string();
     let mut c = TcpStream::connect(s.addr).unwrap();
@@ -316,14 +363,22 @@ fn a_full_queue_answers_503_and_disconnects_cancel() {
     let mut buf = [0u8; 512];
     let n = c.read(&mut buf).unwrap();
     assert!(n > 0);
-    let (st, v) = post(s.addr, "/v1/chat/completions", json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
+    let (st, v) = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+    );
     assert_eq!(st, 503, "{v}");
     assert_eq!(v["error"]["code"], "overloaded");
     drop(c);
     // The disconnected generation is cancelled and frees the slot well before 200 tokens.
     let t0 = std::time::Instant::now();
     loop {
-        let (st, _) = post(s.addr, "/v1/chat/completions", json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
+        let (st, _) = post(
+            s.addr,
+            "/v1/chat/completions",
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+        );
         if st == 200 {
             break;
         }
@@ -352,14 +407,26 @@ fn the_api_key_guards_all_but_health() {
 
 #[test]
 fn the_router_unloads_the_idle_model_first() {
-    let s = start(&["a", "b"], false, EngineOptions::default(), RouterOptions { models_max: 1, ..Default::default() }, None);
+    let s = start(
+        &["a", "b"],
+        false,
+        EngineOptions::default(),
+        RouterOptions { models_max: 1, ..Default::default() },
+        None,
+    );
     let (st, _, b) = request(s.addr, "GET", "/models", &[], None);
     assert_eq!(st, 200);
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["data"][0]["status"]["value"], "unloaded");
     let mut events = TcpStream::connect(s.addr).unwrap();
     write!(events, "GET /models/sse HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let chat = |m: &str| post(s.addr, "/v1/chat/completions", json!({"model": m, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
+    let chat = |m: &str| {
+        post(
+            s.addr,
+            "/v1/chat/completions",
+            json!({"model": m, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+        )
+    };
     assert_eq!(chat("a").0, 200);
     assert_eq!(chat("b").0, 200);
     events.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -382,7 +449,11 @@ fn the_router_unloads_the_idle_model_first() {
     // A model name is a key, never a path.
     assert_eq!(chat("../a").0, 404);
     // autoload=false refuses an unloaded model.
-    let (st, _) = post(s.addr, "/v1/chat/completions?autoload=false", json!({"model": "a", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
+    let (st, _) = post(
+        s.addr,
+        "/v1/chat/completions?autoload=false",
+        json!({"model": "a", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+    );
     assert_eq!(st, 503);
 }
 
@@ -396,7 +467,11 @@ fn a_busy_model_is_never_unloaded() {
     write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut buf = [0u8; 256];
     assert!(c.read(&mut buf).unwrap() > 0);
-    let (st, v) = post(s.addr, "/v1/chat/completions", json!({"model": "b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}));
+    let (st, v) = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"model": "b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+    );
     assert_eq!(st, 200, "{v}");
     let v: Value = serde_json::from_str(&request(s.addr, "GET", "/models", &[], None).2).unwrap();
     assert_eq!(v["data"][0]["status"]["value"], "loaded", "the busy model stays: {v}");
