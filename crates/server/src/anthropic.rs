@@ -150,9 +150,12 @@ fn to_openai_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
+/// OpenAI-form messages, tools, tool choice and thinking of a Messages request.
+type Converted = (Vec<Value>, Option<Vec<Value>>, Option<Value>, Option<bool>);
+
 impl MessagesRequest {
     /// OpenAI-form messages, tools, tool choice and thinking.
-    fn convert(&self) -> Result<(Vec<Value>, Option<Vec<Value>>, Option<Value>, Option<bool>), ApiError> {
+    fn convert(&self) -> Result<Converted, ApiError> {
         let messages = to_openai_messages(self.system.as_ref(), &self.messages)?;
         let tools = self.tools.as_deref().map(to_openai_tools).transpose()?;
         let choice = match &self.tool_choice {
