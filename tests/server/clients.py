@@ -111,14 +111,14 @@ def _():
 
 @check("anthropic messages")
 def _():
-    r = an.messages.create(model=MODEL, max_tokens=4, messages=MSG, system="Be brief.", temperature=0)
+    r = an.messages.create(model=MODEL, max_tokens=4, messages=MSG, system="Be brief.", extra_body={"temperature": 0})
     assert r.role == "assistant" and r.stop_reason in ("end_turn", "max_tokens")
     assert r.usage.output_tokens <= 4
 
 
 @check("anthropic streaming")
 def _():
-    with an.messages.stream(model=MODEL, max_tokens=4, messages=MSG, temperature=0) as s:
+    with an.messages.stream(model=MODEL, max_tokens=4, messages=MSG, extra_body={"temperature": 0}) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens")
