@@ -157,8 +157,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "n_params": n_params,
             "pp_samples": pp,
             "tg_samples": tg,
+            "ram_budget_bytes": margs.ram_budget,
         });
         println!("{j}");
+        crate::commands::load::report_stats(&margs, &m);
         return Ok(());
     }
     let depth = if args.n_depth > 0 { format!(" @ d{}", args.n_depth) } else { String::new() };
@@ -178,6 +180,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("| {model:30} | {size:>10} | {params:>10} | {backend:10} | {threads:>7} | {t:>14} | {ts:>20} |");
         }
     }
+    crate::commands::load::report_stats(&margs, &m);
     Ok(())
 }
 

@@ -39,5 +39,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let top = models::sampling::argmax(last);
         println!("top token {top} (logit {:.4}); greedy: {:?}", last[top as usize], ids);
     }
+    crate::commands::load::report_stats(&args.model, &m);
     Ok(())
 }

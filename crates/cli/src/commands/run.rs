@@ -139,6 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print!("{text}");
         let stats = generate(&mut m, &ids, args.n_predict, &mut sampler, &mut history)?;
         print_stats(&stats);
+        crate::commands::load::report_stats(&args.model, &m);
         return Ok(());
     }
     let template = tokenizer::ChatTemplate::from_gguf(m.file.metadata())?
@@ -193,5 +194,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             break;
         }
     }
+    crate::commands::load::report_stats(&args.model, &m);
     Ok(())
 }
