@@ -90,7 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(MatmulFlag::Exact) => "exact",
         Some(MatmulFlag::Q8) | None => "q8",
     };
-    let mut m = load(&margs, matmul_default)?;
+    let mut m = load(&margs, matmul_default, false)?;
     let n_vocab = m.runner.hparams().n_vocab as u32;
     let bos = if m.tokenizer.add_bos() { m.tokenizer.bos() } else { None };
     let mut ids = Ids { state: args.seed.max(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, n_vocab };

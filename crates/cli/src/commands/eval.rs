@@ -24,7 +24,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut m = load(&args.model, MatmulMode::Exact)?;
+    let mut m = load(&args.model, MatmulMode::Exact, false)?;
     let n_vocab = m.runner.hparams().n_vocab;
     if let Some(bad) = args.ids.iter().find(|&&id| id as usize >= n_vocab) {
         anyhow::bail!("token id {bad} is outside the vocabulary of {n_vocab}");

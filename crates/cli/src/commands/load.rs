@@ -25,18 +25,38 @@ pub enum CachePolicyFlag {
     Lfu,
 }
 
+/// Which back end computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceFlag {
+    /// The CPU back end.
+    Cpu,
+    /// The wgpu back end (Vulkan, Metal, DX12).
+    Gpu,
+    /// The GPU when one is usable, else the CPU.
+    Auto,
+}
+
 /// Flags of every command that loads a model.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// The GGUF model (any part of a split set).
+    /// The GGUF model: a path (any part of a split set) or a store name (`owner/repo:Q4_K_M`).
     #[arg(short, long)]
     pub model: PathBuf,
+    /// The model store to look names up in (default: $DISKFORMER_STORE, else the XDG cache).
+    #[arg(long, env = "DISKFORMER_STORE")]
+    pub store: Option<PathBuf>,
     /// Context length in tokens (0: the model's, capped at 4096).
     #[arg(short = 'c', long, default_value_t = 0)]
     pub ctx_size: usize,
     /// CPU threads (0: one per core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    /// Which back end computes (default: the planner's choice, printed in one line).
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceFlag>,
+    /// Which GPU (an index into `diskformer probe`'s list) for --device gpu.
+    #[arg(long)]
+    pub gpu: Option<usize>,
     /// How the CPU computes matrix products (default: q8 for run and bench, exact for eval).
     #[arg(long, value_enum)]
     pub matmul: Option<MatmulFlag>,
@@ -87,11 +107,41 @@ pub fn set_threads(threads: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Asks the planner which back end runs the model fastest within the machine's memory, prints
+/// its one-line plan, and maps the choice to a device (CPU when the planner refuses everything:
+/// loading then reports the precise error).
+fn planned_device(args: &ModelArgs, path: &std::path::Path) -> DeviceFlag {
+    let opts = plan::PlanOptions { n_ctx: args.ctx_size as u64, ..Default::default() };
+    match plan::plan(path, &opts) {
+        Ok(p) => {
+            eprintln!("plan: {}", p.summary_line());
+            match p.chosen {
+                Some(plan::BackendKind::Gpu) if cfg!(feature = "gpu") => DeviceFlag::Gpu,
+                _ => DeviceFlag::Cpu,
+            }
+        }
+        Err(e) => {
+            eprintln!("plan: {e}; running on the CPU");
+            DeviceFlag::Cpu
+        }
+    }
+}
+
+/// The file a model argument names: the path itself when it exists, else a store model.
+pub fn resolve(args: &ModelArgs) -> anyhow::Result<PathBuf> {
+    let arg = args.model.to_string_lossy();
+    Ok(store::resolve_model(&arg, args.store.as_deref())?)
+}
+
 /// Opens, validates and loads the model `args` names; `matmul_default` applies when the user
 /// gave no `--matmul`.
-pub fn load(args: &ModelArgs, matmul_default: MatmulMode) -> anyhow::Result<Loaded> {
+///
+/// Without `--device`, `run` (`ask_planner`) follows the planner's choice; `eval` and `bench` use
+/// the CPU so that their output and timing never depend on a probe.
+pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> anyhow::Result<Loaded> {
     set_threads(args.threads)?;
-    let file = Arc::new(GgufModel::open(&args.model)?);
+    let path = resolve(args)?;
+    let file = Arc::new(GgufModel::open(&path)?);
     let tokenizer = tokenizer::Tokenizer::from_gguf(file.metadata())
         .with_context(|| format!("{}: reading the tokenizer", args.model.display()))?;
     let matmul = match args.matmul {
@@ -99,10 +149,18 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode) -> anyhow::Result<Load
         Some(MatmulFlag::Exact) => MatmulMode::Exact,
         Some(MatmulFlag::Q8) => MatmulMode::QuantizedActivations,
     };
+    let device = match (args.device, args.ram_budget) {
+        (Some(d), _) => d,
+        // Paged experts run on the CPU back end today; no plan to ask for.
+        (None, Some(_)) => DeviceFlag::Cpu,
+        (None, None) if ask_planner => planned_device(args, &path),
+        (None, None) => DeviceFlag::Cpu,
+    };
     let opts = LoadOptions { n_ctx: args.ctx_size, matmul };
     let (runner, pager) = match args.ram_budget {
-        None => {
-            (models::load(&file, &opts).with_context(|| format!("{}: loading the model", args.model.display()))?, None)
+        None => (load_runner(args, device, &file, &opts).with_context(|| format!("{}: loading the model", args.model.display()))?, None),
+        Some(_) if device != DeviceFlag::Cpu => {
+            anyhow::bail!("--ram-budget pages experts for the CPU back end; use it with --device cpu")
         }
         Some(budget) => {
             let policy = match args.cache_policy {
@@ -111,10 +169,36 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode) -> anyhow::Result<Load
             };
             let p = Arc::new(pager::Pager::open(&file, &pager::PagerOptions::new(budget, policy))?);
             let b = compute::cpu::CpuBackend::new(matmul).with_expert_store(p.clone());
-            let runner = models::load_on(b, &file, &opts)
-                .with_context(|| format!("{}: loading the model", args.model.display()))?;
+            let runner =
+                models::load_on(b, &file, &opts).with_context(|| format!("{}: loading the model", args.model.display()))?;
             (runner, Some(p))
         }
     };
     Ok(Loaded { file, runner, tokenizer, pager })
+}
+
+#[cfg(feature = "gpu")]
+fn load_runner(args: &ModelArgs, device: DeviceFlag, file: &Arc<GgufModel>, opts: &LoadOptions) -> anyhow::Result<Box<dyn Runner>> {
+    use compute::wgpu::{WgpuBackend, WgpuOptions};
+    let gpu = || WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true });
+    match device {
+        DeviceFlag::Cpu => Ok(models::load(file, opts)?),
+        DeviceFlag::Gpu => Ok(models::load_on(gpu()?, file, opts)?),
+        DeviceFlag::Auto => match gpu() {
+            Ok(b) => Ok(models::load_on(b, file, opts)?),
+            Err(e) => {
+                eprintln!("no usable GPU ({e}); running on the CPU");
+                Ok(models::load(file, opts)?)
+            }
+        },
+    }
+}
+
+#[cfg(not(feature = "gpu"))]
+fn load_runner(args: &ModelArgs, device: DeviceFlag, file: &Arc<GgufModel>, opts: &LoadOptions) -> anyhow::Result<Box<dyn Runner>> {
+    let _ = args;
+    match device {
+        DeviceFlag::Gpu => anyhow::bail!("this diskformer was built without the gpu feature; rebuild with it or use --device cpu"),
+        DeviceFlag::Cpu | DeviceFlag::Auto => Ok(models::load(file, opts)?),
+    }
 }

@@ -127,7 +127,7 @@ fn print_stats(s: &Stats) {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut m = load(&args.model, MatmulMode::QuantizedActivations)?;
+    let mut m = load(&args.model, MatmulMode::QuantizedActivations, true)?;
     let mut sampler = Sampler::new(args.sampling.params());
     let mut history = Vec::new();
     if !args.chat {
