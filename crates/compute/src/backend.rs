@@ -271,6 +271,10 @@ pub trait Backend: Send + Sync + Sized + Clone {
     /// (ggml's 3-D `mul_mat` over `attn_k_b` / `attn_v_b`).
     fn matmul_per_head(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor, OpError> {
         let _ = (x, w);
-        Err(OpError::Unsupported { op: "matmul_per_head", backend: self.name(), why: "not implemented on this back end".into() })
+        Err(OpError::Unsupported {
+            op: "matmul_per_head",
+            backend: self.name(),
+            why: "not implemented on this back end".into(),
+        })
     }
 }

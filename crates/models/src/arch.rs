@@ -87,7 +87,12 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
             return Err(ModelError::Request { why: "no tokens to evaluate".into() });
         }
         if self.state.n_past + ids.len() > self.state.n_ctx {
-            return Err(compute::OpError::ContextFull { pos: self.state.n_past, n_tokens: ids.len(), n_ctx: self.state.n_ctx }.into());
+            return Err(compute::OpError::ContextFull {
+                pos: self.state.n_past,
+                n_tokens: ids.len(),
+                n_ctx: self.state.n_ctx,
+            }
+            .into());
         }
         self.log.record(self.state.n_past, ids.len());
         let logits = self.arch.forward(&self.b, &mut self.state, ids, outputs)?;

@@ -40,13 +40,16 @@ impl<B: Backend> Attention<B> {
         rope: Option<RopeSpec>,
         norm_eps: f32,
     ) -> Result<Attention<B>> {
-        let (qw, kw, vw) = (spec.n_head * spec.head_dim_k, spec.n_head_kv * spec.head_dim_k, spec.n_head_kv * spec.head_dim_v);
+        let (qw, kw, vw) =
+            (spec.n_head * spec.head_dim_k, spec.n_head_kv * spec.head_dim_k, spec.n_head_kv * spec.head_dim_v);
         let ow = spec.n_head * spec.head_dim_v;
         let norm = |name: &str, per_head: usize, full: usize| -> Result<Option<B::Tensor>> {
             let n = blk(il, name);
             match ld.host_opt(&n) {
                 None => Ok(None),
-                Some(h) if h.shape.iter().product::<usize>() == full && full != per_head => ld.vector(&n, &[full]).map(Some),
+                Some(h) if h.shape.iter().product::<usize>() == full && full != per_head => {
+                    ld.vector(&n, &[full]).map(Some)
+                }
                 Some(_) => ld.vector(&n, &[per_head]).map(Some),
             }
         };
@@ -74,7 +77,14 @@ impl<B: Backend> Attention<B> {
     }
 
     /// Self-attention of `x` (`[n, n_embd]`) at positions `pos0..`, updating `cache`.
-    pub fn forward(&self, b: &B, x: &B::Tensor, cache: &mut B::Cache, pos0: usize, positions: &[u32]) -> Result<B::Tensor> {
+    pub fn forward(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        cache: &mut B::Cache,
+        pos0: usize,
+        positions: &[u32],
+    ) -> Result<B::Tensor> {
         let n = positions.len();
         let proj = |w: &B::Weight, bias: &Option<B::Tensor>| -> Result<B::Tensor> {
             let y = b.matmul(x, w)?;
@@ -190,7 +200,9 @@ impl<B: Backend> Moe<B> {
     ) -> Result<Moe<B>> {
         let (ne, ff) = (spec.n_expert, spec.n_ff);
         let shared = match n_ff_shared {
-            Some(nfs) if ld.has(&blk(il, "ffn_up_shexp.weight")) => Some(Ffn::load(ld, il, "_shexp", n_embd, nfs, spec.glu)?),
+            Some(nfs) if ld.has(&blk(il, "ffn_up_shexp.weight")) => {
+                Some(Ffn::load(ld, il, "_shexp", n_embd, nfs, spec.glu)?)
+            }
             _ => None,
         };
         Ok(Moe {

@@ -68,8 +68,13 @@ impl Hparams {
         if max_heads == 0 {
             return Err(ModelError::Hparams { why: format!("{} is zero", k("attention.head_count")) });
         }
-        let key_length = md.u32_opt(&k("attention.key_length")).map_err(in_file)?.map(|x| x as usize).unwrap_or(embedding_length / max_heads);
-        let value_length = md.u32_opt(&k("attention.value_length")).map_err(in_file)?.map(|x| x as usize).unwrap_or(key_length);
+        let key_length = md
+            .u32_opt(&k("attention.key_length"))
+            .map_err(in_file)?
+            .map(|x| x as usize)
+            .unwrap_or(embedding_length / max_heads);
+        let value_length =
+            md.u32_opt(&k("attention.value_length")).map_err(in_file)?.map(|x| x as usize).unwrap_or(key_length);
         let rms_eps = match md.f32_opt(&k("attention.layer_norm_rms_epsilon")).map_err(in_file)? {
             Some(e) => e,
             None => md.f32_opt(&k("attention.layer_norm_epsilon")).map_err(in_file)?.unwrap_or(1e-5),
@@ -88,7 +93,11 @@ impl Hparams {
             value_length,
             rms_eps,
             rope_freq_base: md.f32_opt(&k("rope.freq_base")).map_err(in_file)?.unwrap_or(10000.0),
-            rope_dimension_count: md.u32_opt(&k("rope.dimension_count")).map_err(in_file)?.map(|x| x as usize).unwrap_or(key_length),
+            rope_dimension_count: md
+                .u32_opt(&k("rope.dimension_count"))
+                .map_err(in_file)?
+                .map(|x| x as usize)
+                .unwrap_or(key_length),
             context_length: md.u32_opt(&k("context_length")).map_err(in_file)?.unwrap_or(2048) as usize,
             expert_count: md.u32_opt(&k("expert_count")).map_err(in_file)?.unwrap_or(0) as usize,
             expert_used_count: md.u32_opt(&k("expert_used_count")).map_err(in_file)?.unwrap_or(0) as usize,

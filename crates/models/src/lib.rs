@@ -25,25 +25,25 @@ pub mod blocks;
 mod error;
 mod hparams;
 mod loader;
-mod rope;
-mod state;
 pub mod refcheck;
+mod rope;
 pub mod sampling;
+mod state;
 pub mod synth;
 
-pub mod gemma3;
-pub mod llama;
-pub mod qwen2;
-pub mod qwen3;
-pub mod qwen3moe;
-pub mod olmoe;
 pub mod deepseek2;
+pub mod gemma3;
 pub mod glm4moe;
 pub mod gptoss;
 pub mod granitehybrid;
 pub mod granitemoe;
 pub mod lfm2;
 pub mod lfm2moe;
+pub mod llama;
+pub mod olmoe;
+pub mod qwen2;
+pub mod qwen3;
+pub mod qwen3moe;
 
 pub use arch::{output_rows, positions, Architecture, Outputs, Runner, Session};
 pub use error::{ModelError, Result};
@@ -59,7 +59,21 @@ use gguf::GgufModel;
 use std::sync::Arc;
 
 /// Architecture strings (`general.architecture`) this crate runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe", "deepseek2", "glm4moe", "gpt-oss", "granitemoe", "granitehybrid", "lfm2", "lfm2moe"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "qwen3moe",
+    "olmoe",
+    "deepseek2",
+    "glm4moe",
+    "gpt-oss",
+    "granitemoe",
+    "granitehybrid",
+    "lfm2",
+    "lfm2moe",
+];
 
 /// How to load a model.
 #[derive(Clone, Debug)]

@@ -69,7 +69,8 @@ pub fn list_cases(root: &Path) -> Result<Vec<(String, String)>> {
     dirs.sort();
     for d in dirs {
         let r = read_ref(&root.join(&d))?;
-        let mut variants: Vec<String> = r["llama_cpp"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+        let mut variants: Vec<String> =
+            r["llama_cpp"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
         variants.sort();
         for v in variants {
             let Some(file) = r["llama_cpp"][&v]["file"].as_str() else { continue };
@@ -97,10 +98,13 @@ pub fn gguf_arch(root: &Path, arch: &str) -> Result<String> {
 
 fn floats(v: &Value) -> Vec<f64> {
     match v {
-        Value::Array(a) => a.iter().flat_map(|x| match x {
-            Value::Array(_) => floats(x),
-            _ => vec![x.as_f64().unwrap_or(f64::NAN)],
-        }).collect(),
+        Value::Array(a) => a
+            .iter()
+            .flat_map(|x| match x {
+                Value::Array(_) => floats(x),
+                _ => vec![x.as_f64().unwrap_or(f64::NAN)],
+            })
+            .collect(),
         _ => vec![],
     }
 }

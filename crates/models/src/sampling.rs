@@ -29,7 +29,15 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
@@ -148,7 +156,8 @@ mod tests {
     #[test]
     fn same_seed_same_draws_and_other_seed_differs() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
-        let params = SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+        let params =
+            SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
         let draw = |seed| {
             let mut s = Sampler::new(SamplingParams { seed, ..params.clone() });
             (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
@@ -170,9 +179,11 @@ mod tests {
     fn min_p_and_top_p_exclude_unlikely_tokens() {
         // Token 0 has probability ~0.88 at temperature 1; min_p 0.5 leaves only it.
         let logits = [4.0, 2.0, 1.0, 0.0];
-        let mut s = Sampler::new(SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.5, temperature: 1.0, ..Default::default() });
+        let mut s =
+            Sampler::new(SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.5, temperature: 1.0, ..Default::default() });
         assert!((0..50).all(|_| s.sample(&logits, &[]) == 0));
-        let mut s = Sampler::new(SamplingParams { top_k: 0, top_p: 0.5, min_p: 0.0, temperature: 1.0, ..Default::default() });
+        let mut s =
+            Sampler::new(SamplingParams { top_k: 0, top_p: 0.5, min_p: 0.0, temperature: 1.0, ..Default::default() });
         assert!((0..50).all(|_| s.sample(&logits, &[]) == 0));
     }
 

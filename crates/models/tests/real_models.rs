@@ -33,21 +33,26 @@ fn check_model(file: &str, refs: &str, mode: MatmulMode) {
     let path = dir.join(file);
     assert!(path.exists(), "{} missing: run scripts/get-models.sh", path.display());
     let refs: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/testdata").join(refs)).unwrap(),
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/testdata").join(refs))
+            .unwrap(),
     )
     .unwrap();
     let model = Arc::new(gguf::GgufModel::open(&path).unwrap());
     let mut runner = models::load(&model, &LoadOptions { n_ctx: 512, matmul: mode }).unwrap();
     let n_vocab = runner.hparams().n_vocab;
     for r in refs["generation"]["results"].as_array().unwrap() {
-        let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+        };
         let prompt = ids(&r["prompt_ids"]);
         let expected = ids(&r["greedy"]);
         let top_ids = ids(&r["top_ids"]);
-        let top_logits: Vec<f32> = r["top_logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let top_logits: Vec<f32> =
+            r["top_logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
         runner.reset().unwrap();
         let mut logits = runner.eval(&prompt, Outputs::Last).unwrap();
-        let max_diff = top_ids.iter().zip(&top_logits).map(|(&i, &l)| (logits[i as usize] - l).abs()).fold(0f32, f32::max);
+        let max_diff =
+            top_ids.iter().zip(&top_logits).map(|(&i, &l)| (logits[i as usize] - l).abs()).fold(0f32, f32::max);
         assert_eq!(models::sampling::argmax(&logits), top_ids[0], "{file} {:?}: top-1 differs", r["prompt"]);
         let mut ours = Vec::new();
         let mut note = String::new();

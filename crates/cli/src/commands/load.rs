@@ -158,7 +158,11 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
     };
     let opts = LoadOptions { n_ctx: args.ctx_size, matmul };
     let (runner, pager) = match args.ram_budget {
-        None => (load_runner(args, device, &file, &opts).with_context(|| format!("{}: loading the model", args.model.display()))?, None),
+        None => (
+            load_runner(args, device, &file, &opts)
+                .with_context(|| format!("{}: loading the model", args.model.display()))?,
+            None,
+        ),
         Some(_) if device != DeviceFlag::Cpu => {
             anyhow::bail!("--ram-budget pages experts for the CPU back end; use it with --device cpu")
         }
@@ -169,8 +173,8 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
             };
             let p = Arc::new(pager::Pager::open(&file, &pager::PagerOptions::new(budget, policy))?);
             let b = compute::cpu::CpuBackend::new(matmul).with_expert_store(p.clone());
-            let runner =
-                models::load_on(b, &file, &opts).with_context(|| format!("{}: loading the model", args.model.display()))?;
+            let runner = models::load_on(b, &file, &opts)
+                .with_context(|| format!("{}: loading the model", args.model.display()))?;
             (runner, Some(p))
         }
     };
@@ -178,7 +182,12 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
 }
 
 #[cfg(feature = "gpu")]
-fn load_runner(args: &ModelArgs, device: DeviceFlag, file: &Arc<GgufModel>, opts: &LoadOptions) -> anyhow::Result<Box<dyn Runner>> {
+fn load_runner(
+    args: &ModelArgs,
+    device: DeviceFlag,
+    file: &Arc<GgufModel>,
+    opts: &LoadOptions,
+) -> anyhow::Result<Box<dyn Runner>> {
     use compute::wgpu::{WgpuBackend, WgpuOptions};
     let gpu = || WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true });
     match device {
@@ -195,10 +204,17 @@ fn load_runner(args: &ModelArgs, device: DeviceFlag, file: &Arc<GgufModel>, opts
 }
 
 #[cfg(not(feature = "gpu"))]
-fn load_runner(args: &ModelArgs, device: DeviceFlag, file: &Arc<GgufModel>, opts: &LoadOptions) -> anyhow::Result<Box<dyn Runner>> {
+fn load_runner(
+    args: &ModelArgs,
+    device: DeviceFlag,
+    file: &Arc<GgufModel>,
+    opts: &LoadOptions,
+) -> anyhow::Result<Box<dyn Runner>> {
     let _ = args;
     match device {
-        DeviceFlag::Gpu => anyhow::bail!("this diskformer was built without the gpu feature; rebuild with it or use --device cpu"),
+        DeviceFlag::Gpu => {
+            anyhow::bail!("this diskformer was built without the gpu feature; rebuild with it or use --device cpu")
+        }
         DeviceFlag::Cpu | DeviceFlag::Auto => Ok(models::load(file, opts)?),
     }
 }

@@ -1,18 +1,18 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod describe;
 pub mod eval;
 pub mod fixtures;
 pub mod load;
-pub mod run;
-pub mod tokenize;
-pub mod pull;
 pub mod models;
-pub mod synth;
-pub mod bench;
-pub mod describe;
 pub mod plan;
 pub mod probe;
+pub mod pull;
+pub mod run;
 pub mod serve;
+pub mod synth;
+pub mod tokenize;
 
 /// Prints an error and its causes on one line, the way every subcommand reports failure.
 pub fn report_error(e: &anyhow::Error) {

@@ -80,7 +80,13 @@ struct Stats {
 
 /// Feeds `prompt` (after what the runner already holds), then samples until an end-of-generation
 /// token or `n_predict` tokens, writing text as it becomes valid UTF-8.
-fn generate(m: &mut Loaded, prompt: &[u32], n_predict: usize, sampler: &mut Sampler, history: &mut Vec<u32>) -> anyhow::Result<Stats> {
+fn generate(
+    m: &mut Loaded,
+    prompt: &[u32],
+    n_predict: usize,
+    sampler: &mut Sampler,
+    history: &mut Vec<u32>,
+) -> anyhow::Result<Stats> {
     let n_vocab = m.runner.hparams().n_vocab;
     let free = m.runner.n_ctx() - m.runner.n_past();
     if prompt.len() >= free {
@@ -142,8 +148,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::commands::load::report_stats(&args.model, &m);
         return Ok(());
     }
-    let template = tokenizer::ChatTemplate::from_gguf(m.file.metadata())?
-        .ok_or_else(|| anyhow::anyhow!("{}: the model has no chat template (tokenizer.chat_template); run without --chat", args.model.model.display()))?;
+    let template = tokenizer::ChatTemplate::from_gguf(m.file.metadata())?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: the model has no chat template (tokenizer.chat_template); run without --chat",
+            args.model.model.display()
+        )
+    })?;
     let mut messages: Vec<tokenizer::ChatMessage> = Vec::new();
     if let Some(s) = &args.system {
         messages.push(tokenizer::ChatMessage::new("system", s));
@@ -183,7 +193,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let ids = m.tokenizer.encode(&new_text, m.runner.n_past() == 0, true)?;
         let start = history.len();
         let stats = generate(&mut m, &ids, args.n_predict, &mut sampler, &mut history)?;
-        let reply_ids: Vec<u32> = history[start + ids.len()..].iter().copied().filter(|&id| !m.tokenizer.is_eog(id)).collect();
+        let reply_ids: Vec<u32> =
+            history[start + ids.len()..].iter().copied().filter(|&id| !m.tokenizer.is_eog(id)).collect();
         let reply = m.tokenizer.decode(&reply_ids);
         messages.push(tokenizer::ChatMessage::new("assistant", &reply));
         print_stats(&stats);

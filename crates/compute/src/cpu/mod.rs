@@ -176,8 +176,11 @@ impl CpuBackend {
     }
 
     fn matmul_raw(&self, x: &[f32], n_tok: usize, w: &HostWeight, y: &mut [f32]) -> Result<(), OpError> {
-        { let _ = n_tok; quant::matmul(w.dtype, w.bytes(), w.n_rows(), w.row_len(), x, y, self.mode) }
-            .map_err(|source| OpError::Quant { op: "matmul", source })
+        {
+            let _ = n_tok;
+            quant::matmul(w.dtype, w.bytes(), w.n_rows(), w.row_len(), x, y, self.mode)
+        }
+        .map_err(|source| OpError::Quant { op: "matmul", source })
     }
 }
 
@@ -280,7 +283,11 @@ impl Backend for CpuBackend {
 
     fn glu(&self, gate: &CpuTensor, up: &CpuTensor, glu: Glu) -> Result<CpuTensor, OpError> {
         if gate.shape != up.shape {
-            return Err(OpError::ShapeMismatch { op: "glu", expected: format!("{:?}", gate.shape), got: up.shape.clone() });
+            return Err(OpError::ShapeMismatch {
+                op: "glu",
+                expected: format!("{:?}", gate.shape),
+                got: up.shape.clone(),
+            });
         }
         let data = gate.data.iter().zip(&up.data).map(|(&g, &u)| kernels::glu(g, u, glu)).collect();
         Ok(CpuTensor { shape: gate.shape.clone(), data })
@@ -290,7 +297,11 @@ impl Backend for CpuBackend {
         let w = x.width();
         if let Some(wt) = weight {
             if wt.data.len() != w {
-                return Err(OpError::ShapeMismatch { op: "rms_norm", expected: format!("weight of {w}"), got: wt.shape.clone() });
+                return Err(OpError::ShapeMismatch {
+                    op: "rms_norm",
+                    expected: format!("weight of {w}"),
+                    got: wt.shape.clone(),
+                });
             }
         }
         let mut data = x.data.clone();
@@ -308,7 +319,11 @@ impl Backend for CpuBackend {
         let w = x.width();
         for t in [weight, bias].into_iter().flatten() {
             if t.data.len() != w {
-                return Err(OpError::ShapeMismatch { op: "layer_norm", expected: format!("weight of {w}"), got: t.shape.clone() });
+                return Err(OpError::ShapeMismatch {
+                    op: "layer_norm",
+                    expected: format!("weight of {w}"),
+                    got: t.shape.clone(),
+                });
             }
         }
         let mut data = x.data.clone();
@@ -322,7 +337,12 @@ impl Backend for CpuBackend {
         if positions.len() != x.rows() || spec.head_dim == 0 || w % spec.head_dim != 0 || spec.n_rot > spec.head_dim {
             return Err(OpError::ShapeMismatch {
                 op: "rope",
-                expected: format!("[{} positions, heads * {}] with n_rot {}", positions.len(), spec.head_dim, spec.n_rot),
+                expected: format!(
+                    "[{} positions, heads * {}] with n_rot {}",
+                    positions.len(),
+                    spec.head_dim,
+                    spec.n_rot
+                ),
                 got: x.shape.clone(),
             });
         }
@@ -365,7 +385,11 @@ impl Backend for CpuBackend {
     fn concat_cols(&self, parts: &[&CpuTensor]) -> Result<CpuTensor, OpError> {
         let rows = parts.first().map(|p| p.rows()).unwrap_or(0);
         if let Some(bad) = parts.iter().find(|p| p.rows() != rows) {
-            return Err(OpError::ShapeMismatch { op: "concat_cols", expected: format!("{rows} rows"), got: bad.shape.clone() });
+            return Err(OpError::ShapeMismatch {
+                op: "concat_cols",
+                expected: format!("{rows} rows"),
+                got: bad.shape.clone(),
+            });
         }
         let width: usize = parts.iter().map(|p| p.width()).sum();
         let mut data = Vec::with_capacity(rows * width);
@@ -420,7 +444,11 @@ impl Backend for CpuBackend {
         }
         if let Some(s) = sinks {
             if s.data.len() != spec.n_head {
-                return Err(OpError::ShapeMismatch { op: "attention sinks", expected: format!("[{}]", spec.n_head), got: s.shape.clone() });
+                return Err(OpError::ShapeMismatch {
+                    op: "attention sinks",
+                    expected: format!("[{}]", spec.n_head),
+                    got: s.shape.clone(),
+                });
             }
         }
         cache.k[pos0 * cache.k_width..(pos0 + n) * cache.k_width].copy_from_slice(&k.data);
@@ -452,11 +480,19 @@ impl Backend for CpuBackend {
     ) -> Result<Routing<Self>, OpError> {
         let n_expert = logits.width();
         if spec.k == 0 || spec.k > n_expert {
-            return Err(OpError::ShapeMismatch { op: "route", expected: format!("k = {} experts of {n_expert}", spec.k), got: logits.shape.clone() });
+            return Err(OpError::ShapeMismatch {
+                op: "route",
+                expected: format!("k = {} experts of {n_expert}", spec.k),
+                got: logits.shape.clone(),
+            });
         }
         if let Some(b) = selection_bias {
             if b.data.len() != n_expert {
-                return Err(OpError::ShapeMismatch { op: "route bias", expected: format!("[{n_expert}]"), got: b.shape.clone() });
+                return Err(OpError::ShapeMismatch {
+                    op: "route bias",
+                    expected: format!("[{n_expert}]"),
+                    got: b.shape.clone(),
+                });
             }
         }
         let n = logits.rows();
@@ -484,7 +520,10 @@ impl Backend for CpuBackend {
         let n_embd = x.width();
         let n = x.rows();
         let k = routing.k;
-        if routing.ids.len() != n * k || experts.up.n_rows() != spec.n_expert * spec.n_ff || experts.up.row_len() != n_embd {
+        if routing.ids.len() != n * k
+            || experts.up.n_rows() != spec.n_expert * spec.n_ff
+            || experts.up.row_len() != n_embd
+        {
             return Err(OpError::ShapeMismatch {
                 op: "moe_ffn",
                 expected: format!("{n} tokens x {k} ids, up [{}, {}, {n_embd}]", spec.n_expert, spec.n_ff),
@@ -497,7 +536,11 @@ impl Backend for CpuBackend {
             for j in 0..k {
                 let e = routing.ids[t * k + j] as usize;
                 if e >= spec.n_expert {
-                    return Err(OpError::ShapeMismatch { op: "moe_ffn ids", expected: format!("ids < {}", spec.n_expert), got: vec![e] });
+                    return Err(OpError::ShapeMismatch {
+                        op: "moe_ffn ids",
+                        expected: format!("ids < {}", spec.n_expert),
+                        got: vec![e],
+                    });
                 }
                 by_expert[e].push((t, routing.weights.data[t * k + j]));
             }

@@ -269,7 +269,6 @@ unsafe fn madd_u8_i8(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale)
 }
 
-
 /// The 32 nibbles of 16 bytes in ggml's order: low nibbles (values 0..16), then high ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
