@@ -11,6 +11,7 @@
 //!   being full (layers 5, 11, ...);
 //! - attention scale 1/sqrt(query_pre_attn_scalar) = 1/sqrt(key_length) (what llama.cpp uses);
 //! - tied output embedding.
+//!
 //! Checked by the `gemma3` fixture (6 layers, window 8) and the real Gemma 3 270M.
 
 use crate::arch::{output_rows, positions, Architecture, Outputs};
@@ -73,8 +74,8 @@ pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<Gemma3<B>> {
     local_rope.yarn = None;
     let sliding = sliding_layers(md, &hp)?;
     let mut layers = Vec::with_capacity(hp.block_count);
-    for il in 0..hp.block_count {
-        let is_local = sliding[il] && window.is_some();
+    for (il, &slides) in sliding.iter().enumerate() {
+        let is_local = slides && window.is_some();
         let spec = AttnSpec {
             n_head: hp.head_count[il],
             n_head_kv: hp.head_count_kv[il],

@@ -185,7 +185,7 @@ impl CpuBackend {
 }
 
 fn expect_2d(op: &'static str, t: &CpuTensor, width: usize) -> Result<(), OpError> {
-    if t.width() != width || t.data.len() % width.max(1) != 0 {
+    if t.width() != width || !t.data.len().is_multiple_of(width.max(1)) {
         return Err(OpError::ShapeMismatch { op, expected: format!("[n, {width}]"), got: t.shape.clone() });
     }
     Ok(())
@@ -334,7 +334,11 @@ impl Backend for CpuBackend {
 
     fn rope(&self, x: &CpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<CpuTensor, OpError> {
         let w = x.width();
-        if positions.len() != x.rows() || spec.head_dim == 0 || w % spec.head_dim != 0 || spec.n_rot > spec.head_dim {
+        if positions.len() != x.rows()
+            || spec.head_dim == 0
+            || !w.is_multiple_of(spec.head_dim)
+            || spec.n_rot > spec.head_dim
+        {
             return Err(OpError::ShapeMismatch {
                 op: "rope",
                 expected: format!(
@@ -425,7 +429,7 @@ impl Backend for CpuBackend {
             || k.rows() != n
             || v.rows() != n
             || spec.n_head_kv == 0
-            || spec.n_head % spec.n_head_kv != 0
+            || !spec.n_head.is_multiple_of(spec.n_head_kv)
         {
             return Err(OpError::ShapeMismatch {
                 op: "attention",
