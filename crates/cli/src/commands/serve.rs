@@ -18,7 +18,7 @@ pub enum DeviceFlag {
 /// Flags of `diskformer serve`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// One GGUF model to serve (any part of a split set); its name is the file stem.
+    /// One GGUF model to serve: a path (any part of a split set) or a store name; its name is the file stem.
     #[arg(short, long, conflicts_with = "models_dir")]
     pub model: Option<PathBuf>,
     /// Serve every GGUF (or split set) in this folder, loaded on demand.
@@ -65,7 +65,9 @@ pub struct Args {
 /// Runs the server until Ctrl-C.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (models, preload) = match (&args.model, &args.models_dir) {
-        (Some(m), _) => {
+        (Some(arg), _) => {
+            // A path, or a store name (`owner/repo:Q4_K_M`).
+            let m = &store::resolve_model(&arg.to_string_lossy(), None)?;
             let name = m
                 .file_stem()
                 .and_then(|s| s.to_str())
