@@ -114,7 +114,7 @@ fn planned_device(args: &ModelArgs, path: &std::path::Path) -> DeviceFlag {
     let opts = plan::PlanOptions { n_ctx: args.ctx_size as u64, ..Default::default() };
     match plan::plan(path, &opts) {
         Ok(p) => {
-            eprintln!("plan: {}", p.summary_line());
+            eprintln!("{}", p.summary_line());
             match p.chosen {
                 Some(plan::BackendKind::Gpu) if cfg!(feature = "gpu") => DeviceFlag::Gpu,
                 _ => DeviceFlag::Cpu,
