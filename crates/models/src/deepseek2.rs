@@ -45,7 +45,7 @@ use crate::rope::rope_spec;
 use crate::state::{LayerState, State};
 use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec};
 use compute::Backend;
-use gguf::names::{blk, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use gguf::names::{blk, OUTPUT_NORM, TOKEN_EMBD};
 
 /// The routing the `{arch}.expert_*` keys describe (DeepSeek-style MoE, also GLM-4-MoE):
 /// `expert_gating_func` (1 softmax, 2 sigmoid, 3 softmax over the chosen k; `absent` when the
@@ -340,10 +340,7 @@ pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<Deepseek2<B>>
         });
     }
     let n_vocab = hp.n_vocab;
-    let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
-        Some(w) => w,
-        None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
-    };
+    let output = ld.output_or_tied(n_vocab, n_embd)?;
     Ok(Deepseek2 {
         tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
         output_norm: ld.vector(OUTPUT_NORM, &[n_embd])?,

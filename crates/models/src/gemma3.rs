@@ -23,7 +23,7 @@ use crate::rope::rope_spec;
 use crate::state::{LayerState, State};
 use compute::spec::{Act, AttnSpec, Glu};
 use compute::Backend;
-use gguf::names::{blk, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use gguf::names::{blk, OUTPUT_NORM, TOKEN_EMBD};
 use gguf::Value;
 
 struct Layer<B: Backend> {
@@ -96,10 +96,7 @@ pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<Gemma3<B>> {
         });
     }
     let n_vocab = hp.n_vocab;
-    let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
-        Some(w) => w,
-        None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
-    };
+    let output = ld.output_or_tied(n_vocab, n_embd)?;
     Ok(Gemma3 {
         tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
         output_norm: ld.vector(OUTPUT_NORM, &[n_embd])?,

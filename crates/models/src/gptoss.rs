@@ -30,7 +30,7 @@ use crate::rope::rope_spec;
 use crate::state::{LayerState, State};
 use compute::spec::{AttnSpec, Gating, Glu, MoeSpec, RouteSpec};
 use compute::Backend;
-use gguf::names::{blk, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use gguf::names::{blk, OUTPUT_NORM, TOKEN_EMBD};
 use gguf::Value;
 
 /// gpt-oss's clamped SwiGLU (config `swiglu_alpha`, `swiglu_limit`).
@@ -128,10 +128,7 @@ fn load_with_yarn_rounding<B: Backend>(ld: &Loader<'_, B>, hp: Hparams, truncate
         });
     }
     let n_vocab = hp.n_vocab;
-    let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
-        Some(w) => w,
-        None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
-    };
+    let output = ld.output_or_tied(n_vocab, n_embd)?;
     Ok(GptOss {
         tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
         output_norm: ld.vector(OUTPUT_NORM, &[n_embd])?,

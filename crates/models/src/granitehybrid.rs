@@ -30,7 +30,7 @@ use crate::rope::rope_spec;
 use crate::state::{LayerState, State};
 use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RouteSpec};
 use compute::{Backend, SsmScan};
-use gguf::names::{blk, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use gguf::names::{blk, OUTPUT_NORM, TOKEN_EMBD};
 
 /// Sizes of a Mamba-2 block, from the `ssm.*` metadata keys.
 #[derive(Clone, Copy, Debug)]
@@ -278,10 +278,7 @@ pub fn load_granite<B: Backend>(ld: &Loader<'_, B>, hp: Hparams, positions: Attn
         });
     }
     let n_vocab = hp.n_vocab;
-    let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
-        Some(w) => w,
-        None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
-    };
+    let output = ld.output_or_tied(n_vocab, n_embd)?;
     Ok(Granite {
         tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
         output_norm: ld.vector(OUTPUT_NORM, &[n_embd])?,

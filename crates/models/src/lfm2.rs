@@ -24,7 +24,7 @@ use crate::rope::rope_spec;
 use crate::state::{LayerState, State};
 use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RouteSpec};
 use compute::Backend;
-use gguf::names::{blk, OUTPUT, TOKEN_EMBD};
+use gguf::names::{blk, TOKEN_EMBD};
 
 /// The final norm's GGUF name in LFM2 files.
 const TOKEN_EMBD_NORM: &str = "token_embd_norm.weight";
@@ -172,10 +172,7 @@ pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<Lfm2<B>> {
         });
     }
     let n_vocab = hp.n_vocab;
-    let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
-        Some(w) => w,
-        None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
-    };
+    let output = ld.output_or_tied(n_vocab, n_embd)?;
     Ok(Lfm2 {
         tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
         output_norm: ld.vector(TOKEN_EMBD_NORM, &[n_embd])?,

@@ -15,7 +15,7 @@ use crate::rope::rope_spec;
 use crate::state::{LayerState, State};
 use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RouteSpec};
 use compute::Backend;
-use gguf::names::{blk, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use gguf::names::{blk, OUTPUT_NORM, TOKEN_EMBD};
 
 struct Layer<B: Backend> {
     attn_norm: B::Tensor,
@@ -82,10 +82,7 @@ impl<B: Backend> Llama<B> {
             });
         }
         let n_vocab = hp.n_vocab;
-        let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
-            Some(w) => w,
-            None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
-        };
+        let output = ld.output_or_tied(n_vocab, n_embd)?;
         Ok(Llama {
             tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
             output_norm: ld.vector(OUTPUT_NORM, &[n_embd])?,

@@ -52,6 +52,15 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.vector(name, shape).map(Some)
     }
 
+    /// The output projection `[n_vocab, n_embd]`: `output.weight`, or the token embedding when the
+    /// model ties them (no `output.weight` in the file).
+    pub fn output_or_tied(&self, n_vocab: usize, n_embd: usize) -> Result<B::Weight> {
+        match self.weight_opt(gguf::names::OUTPUT, &[n_vocab, n_embd])? {
+            Some(w) => Ok(w),
+            None => self.weight(gguf::names::TOKEN_EMBD, &[n_vocab, n_embd]),
+        }
+    }
+
     /// True when the file has a tensor of this name.
     pub fn has(&self, name: &str) -> bool {
         self.model.tensor_opt(name).is_some()

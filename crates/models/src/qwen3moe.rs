@@ -21,7 +21,7 @@ use crate::rope::rope_spec;
 use crate::state::{LayerState, State};
 use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RouteSpec};
 use compute::Backend;
-use gguf::names::{blk, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use gguf::names::{blk, OUTPUT_NORM, TOKEN_EMBD};
 
 /// What distinguishes one llama-layout MoE decoder from another.
 #[derive(Clone, Debug)]
@@ -94,10 +94,7 @@ impl<B: Backend> MoeDecoder<B> {
             });
         }
         let n_vocab = hp.n_vocab;
-        let output = match ld.weight_opt(OUTPUT, &[n_vocab, n_embd])? {
-            Some(w) => w,
-            None => ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
-        };
+        let output = ld.output_or_tied(n_vocab, n_embd)?;
         Ok(MoeDecoder {
             tok_embd: ld.weight(TOKEN_EMBD, &[n_vocab, n_embd])?,
             output_norm: ld.vector(OUTPUT_NORM, &[n_embd])?,
