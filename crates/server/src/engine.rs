@@ -214,6 +214,11 @@ impl Loaded {
                 self.name
             ))
         })?;
+        if let (Some(Value::Array(list)), false) = (&tools, t.reads_tools()) {
+            let messages = crate::tools::describe_tools_in_system(messages, list);
+            let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, ..Default::default() };
+            return Ok(t.render_json(&messages, &opts)?);
+        }
         let opts = ChatOptions { add_generation_prompt: true, enable_thinking: thinking, tools, ..Default::default() };
         Ok(t.render_json(messages, &opts)?)
     }

@@ -209,9 +209,71 @@ pub fn active_tools(
     Ok((shown, names))
 }
 
+/// Messages for a template that does not read `tools`: the tool definitions go into the system
+/// message (a new one when there is none) with the call format [`parse_tool_calls`] reads, and
+/// earlier assistant calls become `<tool_call>` text, so the model sees its own past calls.
+/// Without this such templates would drop the tools silently.
+pub fn describe_tools_in_system(messages: &[Value], tools: &[Value]) -> Vec<Value> {
+    let defs: Vec<String> = tools.iter().map(|t| t.get("function").unwrap_or(t).to_string()).collect();
+    let description = format!(
+        "You may call these tools, given as JSON schemas:\n{}\nTo call one, answer with \
+         {OPEN}{{\"name\": <tool name>, \"arguments\": <arguments object>}}{CLOSE} \
+         (one block per call) and nothing else; the results come back in `tool` messages.",
+        defs.join("\n")
+    );
+    let mut out: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let Some(calls) = m.get("tool_calls").and_then(Value::as_array) else { return m.clone() };
+            let mut text = m.get("content").and_then(Value::as_str).unwrap_or("").to_string();
+            for c in calls {
+                let f = c.get("function").unwrap_or(c);
+                let call = json!({"name": f.get("name"), "arguments": f.get("arguments")});
+                text.push_str(&format!("{OPEN}{call}{CLOSE}"));
+            }
+            let mut m = m.clone();
+            if let Some(o) = m.as_object_mut() {
+                o.remove("tool_calls");
+                o.insert("content".into(), Value::String(text));
+            }
+            m
+        })
+        .collect();
+    match out.first_mut() {
+        Some(first) if first.get("role").and_then(Value::as_str) == Some("system") => {
+            let own = first.get("content").and_then(Value::as_str).unwrap_or("");
+            first["content"] =
+                Value::String(if own.is_empty() { description } else { format!("{own}\n\n{description}") });
+        }
+        _ => out.insert(0, json!({"role": "system", "content": description})),
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tools_described_in_the_system_message_for_templates_without_tools() {
+        let tools = vec![json!({"type": "function", "function": {"name": "a", "parameters": {}}})];
+        let msgs = vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                   "function": {"name": "a", "arguments": {"x": 1}}}]}),
+        ];
+        let out = describe_tools_in_system(&msgs, &tools);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0]["role"], "system");
+        assert!(out[0]["content"].as_str().unwrap().contains(r#"{"name":"a","parameters":{}}"#));
+        let past = out[2]["content"].as_str().unwrap();
+        assert_eq!(past, r#"<tool_call>{"name":"a","arguments":{"x":1}}</tool_call>"#);
+        // The call written back is one the parser reads.
+        let names = BTreeSet::from(["a".to_string()]);
+        assert_eq!(parse_tool_calls(past, &names).unwrap().1[0].arguments, json!({"x": 1}));
+        let with_system = describe_tools_in_system(&[json!({"role": "system", "content": "Be brief."})], &tools);
+        assert!(with_system[0]["content"].as_str().unwrap().starts_with("Be brief.\n\n"));
+    }
 
     fn names(n: &[&str]) -> BTreeSet<String> {
         n.iter().map(|s| s.to_string()).collect()

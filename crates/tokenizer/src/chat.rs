@@ -63,6 +63,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    reads_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -104,7 +105,18 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(TemplateError::Compile)?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        let reads_tools = env
+            .get_template(TEMPLATE_NAME)
+            .map_err(TemplateError::Compile)?
+            .undeclared_variables(false)
+            .contains("tools");
+        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), reads_tools })
+    }
+
+    /// Whether the template reads `tools`. Many small models' templates (SmolLM2's, for one) do
+    /// not, and would drop tool definitions silently; callers then describe the tools themselves.
+    pub fn reads_tools(&self) -> bool {
+        self.reads_tools
     }
 
     /// Renders typed messages.
@@ -461,5 +473,14 @@ mod tests {
         assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
         assert_eq!(strftime("%A %B %-d %j %I%p", t), "Thursday February 29 060 01PM");
         assert_eq!(strftime("%d %B %Y", 0), "01 January 1970");
+    }
+
+    #[test]
+    fn knows_whether_a_template_reads_tools() {
+        let plain = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+        let with_tools =
+            "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert!(!ChatTemplate::new(plain, "", "").unwrap().reads_tools());
+        assert!(ChatTemplate::new(with_tools, "", "").unwrap().reads_tools());
     }
 }
