@@ -48,6 +48,9 @@ pub struct Args {
     /// Sessions per model: requests generated at once.
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
+    /// CPU threads shared by every session (0: one per core).
+    #[arg(short, long, default_value_t = 0)]
+    pub threads: usize,
     /// Requests admitted per model (running and waiting); more get 503.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
@@ -64,6 +67,7 @@ pub struct Args {
 
 /// Runs the server until Ctrl-C.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::commands::load::set_threads(args.threads)?;
     let (models, preload) = match (&args.model, &args.models_dir) {
         (Some(arg), _) => {
             // A path, or a store name (`owner/repo:Q4_K_M`).
