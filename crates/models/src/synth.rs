@@ -21,6 +21,18 @@
 //! (Gemma 3 alone: embedding N(0, 1/n_embd²) and final gain sqrt(n_embd), see `embeddings`.)
 //! Routers (`ffn_gate_inp.weight`) stay F32, as llama-quantize keeps them.
 //!
+//! # Direct blocks
+//! Drawing Gaussians and running the reference quantizer costs 30 (Q8_0) to 140 (Q4_K) ns per
+//! value, hours for a 30 B model on two cores. Zero-mean Q8_0, Q4_0 and Q4_K matrices are
+//! therefore drawn as blocks (unless [`SynthOptions::exact_quantization`]): one f16 scale per
+//! block chosen so the dequantized values have the law's standard deviation, and symmetric
+//! bounded codes (Q8_0: the sum of four uniform bytes over 8, an Irwin-Hall approximation
+//! of a Gaussian cut at 3.5 sigma; Q4_0/Q4_K: the difference of two uniforms on
+//! 0..=7, a triangular law on -7..=7; Q4_K sub-block scales uniform on 32..=63 with mins equal
+//! to the scales and `dmin = 7 d`, so each value is `d * sc * (q - 7)`, zero mean). About 1 ns
+//! per value: writing is then bound by the disk. Other types, and the gains (mean 1), go
+//! through the quantizer.
+//!
 //! # Routing skew
 //! With i.i.d. router rows every expert is equally likely. `routing_skew = S > 0` ranks the
 //! experts of each layer by a random permutation (rank 1 = most popular, a different permutation
@@ -627,6 +639,8 @@ pub struct SynthTensor {
     /// Value law.
     pub init: Init,
     key: u64,
+    /// Blocks drawn directly ([`direct_blocks`]) rather than quantized from `row_values`.
+    direct: bool,
 }
 
 impl SynthTensor {
@@ -653,7 +667,7 @@ impl SynthTensor {
     /// The f32 values of row `row` (before quantization); `out` has [`SynthTensor::row_len`]
     /// values. A pure function of the seed, the name and `row`.
     pub fn row_values(&self, row: u64, out: &mut [f32]) {
-        let mut rng = SplitMix64(mix64(self.key ^ mix64(row.wrapping_add(0x5851_F42D_4C95_7F2D))));
+        let mut rng = self.row_rng(row);
         let (mean, std) = match self.init {
             Init::Normal { mean, std } => (mean, std),
             Init::Router { std, layer, skew } => {
@@ -672,25 +686,132 @@ impl SynthTensor {
         }
     }
 
+    /// True when this tensor's blocks are drawn directly (see "Direct blocks" in the module
+    /// docs), false when its rows are [`SynthTensor::row_values`] through the reference quantizer.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Encodes row `row` into `dst` ([`SynthTensor::row_bytes`] bytes): a pure function of the
+    /// seed, the name and `row`, like [`SynthTensor::row_values`].
+    ///
+    /// # Errors
+    /// [`SynthError::Quant`] (only for a plan built around an impossible type).
+    pub fn encode_row(&self, row: u64, dst: &mut [u8]) -> Result<()> {
+        thread_local! {
+            static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+        }
+        if self.direct {
+            let Init::Normal { std, .. } = self.init else { unreachable!("direct tensors have a Normal law") };
+            direct_blocks(self.dtype, std, &mut self.row_rng(row), dst);
+            return Ok(());
+        }
+        ROW.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            scratch.resize(self.row_len(), 0.0);
+            self.row_values(row, &mut scratch);
+            quant::quantize(self.dtype, &scratch, dst)
+                .map_err(|source| SynthError::Quant { tensor: self.name.clone(), source })
+        })
+    }
+
     /// Encodes rows `first_row..first_row + out.len() / row_bytes` into `out`, in parallel.
     ///
     /// # Errors
     /// [`SynthError::Quant`] (only for a plan built around an impossible type).
     pub fn encode_rows(&self, first_row: u64, out: &mut [u8]) -> Result<()> {
-        thread_local! {
-            static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-        }
-        let row_len = self.row_len();
-        out.par_chunks_mut(self.row_bytes()).enumerate().try_for_each(|(i, dst)| {
-            ROW.with(|scratch| {
-                let mut scratch = scratch.borrow_mut();
-                scratch.resize(row_len, 0.0);
-                self.row_values(first_row + i as u64, &mut scratch);
-                quant::quantize(self.dtype, &scratch, dst)
-                    .map_err(|source| SynthError::Quant { tensor: self.name.clone(), source })
-            })
-        })
+        out.par_chunks_mut(self.row_bytes())
+            .enumerate()
+            .try_for_each(|(i, dst)| self.encode_row(first_row + i as u64, dst))
     }
+
+    fn row_rng(&self, row: u64) -> SplitMix64 {
+        SplitMix64(mix64(self.key ^ mix64(row.wrapping_add(0x5851_F42D_4C95_7F2D))))
+    }
+}
+
+/// Types whose blocks [`direct_blocks`] can draw.
+fn has_direct_blocks(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
+}
+
+/// Standard deviation of the Q8_0 code: the sum of four uniform odd numbers in -255..=255
+/// (`2 b + 1`, b a uniform i8), divided by 8 rounding toward zero (symmetric, so zero mean; the
+/// code stays in -127..=127). Computed exactly by convolving the four distributions.
+const Q8_CODE_STD: f32 = 36.6487;
+/// Variance of the signed nibble `(b & 7) - (b >> 3 & 7)`: two uniforms on 0..=7, 2 * 63 / 12.
+const NIBBLE_VAR: f32 = 10.5;
+/// Mean square of the Q4_K sub-block scale, uniform on 32..=63: (sum of k^2) / 32.
+const Q4K_SCALE_MEAN_SQUARE: f32 = 2341.5;
+
+/// Fills `dst` (whole blocks of `dtype`, one of [`has_direct_blocks`]) with random blocks whose
+/// values have mean 0 and standard deviation `std`: symmetric, bounded codes (about 3.5 `std`
+/// at most) under one scale per block, so no value is NaN or infinite and activations stay
+/// bounded as with Gaussian weights.
+fn direct_blocks(dtype: GgmlType, std: f32, rng: &mut SplitMix64, dst: &mut [u8]) {
+    let f16_bytes = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    // A signed nibble in -7..=7 from 6 random bits: the difference of two uniforms on 0..=7
+    // (triangular, symmetric), stored with `offset` added.
+    let nibble = |byte: u64, offset: i32| ((byte & 7) as i32 - (byte >> 3 & 7) as i32 + offset) as u8;
+    // 8 stored nibbles (offset 8 or 7) from one u64, packed two per byte.
+    let nibbles = |rng: &mut SplitMix64, out: &mut [u8], offset: i32| {
+        for chunk in out.chunks_mut(4) {
+            let bits = rng.next_u64();
+            for (i, b) in chunk.iter_mut().enumerate() {
+                let lo = nibble(bits >> (16 * i), offset);
+                let hi = nibble(bits >> (16 * i + 8), offset);
+                *b = lo | hi << 4;
+            }
+        }
+    };
+    match dtype {
+        GgmlType::Q8_0 => {
+            let d = f16_bytes(std / Q8_CODE_STD);
+            for block in dst.chunks_exact_mut(34) {
+                block[..2].copy_from_slice(&d);
+                for pair in block[2..].chunks_exact_mut(2) {
+                    let bits = rng.next_u64();
+                    for (i, q) in pair.iter_mut().enumerate() {
+                        let sum: i32 = (0..4).map(|k| 2 * (bits >> (32 * i + 8 * k)) as u8 as i8 as i32 + 1).sum();
+                        *q = (sum / 8) as i8 as u8;
+                    }
+                }
+            }
+        }
+        GgmlType::Q4_0 => {
+            // value = (q - 8) * d
+            let d = f16_bytes(std / NIBBLE_VAR.sqrt());
+            for block in dst.chunks_exact_mut(18) {
+                block[..2].copy_from_slice(&d);
+                nibbles(rng, &mut block[2..], 8);
+            }
+        }
+        GgmlType::Q4_K => {
+            // value = d * sc * q - dmin * m with m = sc and dmin = 7 d: d * sc * (q - 7), zero
+            // mean whatever the sub-block's scale sc (uniform on 32..=63).
+            let d = std / (NIBBLE_VAR * Q4K_SCALE_MEAN_SQUARE).sqrt();
+            for block in dst.chunks_exact_mut(144) {
+                block[..2].copy_from_slice(&f16_bytes(d));
+                block[2..4].copy_from_slice(&f16_bytes(7.0 * d));
+                let bits = rng.next_u64();
+                let scales: [u8; 8] = std::array::from_fn(|j| 32 + (bits >> (5 * j) & 31) as u8);
+                block[4..16].copy_from_slice(&pack_q4k_scales(&scales, &scales));
+                nibbles(rng, &mut block[16..], 7);
+            }
+        }
+        other => unreachable!("no direct blocks for {other}: has_direct_blocks guards every call"),
+    }
+}
+
+/// Packs eight 6-bit sub-block scales and mins the way ggml's `get_scale_min_k4` unpacks them.
+fn pack_q4k_scales(scales: &[u8; 8], mins: &[u8; 8]) -> [u8; 12] {
+    let mut q = [0u8; 12];
+    for j in 0..4 {
+        q[j] = scales[j] & 63 | (scales[j + 4] >> 4) << 6;
+        q[j + 4] = mins[j] & 63 | (mins[j + 4] >> 4) << 6;
+        q[j + 8] = scales[j + 4] & 15 | (mins[j + 4] & 15) << 4;
+    }
+    q
 }
 
 /// Popularity rank (1 = most popular) of each of `n` experts of `layer`: a permutation drawn
@@ -717,11 +838,21 @@ pub struct SynthOptions {
     pub routing_skew: f32,
     /// Target bytes per chunk handed to the writer (at least one row).
     pub chunk_bytes: usize,
+    /// Quantize every row's f32 values with the reference quantizer instead of drawing the
+    /// blocks of Q8_0, Q4_0 and Q4_K directly (see "Direct blocks" in the module docs). Exact
+    /// but slow: 30 to 140 ns per value, hours for a 30 B model on two cores.
+    pub exact_quantization: bool,
 }
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        SynthOptions { dtype: GgmlType::Q8_0, seed: 0, routing_skew: 0.0, chunk_bytes: 8 << 20 }
+        SynthOptions {
+            dtype: GgmlType::Q8_0,
+            seed: 0,
+            routing_skew: 0.0,
+            chunk_bytes: 8 << 20,
+            exact_quantization: false,
+        }
     }
 }
 
@@ -804,7 +935,10 @@ struct PlanBuilder<'a> {
 impl PlanBuilder<'_> {
     fn push(&mut self, name: String, shape: &[usize], dtype: GgmlType, init: Init) {
         let key = mix64(self.o.seed ^ mix64(fnv1a(name.as_bytes())));
-        self.tensors.push(SynthTensor { name, shape: shape.iter().map(|&d| d as u64).collect(), dtype, init, key });
+        let zero_mean = matches!(init, Init::Normal { mean, .. } if mean == 0.0);
+        let direct = !self.o.exact_quantization && zero_mean && has_direct_blocks(dtype);
+        let shape = shape.iter().map(|&d| d as u64).collect();
+        self.tensors.push(SynthTensor { name, shape, dtype, init, key, direct });
     }
 
     /// A weight matrix (or stack), N(0, 1/fan_in), in the requested type.

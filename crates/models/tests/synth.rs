@@ -52,25 +52,31 @@ fn every_architecture_writes_loads_and_runs() {
     let dir = tempdir::Dir::new("arch");
     let mut rows = Vec::new();
     for &arch in SYNTH_ARCHITECTURES {
-        for dtype in [GgmlType::Q8_0, GgmlType::Q4_K] {
+        for (dtype, exact_quantization) in [(GgmlType::Q8_0, false), (GgmlType::Q4_K, false), (GgmlType::Q4_K, true)] {
             let shape = SynthShape::minimal(arch).unwrap();
-            let opts = SynthOptions { dtype, seed: 11, routing_skew: 0.3, chunk_bytes: 4096 };
+            let opts = SynthOptions { dtype, seed: 11, routing_skew: 0.3, chunk_bytes: 4096, exact_quantization };
             let plan = SynthPlan::new(&shape, &opts, "test").unwrap();
-            let path = write_tmp(&plan, &dir, &format!("{arch}-{dtype}.gguf"));
+            let path = write_tmp(&plan, &dir, &format!("{arch}-{dtype}-{exact_quantization}.gguf"));
             let model = Arc::new(GgufModel::open(&path).unwrap());
             assert_eq!(model.architecture().unwrap(), arch);
             assert_eq!(model.n_tensors(), plan.tensors.len());
 
-            // Determinism: the stored bytes are quantize(regenerated values) for every row.
+            // Determinism: the stored bytes are the regenerated rows; with exact quantization
+            // (or for a type without direct blocks) quantize(regenerated values).
             for t in &plan.tensors {
+                assert_eq!(t.is_direct(), !exact_quantization && t.dtype == dtype, "{arch} {}", t.name);
                 let view = model.tensor(&t.name).unwrap();
                 assert_eq!(view.dtype(), t.dtype, "{arch} {}", t.name);
                 assert_eq!(view.shape(), &t.shape[..], "{arch} {}", t.name);
                 let mut values = vec![0f32; t.row_len()];
                 let mut encoded = vec![0u8; t.row_bytes()];
                 for (r, stored) in view.data.chunks_exact(t.row_bytes()).enumerate() {
-                    t.row_values(r as u64, &mut values);
-                    quant::quantize(t.dtype, &values, &mut encoded).unwrap();
+                    if t.is_direct() {
+                        t.encode_row(r as u64, &mut encoded).unwrap();
+                    } else {
+                        t.row_values(r as u64, &mut values);
+                        quant::quantize(t.dtype, &values, &mut encoded).unwrap();
+                    }
                     assert!(encoded == stored, "{arch} {dtype}: {} row {r} differs from its regeneration", t.name);
                 }
             }
@@ -98,7 +104,8 @@ fn every_architecture_writes_loads_and_runs() {
             } else {
                 format!("not in the registry yet ({}): file and bytes checked only", SUPPORTED_ARCHITECTURES.join(","))
             };
-            rows.push(format!("{arch:10} {dtype:5} {:>8} bytes  {status}", plan.tensor_bytes()));
+            let law = if exact_quantization { "exact" } else { "direct" };
+            rows.push(format!("{arch:10} {dtype:5} {law:6} {:>8} bytes  {status}", plan.tensor_bytes()));
         }
     }
     for r in rows {
@@ -114,7 +121,7 @@ fn values_follow_the_documented_distributions() {
     let skew = 0.5;
     let plan = SynthPlan::new(
         &shape,
-        &SynthOptions { dtype: GgmlType::F32, seed: 3, routing_skew: skew, chunk_bytes: 1 << 20 },
+        &SynthOptions { dtype: GgmlType::F32, seed: 3, routing_skew: skew, ..SynthOptions::default() },
         "t",
     )
     .unwrap();
@@ -152,15 +159,55 @@ fn values_follow_the_documented_distributions() {
     }
 }
 
+/// Direct blocks decode to the documented law: for every type with direct blocks, a matrix's
+/// values have mean 0 and the standard deviation of N(0, 1/fan_in), every value is finite and
+/// within 4 standard deviations, and the codes are spread (not one repeated value).
+#[test]
+fn direct_blocks_decode_to_the_matrix_law() {
+    let mut shape = SynthShape::minimal("qwen3moe").unwrap();
+    shape.apply_params("n_embd=512,n_ff_exp=256").unwrap();
+    for dtype in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+        let plan = SynthPlan::new(&shape, &SynthOptions { dtype, seed: 9, ..SynthOptions::default() }, "t").unwrap();
+        for name in ["blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.0.attn_q.weight"] {
+            let t = plan.tensor(name).unwrap();
+            assert!(t.is_direct(), "{dtype} {name}");
+            let want_std = 1.0 / (t.row_len() as f64).sqrt();
+            let (mut bytes, mut values) = (vec![0u8; t.row_bytes()], vec![0f32; t.row_len()]);
+            let (mut s, mut s2, mut n, mut max_abs) = (0f64, 0f64, 0f64, 0f64);
+            let mut distinct = std::collections::HashSet::new();
+            for r in 0..t.n_rows().min(256) {
+                t.encode_row(r, &mut bytes).unwrap();
+                quant::dequantize(dtype, &bytes, &mut values).unwrap();
+                for &v in &values {
+                    assert!(v.is_finite(), "{dtype} {name} row {r}: {v}");
+                    let v = v as f64;
+                    (s, s2, n, max_abs) = (s + v, s2 + v * v, n + 1.0, max_abs.max(v.abs()));
+                    distinct.insert(v.to_bits());
+                }
+            }
+            let mean = s / n;
+            let std = (s2 / n - mean * mean).sqrt();
+            println!("{dtype:5} {name:28} mean {mean:+.2e} std {std:.4e} (want {want_std:.4e}) max {max_abs:.3e} distinct {}", distinct.len());
+            assert!(mean.abs() < 0.02 * want_std, "{dtype} {name}: mean {mean}");
+            assert!((std / want_std - 1.0).abs() < 0.02, "{dtype} {name}: std {std}, want {want_std}");
+            assert!(max_abs < 4.0 * want_std, "{dtype} {name}: |value| up to {max_abs}");
+            assert!(distinct.len() >= 15, "{dtype} {name}: {} distinct values", distinct.len());
+        }
+    }
+}
+
 /// The same seed gives the same file whatever the chunk size and thread count; another seed
 /// gives another file.
 #[test]
 fn output_does_not_depend_on_chunking_or_threads() {
     let shape = SynthShape::minimal("llama").unwrap();
     let bytes = |chunk_bytes: usize, threads: usize, seed: u64| -> Vec<u8> {
-        let plan =
-            SynthPlan::new(&shape, &SynthOptions { dtype: GgmlType::Q4_0, seed, routing_skew: 0.0, chunk_bytes }, "t")
-                .unwrap();
+        let plan = SynthPlan::new(
+            &shape,
+            &SynthOptions { dtype: GgmlType::Q4_0, seed, chunk_bytes, ..SynthOptions::default() },
+            "t",
+        )
+        .unwrap();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| {
             let mut sink = plan.writer().unwrap().start(Vec::new()).unwrap();
@@ -198,9 +245,12 @@ fn writing_is_chunked_and_memory_bounded() {
     let mut shape = SynthShape::minimal("llama").unwrap();
     shape.apply_params("n_layer=8,n_embd=1024,n_head=16,n_head_kv=4,n_ff=6144,n_vocab=4096").unwrap();
     let chunk_bytes = 1 << 20;
-    let plan =
-        SynthPlan::new(&shape, &SynthOptions { dtype: GgmlType::Q8_0, seed: 1, routing_skew: 0.0, chunk_bytes }, "t")
-            .unwrap();
+    let plan = SynthPlan::new(
+        &shape,
+        &SynthOptions { dtype: GgmlType::Q8_0, seed: 1, chunk_bytes, ..SynthOptions::default() },
+        "t",
+    )
+    .unwrap();
     let total = plan.tensor_bytes();
     assert!(total > 190_000_000, "model is {total} bytes");
     let hwm_before = peak_rss_bytes();

@@ -35,6 +35,10 @@ pub struct Args {
     /// Vocabulary size (overrides the shape's).
     #[arg(long)]
     vocab: Option<usize>,
+    /// Quantize Gaussian f32 rows with the reference quantizer instead of drawing Q8_0/Q4_0/Q4_K
+    /// blocks directly (exact but 30-100x slower; see `models::synth`).
+    #[arg(long)]
+    exact_quantization: bool,
     /// CPU threads (0: one per core).
     #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
@@ -90,7 +94,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let Some(out) = &args.out else { bail!("give --out FILE") };
     let plan = SynthPlan::new(
         &shape,
-        &SynthOptions { dtype, seed: args.seed, routing_skew: args.routing_skew, ..SynthOptions::default() },
+        &SynthOptions {
+            dtype,
+            seed: args.seed,
+            routing_skew: args.routing_skew,
+            exact_quantization: args.exact_quantization,
+            ..SynthOptions::default()
+        },
         &name,
     )?;
     let total = plan.tensor_bytes();
