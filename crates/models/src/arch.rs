@@ -23,6 +23,15 @@ pub trait Architecture<B: Backend>: Send + Sync {
     /// Runs `ids` at positions `state.n_past..`, advances the state, and returns logits
     /// `[rows, n_vocab]` for the rows `outputs` asks for.
     fn forward(&self, b: &B, state: &mut State<B>, ids: &[u32], outputs: Outputs) -> Result<B::Tensor>;
+    /// Runs `ids` like [`Architecture::forward`] but returns every token's hidden state after
+    /// the final norm, `[n, n_embd]`, instead of logits: what embedding models pool.
+    ///
+    /// # Errors
+    /// By default: the architecture does not expose its hidden states.
+    fn forward_hidden(&self, b: &B, state: &mut State<B>, ids: &[u32]) -> Result<B::Tensor> {
+        let _ = (b, state, ids);
+        Err(ModelError::Request { why: "this architecture does not return hidden states".into() })
+    }
 }
 
 /// A loaded model with its back end and one sequence's state, behind an object-safe interface
@@ -38,6 +47,12 @@ pub trait Runner: Send {
     fn n_ctx(&self) -> usize;
     /// Feeds `ids` and returns their logits, row-major `[rows, n_vocab]`.
     fn eval(&mut self, ids: &[u32], outputs: Outputs) -> Result<Vec<f32>>;
+    /// Feeds `ids` and returns every token's final-norm hidden state, row-major `[n, n_embd]`
+    /// (embedding models pool these).
+    fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let _ = ids;
+        Err(ModelError::Request { why: "this runner does not return hidden states".into() })
+    }
     /// Forgets the sequence.
     fn reset(&mut self) -> Result<()>;
     /// The sequence state at the current position, to come back to with [`Runner::restore`]
@@ -97,6 +112,22 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
         self.log.record(self.state.n_past, ids.len());
         let logits = self.arch.forward(&self.b, &mut self.state, ids, outputs)?;
         Ok(self.b.to_host(&logits)?)
+    }
+    fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(ModelError::Request { why: "no tokens to evaluate".into() });
+        }
+        if self.state.n_past + ids.len() > self.state.n_ctx {
+            return Err(compute::OpError::ContextFull {
+                pos: self.state.n_past,
+                n_tokens: ids.len(),
+                n_ctx: self.state.n_ctx,
+            }
+            .into());
+        }
+        self.log.record(self.state.n_past, ids.len());
+        let hidden = self.arch.forward_hidden(&self.b, &mut self.state, ids)?;
+        Ok(self.b.to_host(&hidden)?)
     }
     fn reset(&mut self) -> Result<()> {
         self.state = self.arch.new_state(&self.b, self.state.n_ctx)?;

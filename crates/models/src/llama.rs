@@ -111,6 +111,18 @@ impl<B: Backend> Architecture<B> for Llama<B> {
     }
 
     fn forward(&self, b: &B, state: &mut State<B>, ids: &[u32], outputs: Outputs) -> Result<B::Tensor> {
+        let x = self.final_hidden(b, state, ids, outputs)?;
+        Ok(b.matmul(&x, &self.output)?) // [rows, n_vocab]
+    }
+
+    fn forward_hidden(&self, b: &B, state: &mut State<B>, ids: &[u32]) -> Result<B::Tensor> {
+        self.final_hidden(b, state, ids, Outputs::All)
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// The blocks and the final norm: hidden states `[rows, n_embd]` of the rows `outputs` asks for.
+    fn final_hidden(&self, b: &B, state: &mut State<B>, ids: &[u32], outputs: Outputs) -> Result<B::Tensor> {
         let n = ids.len();
         let pos = positions(state.n_past, n);
         let mut x = b.get_rows(&self.tok_embd, ids)?; // [n, n_embd]
@@ -125,7 +137,6 @@ impl<B: Backend> Architecture<B> for Llama<B> {
         }
         state.n_past += n;
         let x = output_rows(b, &x, n, outputs)?;
-        let x = b.rms_norm(&x, Some(&self.output_norm), self.hp.rms_eps)?;
-        Ok(b.matmul(&x, &self.output)?) // [rows, n_vocab]
+        Ok(b.rms_norm(&x, Some(&self.output_norm), self.hp.rms_eps)?)
     }
 }
