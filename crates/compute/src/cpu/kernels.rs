@@ -109,16 +109,27 @@ impl RopeTable {
 
     /// cos and sin of every frequency at a position.
     pub fn cos_sin(&self, pos: u32) -> (Vec<f32>, Vec<f32>) {
+        let mut cos = vec![0f32; self.n_freq()];
+        let mut sin = vec![0f32; self.n_freq()];
+        self.cos_sin_into(pos, &mut cos, &mut sin);
+        (cos, sin)
+    }
+
+    /// Number of frequencies (`n_rot / 2`).
+    pub fn n_freq(&self) -> usize {
+        self.inv_freq.len()
+    }
+
+    /// [`RopeTable::cos_sin`] written into `cos` and `sin` (`n_freq` values each).
+    pub fn cos_sin_into(&self, pos: u32, cos: &mut [f32], sin: &mut [f32]) {
         let p = pos as f64 * self.position_scale;
-        self.inv_freq
-            .iter()
-            .map(|&f| {
-                // transformers computes the angle in f32; doing the same keeps long positions
-                // (where the rounding of p * f matters) on its side.
-                let a = (p as f32 * f as f32) as f64;
-                ((a.cos() * self.mscale) as f32, (a.sin() * self.mscale) as f32)
-            })
-            .unzip()
+        for ((&f, c), s) in self.inv_freq.iter().zip(cos).zip(sin) {
+            // transformers computes the angle in f32; doing the same keeps long positions
+            // (where the rounding of p * f matters) on its side.
+            let a = (p as f32 * f as f32) as f64;
+            *c = (a.cos() * self.mscale) as f32;
+            *s = (a.sin() * self.mscale) as f32;
+        }
     }
 }
 

@@ -6,14 +6,20 @@
 //! math on dequantized weights: what the fixtures' `dequant_f32` references compute) or with
 //! activations quantized to Q8 the way llama.cpp does ([`MatmulMode::QuantizedActivations`]).
 
+mod attention;
 pub mod kernels;
+mod pool;
+
+pub use attention::KvType;
 
 use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
+use attention::{KvElem, KvRows, Rows, Simd};
 use rayon::prelude::*;
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// An f32 tensor in host memory.
@@ -25,7 +31,18 @@ pub struct CpuTensor {
     pub data: Vec<f32>,
 }
 
+impl Drop for CpuTensor {
+    fn drop(&mut self) {
+        pool::give_back(std::mem::take(&mut self.data), std::mem::take(&mut self.shape));
+    }
+}
+
 impl CpuTensor {
+    /// A tensor of pooled buffers (see [`pool`]): `data` must hold the product of `dims`.
+    fn pooled(dims: &[usize], data: Vec<f32>) -> CpuTensor {
+        debug_assert_eq!(dims.iter().product::<usize>(), data.len());
+        CpuTensor { shape: pool::shape(dims), data }
+    }
     fn width(&self) -> usize {
         *self.shape.last().unwrap_or(&1)
     }
@@ -34,11 +51,10 @@ impl CpuTensor {
     }
 }
 
-/// One layer's KV cache: `n_ctx` rows of keys and values.
+/// One layer's KV cache: `n_ctx` rows of keys and values, in f32 or f16 ([`KvType`]).
 #[derive(Clone, Debug)]
 pub struct CpuCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    rows: KvRows,
     k_width: usize,
     v_width: usize,
     n_ctx: usize,
@@ -51,7 +67,11 @@ impl CpuCache {
     }
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * 4
+        self.rows.n_values() * self.rows.kv_type().size_bytes()
+    }
+    /// Element type of the cached keys and values.
+    pub fn kv_type(&self) -> KvType {
+        self.rows.kv_type()
     }
 }
 
@@ -59,6 +79,7 @@ impl CpuCache {
 #[derive(Clone, Debug)]
 pub struct CpuBackend {
     mode: MatmulMode,
+    kv_type: KvType,
     /// Where `moe_ffn` finds expert matrices when set (a pager); else the stacked weights.
     expert_store: Option<Arc<dyn ExpertStore>>,
 }
@@ -72,7 +93,18 @@ impl Default for CpuBackend {
 impl CpuBackend {
     /// A back end computing matrix products in `mode`.
     pub fn new(mode: MatmulMode) -> CpuBackend {
-        CpuBackend { mode, expert_store: None }
+        CpuBackend { mode, kv_type: KvType::default(), expert_store: None }
+    }
+
+    /// This back end with KV caches of `kv_type` (caches made afterwards by `new_cache`).
+    pub fn with_kv_type(mut self, kv_type: KvType) -> CpuBackend {
+        self.kv_type = kv_type;
+        self
+    }
+
+    /// Element type of the KV caches this back end makes.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// This back end with its experts taken from `store` (paged from disk under a memory
@@ -100,17 +132,27 @@ impl CpuBackend {
         f: impl Fn(f32, f32) -> f32 + Sync,
     ) -> Result<CpuTensor, OpError> {
         let w = a.width();
+        let parallel = a.data.len() >= PAR_CHEAP_ELEMS;
         if b.data.len() == a.data.len() {
-            let data = a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect();
-            Ok(CpuTensor { shape: a.shape.clone(), data })
+            Ok(CpuTensor::pooled(&a.shape, zip_map(&a.data, &b.data, parallel, f)))
         } else if b.data.len() == w {
-            let mut data = a.data.clone();
-            for row in data.chunks_mut(w) {
-                for (x, &y) in row.iter_mut().zip(&b.data) {
-                    *x = f(*x, y);
+            let data = if parallel {
+                let mut data = pool::zeros(a.data.len());
+                data.par_chunks_mut(w.max(1))
+                    .zip(a.data.par_chunks(w.max(1)))
+                    .with_min_len(PAR_CHUNK / w.max(1) + 1)
+                    .for_each(|(o, row)| {
+                        o.iter_mut().zip(row.iter().zip(&b.data)).for_each(|(o, (&x, &y))| *o = f(x, y))
+                    });
+                data
+            } else {
+                let mut data = pool::values(a.data.len());
+                for row in a.data.chunks(w.max(1)) {
+                    data.extend(row.iter().zip(&b.data).map(|(&x, &y)| f(x, y)));
                 }
-            }
-            Ok(CpuTensor { shape: a.shape.clone(), data })
+                data
+            };
+            Ok(CpuTensor::pooled(&a.shape, data))
         } else {
             Err(OpError::ShapeMismatch {
                 op,
@@ -184,6 +226,132 @@ impl CpuBackend {
     }
 }
 
+/// Element counts from which element-wise ops split their work over the thread pool. Below
+/// them, handing work to a second thread costs more than it saves; the thresholds differ by
+/// the cost of one element: an add or multiply, an exponential (activations), a row op.
+const PAR_CHEAP_ELEMS: usize = 1 << 17;
+const PAR_EXP_ELEMS: usize = 1 << 14;
+const PAR_ROW_ELEMS: usize = 1 << 15;
+/// Elements per task of a parallel element-wise op.
+const PAR_CHUNK: usize = 1 << 12;
+
+/// `f` of every value of `src`, into a pooled vector.
+fn map(src: &[f32], parallel: bool, f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    if parallel {
+        let mut out = pool::zeros(src.len());
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(src.par_chunks(PAR_CHUNK))
+            .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x)));
+        out
+    } else {
+        let mut out = pool::values(src.len());
+        out.extend(src.iter().map(|&x| f(x)));
+        out
+    }
+}
+
+/// `f(a[i], b[i])` for every i, into a pooled vector (`a` and `b` have the same length).
+fn zip_map(a: &[f32], b: &[f32], parallel: bool, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    if parallel {
+        let mut out = pool::zeros(a.len());
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(a.par_chunks(PAR_CHUNK).zip(b.par_chunks(PAR_CHUNK)))
+            .for_each(|(o, (a, b))| o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&x, &y))| *o = f(x, y)));
+        out
+    } else {
+        let mut out = pool::values(a.len());
+        out.extend(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
+        out
+    }
+}
+
+/// cos and sin of one rope variant at the positions of its latest call: every layer of a step
+/// rotates q and k at the same positions, so the angles are computed once per step, not per
+/// op and row.
+struct RopeAngles {
+    spec: RopeSpec,
+    table: kernels::RopeTable,
+    positions: Vec<u32>,
+    /// `[positions, n_freq]`.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// Rope variants remembered per thread (gemma3 alternates two: local and global layers).
+const ROPE_VARIANTS: usize = 4;
+
+thread_local! {
+    static ROPE_ANGLES: RefCell<Vec<RopeAngles>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f(cos, sin, n_freq)` with the angles of `spec` at `positions`, computing them only
+/// when this thread's last call for `spec` had other positions.
+fn with_rope_angles<R>(spec: &RopeSpec, positions: &[u32], f: impl FnOnce(&[f32], &[f32], usize) -> R) -> R {
+    // The entry is taken out while `f` runs, so a nested call on this thread (a rayon job
+    // stolen while `f` waits) finds the cell free.
+    let cached = ROPE_ANGLES.with(|c| {
+        let mut c = c.borrow_mut();
+        c.iter().position(|a| a.spec == *spec).map(|i| c.swap_remove(i))
+    });
+    let mut a = cached.unwrap_or_else(|| RopeAngles {
+        spec: spec.clone(),
+        table: kernels::RopeTable::new(spec),
+        positions: Vec::new(),
+        cos: Vec::new(),
+        sin: Vec::new(),
+    });
+    let n_freq = a.table.n_freq();
+    if a.positions != positions {
+        a.positions.clear();
+        a.positions.extend_from_slice(positions);
+        a.cos.resize(positions.len() * n_freq, 0.0);
+        a.sin.resize(positions.len() * n_freq, 0.0);
+        for ((&p, cos), sin) in
+            positions.iter().zip(a.cos.chunks_mut(n_freq.max(1))).zip(a.sin.chunks_mut(n_freq.max(1)))
+        {
+            a.table.cos_sin_into(p, cos, sin);
+        }
+    }
+    let result = f(&a.cos, &a.sin, n_freq);
+    ROPE_ANGLES.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= ROPE_VARIANTS {
+            c.remove(0);
+        }
+        c.push(a);
+    });
+    result
+}
+
+/// Multiply-adds below which attention runs on the calling thread.
+const PAR_ATTENTION_WORK: usize = 1 << 18;
+
+/// Every (token, head) of `q` attended over `rows`; `out` is `[n, n_head * head_dim_v]`.
+// Each input is needed; the tasks share them all.
+#[allow(clippy::too_many_arguments)]
+fn attend_all<T: KvElem>(
+    simd: Simd,
+    q: &CpuTensor,
+    rows: Rows<'_, T>,
+    pos0: usize,
+    spec: &AttnSpec,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    parallel: bool,
+) {
+    let q_width = q.width();
+    let task = |(idx, o): (usize, &mut [f32])| {
+        let (i, h) = (idx / spec.n_head, idx % spec.n_head);
+        let qh = &q.data[i * q_width + h * spec.head_dim_k..][..spec.head_dim_k];
+        attention::attend_head(simd, qh, rows, h, pos0 + i, spec, sinks.map(|s| s[h]), o);
+    };
+    if parallel {
+        out.par_chunks_mut(spec.head_dim_v).enumerate().for_each(task);
+    } else {
+        out.chunks_mut(spec.head_dim_v).enumerate().for_each(task);
+    }
+}
+
 fn expect_2d(op: &'static str, t: &CpuTensor, width: usize) -> Result<(), OpError> {
     if t.width() != width || !t.data.len().is_multiple_of(width.max(1)) {
         return Err(OpError::ShapeMismatch { op, expected: format!("[n, {width}]"), got: t.shape.clone() });
@@ -208,7 +376,7 @@ impl Backend for CpuBackend {
                 got: vec![data.len()],
             });
         }
-        Ok(CpuTensor { shape: shape.to_vec(), data: data.to_vec() })
+        Ok(CpuTensor::pooled(shape, pool::copy_of(data)))
     }
 
     fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>, OpError> {
@@ -224,10 +392,11 @@ impl Backend for CpuBackend {
             return Err(OpError::ShapeMismatch {
                 op: "reshape",
                 expected: format!("{:?} ({} values)", shape, shape.iter().product::<usize>()),
-                got: t.shape,
+                got: t.shape.clone(),
             });
         }
-        t.shape = shape.to_vec();
+        t.shape.clear();
+        t.shape.extend_from_slice(shape);
         Ok(t)
     }
 
@@ -243,7 +412,7 @@ impl Backend for CpuBackend {
         let n_rows = table.n_rows();
         let rb = table.row_bytes();
         let bytes = table.bytes();
-        let mut data = vec![0f32; ids.len() * width];
+        let mut data = pool::zeros(ids.len() * width);
         for (&id, out) in ids.iter().zip(data.chunks_mut(width)) {
             let i = id as usize;
             if i >= n_rows {
@@ -252,7 +421,7 @@ impl Backend for CpuBackend {
             quant::dequantize(table.dtype, &bytes[i * rb..(i + 1) * rb], out)
                 .map_err(|source| OpError::Quant { op: "get_rows", source })?;
         }
-        Ok(CpuTensor { shape: vec![ids.len(), width], data })
+        Ok(CpuTensor::pooled(&[ids.len(), width], data))
     }
 
     fn matmul(&self, x: &CpuTensor, w: &HostWeight) -> Result<CpuTensor, OpError> {
@@ -260,9 +429,9 @@ impl Backend for CpuBackend {
         expect_2d("matmul", x, k)?;
         let n = x.rows();
         let n_out = w.n_rows();
-        let mut y = vec![0f32; n * n_out];
+        let mut y = pool::zeros(n * n_out);
         self.matmul_raw(&x.data, n, w, &mut y)?;
-        Ok(CpuTensor { shape: vec![n, n_out], data: y })
+        Ok(CpuTensor::pooled(&[n, n_out], y))
     }
 
     fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor, OpError> {
@@ -274,11 +443,13 @@ impl Backend for CpuBackend {
     }
 
     fn scale(&self, a: &CpuTensor, s: f32) -> Result<CpuTensor, OpError> {
-        Ok(CpuTensor { shape: a.shape.clone(), data: a.data.iter().map(|x| x * s).collect() })
+        let parallel = a.data.len() >= PAR_CHEAP_ELEMS;
+        Ok(CpuTensor::pooled(&a.shape, map(&a.data, parallel, |x| x * s)))
     }
 
     fn act(&self, a: &CpuTensor, act: Act) -> Result<CpuTensor, OpError> {
-        Ok(CpuTensor { shape: a.shape.clone(), data: a.data.iter().map(|&x| kernels::act(x, act)).collect() })
+        let parallel = a.data.len() >= PAR_EXP_ELEMS;
+        Ok(CpuTensor::pooled(&a.shape, map(&a.data, parallel, |x| kernels::act(x, act))))
     }
 
     fn glu(&self, gate: &CpuTensor, up: &CpuTensor, glu: Glu) -> Result<CpuTensor, OpError> {
@@ -289,8 +460,8 @@ impl Backend for CpuBackend {
                 got: up.shape.clone(),
             });
         }
-        let data = gate.data.iter().zip(&up.data).map(|(&g, &u)| kernels::glu(g, u, glu)).collect();
-        Ok(CpuTensor { shape: gate.shape.clone(), data })
+        let parallel = gate.data.len() >= PAR_EXP_ELEMS;
+        Ok(CpuTensor::pooled(&gate.shape, zip_map(&gate.data, &up.data, parallel, |g, u| kernels::glu(g, u, glu))))
     }
 
     fn rms_norm(&self, x: &CpuTensor, weight: Option<&CpuTensor>, eps: f32) -> Result<CpuTensor, OpError> {
@@ -304,9 +475,14 @@ impl Backend for CpuBackend {
                 });
             }
         }
-        let mut data = x.data.clone();
-        data.par_chunks_mut(w).for_each(|row| kernels::rms_norm(row, weight.map(|t| &t.data[..]), eps));
-        Ok(CpuTensor { shape: x.shape.clone(), data })
+        let mut data = pool::copy_of(&x.data);
+        let norm = |row: &mut [f32]| kernels::rms_norm(row, weight.map(|t| &t.data[..]), eps);
+        if data.len() >= PAR_ROW_ELEMS {
+            data.par_chunks_mut(w.max(1)).for_each(norm);
+        } else {
+            data.chunks_mut(w.max(1)).for_each(norm);
+        }
+        Ok(CpuTensor::pooled(&x.shape, data))
     }
 
     fn layer_norm(
@@ -326,10 +502,15 @@ impl Backend for CpuBackend {
                 });
             }
         }
-        let mut data = x.data.clone();
-        data.par_chunks_mut(w)
-            .for_each(|row| kernels::layer_norm(row, weight.map(|t| &t.data[..]), bias.map(|t| &t.data[..]), eps));
-        Ok(CpuTensor { shape: x.shape.clone(), data })
+        let mut data = pool::copy_of(&x.data);
+        let norm =
+            |row: &mut [f32]| kernels::layer_norm(row, weight.map(|t| &t.data[..]), bias.map(|t| &t.data[..]), eps);
+        if data.len() >= PAR_ROW_ELEMS {
+            data.par_chunks_mut(w.max(1)).for_each(norm);
+        } else {
+            data.chunks_mut(w.max(1)).for_each(norm);
+        }
+        Ok(CpuTensor::pooled(&x.shape, data))
     }
 
     fn rope(&self, x: &CpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<CpuTensor, OpError> {
@@ -350,15 +531,21 @@ impl Backend for CpuBackend {
                 got: x.shape.clone(),
             });
         }
-        let table = kernels::RopeTable::new(spec);
-        let mut data = x.data.clone();
-        data.par_chunks_mut(w).zip(positions.par_iter()).for_each(|(row, &p)| {
-            let (cos, sin) = table.cos_sin(p);
-            for head in row.chunks_mut(spec.head_dim) {
-                kernels::rope_head(head, &cos, &sin, spec.n_rot, spec.neox);
+        let mut data = pool::copy_of(&x.data);
+        with_rope_angles(spec, positions, |cos, sin, n_freq| {
+            let rotate = |(t, row): (usize, &mut [f32])| {
+                let (cos, sin) = (&cos[t * n_freq..(t + 1) * n_freq], &sin[t * n_freq..(t + 1) * n_freq]);
+                for head in row.chunks_mut(spec.head_dim) {
+                    kernels::rope_head(head, cos, sin, spec.n_rot, spec.neox);
+                }
+            };
+            if data.len() >= PAR_ROW_ELEMS {
+                data.par_chunks_mut(w.max(1)).enumerate().for_each(rotate);
+            } else {
+                data.chunks_mut(w.max(1)).enumerate().for_each(rotate);
             }
         });
-        Ok(CpuTensor { shape: x.shape.clone(), data })
+        Ok(CpuTensor::pooled(&x.shape, data))
     }
 
     fn slice_rows(&self, x: &CpuTensor, start: usize, len: usize) -> Result<CpuTensor, OpError> {
@@ -370,7 +557,7 @@ impl Backend for CpuBackend {
                 got: x.shape.clone(),
             });
         }
-        Ok(CpuTensor { shape: vec![len, w], data: x.data[start * w..(start + len) * w].to_vec() })
+        Ok(CpuTensor::pooled(&[len, w], pool::copy_of(&x.data[start * w..(start + len) * w])))
     }
 
     fn slice_cols(&self, x: &CpuTensor, start: usize, len: usize) -> Result<CpuTensor, OpError> {
@@ -382,8 +569,11 @@ impl Backend for CpuBackend {
                 got: x.shape.clone(),
             });
         }
-        let data = x.data.chunks(w).flat_map(|r| r[start..start + len].iter().copied()).collect();
-        Ok(CpuTensor { shape: vec![x.rows(), len], data })
+        let mut data = pool::values(x.rows() * len);
+        for r in x.data.chunks(w.max(1)) {
+            data.extend_from_slice(&r[start..start + len]);
+        }
+        Ok(CpuTensor::pooled(&[x.rows(), len], data))
     }
 
     fn concat_cols(&self, parts: &[&CpuTensor]) -> Result<CpuTensor, OpError> {
@@ -396,18 +586,18 @@ impl Backend for CpuBackend {
             });
         }
         let width: usize = parts.iter().map(|p| p.width()).sum();
-        let mut data = Vec::with_capacity(rows * width);
+        let mut data = pool::values(rows * width);
         for r in 0..rows {
             for p in parts {
                 let w = p.width();
                 data.extend_from_slice(&p.data[r * w..(r + 1) * w]);
             }
         }
-        Ok(CpuTensor { shape: vec![rows, width], data })
+        Ok(CpuTensor::pooled(&[rows, width], data))
     }
 
     fn new_cache(&self, n_ctx: usize, k_width: usize, v_width: usize) -> Result<CpuCache, OpError> {
-        Ok(CpuCache { k: vec![0.0; n_ctx * k_width], v: vec![0.0; n_ctx * v_width], k_width, v_width, n_ctx })
+        Ok(CpuCache { rows: KvRows::new(self.kv_type, n_ctx * k_width, n_ctx * v_width), k_width, v_width, n_ctx })
     }
 
     fn attention(
@@ -429,6 +619,7 @@ impl Backend for CpuBackend {
             || k.rows() != n
             || v.rows() != n
             || spec.n_head_kv == 0
+            || spec.head_dim_v == 0
             || !spec.n_head.is_multiple_of(spec.n_head_kv)
         {
             return Err(OpError::ShapeMismatch {
@@ -455,25 +646,24 @@ impl Backend for CpuBackend {
                 });
             }
         }
-        cache.k[pos0 * cache.k_width..(pos0 + n) * cache.k_width].copy_from_slice(&k.data);
-        cache.v[pos0 * cache.v_width..(pos0 + n) * cache.v_width].copy_from_slice(&v.data);
-        let out_w = spec.n_head * spec.head_dim_v;
-        let mut out = vec![0f32; n * out_w];
-        let cache = &*cache;
-        out.par_chunks_mut(spec.head_dim_v).enumerate().for_each(|(idx, o)| {
-            let (i, h) = (idx / spec.n_head, idx % spec.n_head);
-            let qh = &q.data[i * q.width() + h * spec.head_dim_k..][..spec.head_dim_k];
-            kernels::attend_one(
-                qh,
-                kernels::CacheView { k: &cache.k, v: &cache.v, k_width: cache.k_width, v_width: cache.v_width },
-                h,
-                pos0 + i,
-                spec,
-                sinks.map(|s| s.data[h]),
-                o,
-            );
-        });
-        Ok(CpuTensor { shape: vec![n, out_w], data: out })
+        let (kw, vw) = (cache.k_width, cache.v_width);
+        cache.rows.write(pos0 * kw, &k.data, pos0 * vw, &v.data);
+        let mut out = pool::zeros(n * spec.n_head * spec.head_dim_v);
+        let simd = Simd::detect();
+        // Multiply-adds of the whole op: below the threshold, waking the pool costs more than
+        // the second thread saves.
+        let work = n * spec.n_head * (pos0 + n) * (spec.head_dim_k + spec.head_dim_v);
+        let parallel = work >= PAR_ATTENTION_WORK;
+        let sinks = sinks.map(|s| &s.data[..]);
+        match &cache.rows {
+            KvRows::F32 { k, v } => {
+                attend_all(simd, q, Rows { k, v, k_width: kw, v_width: vw }, pos0, spec, sinks, &mut out, parallel)
+            }
+            KvRows::F16 { k, v } => {
+                attend_all(simd, q, Rows { k, v, k_width: kw, v_width: vw }, pos0, spec, sinks, &mut out, parallel)
+            }
+        }
+        Ok(CpuTensor::pooled(&[n, spec.n_head * spec.head_dim_v], out))
     }
 
     fn route(

@@ -1,0 +1,350 @@
+//! The fast attention path: KV cache storage in f32 or f16 and a fused per-head kernel (scores,
+//! softmax and the weighted sum of values in one pass over a head's cached rows), with AVX2
+//! dot products and f16 conversion (F16C) when the CPU has them.
+//!
+//! [`super::kernels::attend_one`] stays the reference: on an f32 cache this path differs from it
+//! only by the order of the additions inside a dot product; on an f16 cache it equals the
+//! reference run on keys and values rounded to f16 (llama.cpp's default cache type), up to the
+//! same reordering.
+
+use crate::spec::AttnSpec;
+use half::f16;
+use std::cell::RefCell;
+
+/// Element type of the attention KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// 32-bit floats: the exact reference.
+    #[default]
+    F32,
+    /// IEEE half floats (round to nearest even), as llama.cpp's default `-ctk f16 -ctv f16`:
+    /// half the memory and bandwidth of F32.
+    F16,
+}
+
+impl KvType {
+    /// Bytes per cached value.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+/// Keys and values of one layer, `n_ctx` rows each.
+#[derive(Clone, Debug)]
+pub(crate) enum KvRows {
+    F32 { k: Vec<f32>, v: Vec<f32> },
+    F16 { k: Vec<u16>, v: Vec<u16> },
+}
+
+impl KvRows {
+    pub(crate) fn new(kv_type: KvType, k_len: usize, v_len: usize) -> KvRows {
+        match kv_type {
+            KvType::F32 => KvRows::F32 { k: vec![0.0; k_len], v: vec![0.0; v_len] },
+            KvType::F16 => KvRows::F16 { k: vec![0; k_len], v: vec![0; v_len] },
+        }
+    }
+
+    pub(crate) fn kv_type(&self) -> KvType {
+        match self {
+            KvRows::F32 { .. } => KvType::F32,
+            KvRows::F16 { .. } => KvType::F16,
+        }
+    }
+
+    pub(crate) fn n_values(&self) -> usize {
+        match self {
+            KvRows::F32 { k, v } => k.len() + v.len(),
+            KvRows::F16 { k, v } => k.len() + v.len(),
+        }
+    }
+
+    /// Stores `k` at key offset `k_at` and `v` at value offset `v_at` (in values).
+    pub(crate) fn write(&mut self, k_at: usize, k_src: &[f32], v_at: usize, v_src: &[f32]) {
+        match self {
+            KvRows::F32 { k, v } => {
+                k[k_at..k_at + k_src.len()].copy_from_slice(k_src);
+                v[v_at..v_at + v_src.len()].copy_from_slice(v_src);
+            }
+            KvRows::F16 { k, v } => {
+                let simd = Simd::detect();
+                to_f16(simd, k_src, &mut k[k_at..k_at + k_src.len()]);
+                to_f16(simd, v_src, &mut v[v_at..v_at + v_src.len()]);
+            }
+        }
+    }
+}
+
+/// Which instruction set the kernels use, decided once per op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Simd {
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// Plain Rust (what the compiler vectorises for the build target).
+    Portable,
+}
+
+impl Simd {
+    pub(crate) fn detect() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            return Simd::Avx2;
+        }
+        Simd::Portable
+    }
+}
+
+/// A cached element type the kernels read.
+pub(crate) trait KvElem: Copy + Send + Sync {
+    /// `q · k`.
+    fn dot(simd: Simd, q: &[f32], k: &[Self]) -> f32;
+    /// `out += p * v`.
+    fn axpy(simd: Simd, out: &mut [f32], p: f32, v: &[Self]);
+}
+
+impl KvElem for f32 {
+    fn dot(simd: Simd, q: &[f32], k: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx2 {
+            // SAFETY: `Simd::Avx2` is only produced after detecting AVX2, FMA and F16C.
+            return unsafe { avx2::dot_f32(q, k) };
+        }
+        let _ = simd;
+        q.iter().zip(k).map(|(a, b)| a * b).sum()
+    }
+
+    fn axpy(simd: Simd, out: &mut [f32], p: f32, v: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx2 {
+            // SAFETY: as in `dot`.
+            return unsafe { avx2::axpy_f32(out, p, v) };
+        }
+        let _ = simd;
+        out.iter_mut().zip(v).for_each(|(o, &v)| *o += p * v);
+    }
+}
+
+impl KvElem for u16 {
+    fn dot(simd: Simd, q: &[f32], k: &[u16]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx2 {
+            // SAFETY: as for f32.
+            return unsafe { avx2::dot_f16(q, k) };
+        }
+        let _ = simd;
+        q.iter().zip(k).map(|(a, &b)| a * f16::from_bits(b).to_f32()).sum()
+    }
+
+    fn axpy(simd: Simd, out: &mut [f32], p: f32, v: &[u16]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx2 {
+            // SAFETY: as for f32.
+            return unsafe { avx2::axpy_f16(out, p, v) };
+        }
+        let _ = simd;
+        out.iter_mut().zip(v).for_each(|(o, &v)| *o += p * f16::from_bits(v).to_f32());
+    }
+}
+
+/// Rounds `src` to f16 bits (nearest even, as `half` and F16C's `_mm256_cvtps_ph` both do).
+pub(crate) fn to_f16(simd: Simd, src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx2 {
+        // SAFETY: as for the dot products.
+        return unsafe { avx2::to_f16(src, dst) };
+    }
+    let _ = simd;
+    dst.iter_mut().zip(src).for_each(|(d, &s)| *d = f16::from_f32(s).to_bits());
+}
+
+thread_local! {
+    /// Scores of the head being computed: one per attended position.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One layer's cache as the kernel reads it.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a, T> {
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub k_width: usize,
+    pub v_width: usize,
+}
+
+/// Attention of one query head at position `pos` over `rows`, into `out` (`head_dim_v`): the
+/// same formula as [`super::kernels::attend_one`] (window, soft-cap, sink), computed in three passes
+/// over a per-thread score buffer: dot products, exponentials, weighted values.
+// Eight inputs, each needed: the query, the cache, which head and position, the spec, the
+// sink, the instruction set and the output.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_head<T: KvElem>(
+    simd: Simd,
+    q: &[f32],
+    rows: Rows<'_, T>,
+    head: usize,
+    pos: usize,
+    spec: &AttnSpec,
+    sink: Option<f32>,
+    out: &mut [f32],
+) {
+    let kv_head = head / (spec.n_head / spec.n_head_kv);
+    let lo = match spec.window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    };
+    let (hd_k, hd_v) = (spec.head_dim_k, spec.head_dim_v);
+    SCORES.with(|scores| {
+        let mut scores = scores.borrow_mut();
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for j in lo..=pos {
+            let kj = &rows.k[j * rows.k_width + kv_head * hd_k..][..hd_k];
+            let mut s = T::dot(simd, q, kj) * spec.scale;
+            if let Some(cap) = spec.softcap {
+                s = cap * (s / cap).tanh();
+            }
+            max = max.max(s);
+            scores.push(s);
+        }
+        if let Some(s) = sink {
+            max = max.max(s);
+        }
+        let mut denom = sink.map_or(0.0, |s| (s - max).exp());
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            denom += *s;
+        }
+        let inv = 1.0 / denom;
+        out.iter_mut().for_each(|o| *o = 0.0);
+        for (idx, j) in (lo..=pos).enumerate() {
+            let vj = &rows.v[j * rows.v_width + kv_head * hd_v..][..hd_v];
+            T::axpy(simd, out, scores[idx] * inv, vj);
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Sum of the 8 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+        _mm_cvtss_f32(s1)
+    }
+
+    /// `q · k` over `min(q.len(), k.len())` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f32(q: &[f32], k: &[f32]) -> f32 {
+        let n = q.len().min(k.len());
+        let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        // SAFETY (all loads): every index read is below n.
+        while i + 16 <= n {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), _mm256_loadu_ps(pk.add(i)), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i + 8)), _mm256_loadu_ps(pk.add(i + 8)), a1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), _mm256_loadu_ps(pk.add(i)), a0);
+            i += 8;
+        }
+        let mut sum = hsum(_mm256_add_ps(a0, a1));
+        while i < n {
+            sum += *pq.add(i) * *pk.add(i);
+            i += 1;
+        }
+        sum
+    }
+
+    /// `q · k` with `k` in f16 bits.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16(q: &[f32], k: &[u16]) -> f32 {
+        let n = q.len().min(k.len());
+        let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        // SAFETY (all loads): every index read is below n; 8 u16 are 128 bits.
+        while i + 16 <= n {
+            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(pk.add(i) as *const __m128i));
+            let k1 = _mm256_cvtph_ps(_mm_loadu_si128(pk.add(i + 8) as *const __m128i));
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), k0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i + 8)), k1, a1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(pk.add(i) as *const __m128i));
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), k0, a0);
+            i += 8;
+        }
+        let mut sum = hsum(_mm256_add_ps(a0, a1));
+        while i < n {
+            sum += *pq.add(i) * half::f16::from_bits(*pk.add(i)).to_f32();
+            i += 1;
+        }
+        sum
+    }
+
+    /// `out += p * v` over `min(out.len(), v.len())` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_f32(out: &mut [f32], p: f32, v: &[f32]) {
+        let n = out.len().min(v.len());
+        let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
+        let pp = _mm256_set1_ps(p);
+        let mut i = 0;
+        // SAFETY (all loads and stores): every index is below n.
+        while i + 8 <= n {
+            let o = _mm256_fmadd_ps(pp, _mm256_loadu_ps(pv.add(i)), _mm256_loadu_ps(po.add(i)));
+            _mm256_storeu_ps(po.add(i), o);
+            i += 8;
+        }
+        while i < n {
+            *po.add(i) += p * *pv.add(i);
+            i += 1;
+        }
+    }
+
+    /// `out += p * v` with `v` in f16 bits.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_f16(out: &mut [f32], p: f32, v: &[u16]) {
+        let n = out.len().min(v.len());
+        let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
+        let pp = _mm256_set1_ps(p);
+        let mut i = 0;
+        // SAFETY (all loads and stores): every index is below n.
+        while i + 8 <= n {
+            let vv = _mm256_cvtph_ps(_mm_loadu_si128(pv.add(i) as *const __m128i));
+            let o = _mm256_fmadd_ps(pp, vv, _mm256_loadu_ps(po.add(i)));
+            _mm256_storeu_ps(po.add(i), o);
+            i += 8;
+        }
+        while i < n {
+            *po.add(i) += p * half::f16::from_bits(*pv.add(i)).to_f32();
+            i += 1;
+        }
+    }
+
+    /// f32 to f16 bits, round to nearest even, over `min(src.len(), dst.len())` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn to_f16(src: &[f32], dst: &mut [u16]) {
+        let n = src.len().min(dst.len());
+        let (ps, pd) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut i = 0;
+        // SAFETY (all loads and stores): every index is below n.
+        while i + 8 <= n {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(ps.add(i)));
+            _mm_storeu_si128(pd.add(i) as *mut __m128i, h);
+            i += 8;
+        }
+        while i < n {
+            *pd.add(i) = half::f16::from_f32(*ps.add(i)).to_bits();
+            i += 1;
+        }
+    }
+}
