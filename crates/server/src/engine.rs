@@ -56,6 +56,10 @@ pub struct Loaded {
     pub effective_bytes: u64,
     /// How long loading took.
     pub load_ms: f64,
+    /// An embedding model's runner (then `sessions` is empty: the planner serves generation
+    /// only); `Ok(None)`: a generative model; `Err`: a pooling type that is not served, with
+    /// the reason (the model is still served for generation).
+    embedding: Result<Option<crate::embed::Embedder>, String>,
 }
 
 /// Sampling and stopping of one request.
@@ -147,6 +151,7 @@ impl Loaded {
         let t0 = Instant::now();
         let rss0 = resident_bytes();
         let file = gguf::GgufModel::open(path)?;
+        let pooling = crate::embed::Pooling::of(file.metadata());
         let tokenizer = Tokenizer::from_gguf(file.metadata())?;
         let bos_text = tokenizer.bos().and_then(|b| tokenizer.token_text(b)).map(str::to_string);
         let template = match &opts.chat_template {
@@ -158,6 +163,25 @@ impl Loaded {
         };
         drop(file);
         let mut sessions = Vec::new();
+        if let Ok(Some(pooling)) = pooling {
+            let e = crate::embed::Embedder::load(path, opts.n_ctx as usize, pooling)?;
+            return Ok(Loaded {
+                name: name.to_string(),
+                path: path.to_path_buf(),
+                sessions,
+                active: Vec::new(),
+                tokenizer,
+                template,
+                bos_text,
+                n_ctx: e.n_ctx,
+                backend_name: "cpu",
+                admit: Arc::new(Semaphore::new(opts.queue_max.max(1))),
+                queue_max: opts.queue_max.max(1),
+                effective_bytes: resident_bytes().saturating_sub(rss0),
+                load_ms: t0.elapsed().as_secs_f64() * 1e3,
+                embedding: Ok(Some(e)),
+            });
+        }
         for i in 0..opts.parallel.max(1) {
             let lo = plan::LoadOptions {
                 backend: opts.backend,
@@ -185,7 +209,83 @@ impl Loaded {
             queue_max: opts.queue_max.max(1),
             effective_bytes: resident_bytes().saturating_sub(rss0),
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
+            embedding: pooling.map(|_| None),
         })
+    }
+
+    /// The pooling of an embedding model (`None` for a generative one).
+    pub fn pooling(&self) -> Option<crate::embed::Pooling> {
+        self.embedding.as_ref().ok().and_then(|e| e.as_ref().map(|e| e.pooling))
+    }
+
+    /// Embeds each input (text, or token ids) with the model's pooling, L2-normalized; returns
+    /// the vectors and the tokens evaluated. Admitted by the same bounded queue as generation;
+    /// runs on a blocking thread.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the blocking computation to finish and be discarded; its
+    /// queue permit is released when it ends.
+    ///
+    /// # Errors
+    /// A generative model; a full queue (503); tokens outside the vocabulary; an input longer
+    /// than the context.
+    pub async fn embed(
+        self: &Arc<Self>,
+        inputs: crate::openai::EmbeddingInput,
+        metrics: &Metrics,
+    ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+        match &self.embedding {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(ApiError::invalid_param(
+                    "model",
+                    format!(
+                        "model {} is a text-generation model (its metadata has no pooling_type); \
+                         /v1/embeddings needs an embedding model",
+                        self.name
+                    ),
+                ))
+            }
+            Err(why) => return Err(ApiError::invalid_param("model", format!("model {}: {why}", self.name))),
+        }
+        let permit = self.admit.clone().try_acquire_owned().map_err(|_| {
+            metrics.rejected.fetch_add(1, Ordering::Relaxed);
+            ApiError::new(
+                ErrorKind::Overloaded,
+                format!("model {} is busy: {} requests are queued or running; retry later", self.name, self.queue_max),
+            )
+        })?;
+        let n_vocab = self.tokenizer.n_vocab();
+        let ids: Vec<Vec<u32>> = match inputs {
+            crate::openai::EmbeddingInput::One(t) => vec![self.tokenizer.encode(&t, true, true)?],
+            crate::openai::EmbeddingInput::Many(ts) => {
+                ts.iter().map(|t| self.tokenizer.encode(t, true, true)).collect::<Result<_, _>>()?
+            }
+            crate::openai::EmbeddingInput::Tokens(ids) => vec![ids],
+            crate::openai::EmbeddingInput::ManyTokens(list) => list,
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid_param("input", "input is an empty list"));
+        }
+        if let Some(&bad) = ids.iter().flatten().find(|&&id| id as usize >= n_vocab) {
+            return Err(ApiError::invalid_param(
+                "input",
+                format!("token id {bad} is outside the vocabulary of {n_vocab} tokens"),
+            ));
+        }
+        let n_tokens = ids.iter().map(Vec::len).sum();
+        let this = Arc::clone(self);
+        let vectors = tokio::task::spawn_blocking(move || {
+            let _permit: OwnedSemaphorePermit = permit;
+            match &this.embedding {
+                Ok(Some(embedder)) => embedder.embed(&ids),
+                _ => Err(ApiError::new(ErrorKind::Internal, "the embedding runner went away")),
+            }
+        })
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("the embedding thread failed: {e}")))??;
+        metrics.prompt_tokens.fetch_add(n_tokens as u64, Ordering::Relaxed);
+        Ok((vectors, n_tokens))
     }
 
     /// Requests admitted now (running or waiting).
@@ -255,6 +355,12 @@ impl Loaded {
         opts: GenOptions,
         metrics: Arc<Metrics>,
     ) -> Result<Running, ApiError> {
+        if self.sessions.is_empty() {
+            return Err(ApiError::invalid_param(
+                "model",
+                format!("model {} is an embedding model: use /v1/embeddings", self.name),
+            ));
+        }
         let permit = self.admit.clone().try_acquire_owned().map_err(|_| {
             metrics.rejected.fetch_add(1, Ordering::Relaxed);
             ApiError::new(

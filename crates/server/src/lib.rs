@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod anthropic;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod metrics;

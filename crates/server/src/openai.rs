@@ -582,16 +582,79 @@ pub async fn list_models(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
-/// `POST /v1/embeddings`: the models diskformer runs are generative and have no pooling head,
-/// so this says so rather than returning hidden states as if they were embeddings.
-pub async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let v: Value = parse_body(&body)?;
-    let name = v.get("model").and_then(Value::as_str).unwrap_or("");
-    if !state.registry.names().iter().any(|n| n == name) {
-        return Err(ApiError::new(crate::error::ErrorKind::NotFound, format!("model {name:?} is not known")));
+/// `input` of an embeddings request: a text, texts, token ids, or lists of token ids.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    /// One text.
+    One(String),
+    /// Several texts.
+    Many(Vec<String>),
+    /// One pre-tokenized input.
+    Tokens(Vec<u32>),
+    /// Several pre-tokenized inputs.
+    ManyTokens(Vec<Vec<u32>>),
+}
+
+/// An embeddings request. Unknown fields are refused.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingRequest {
+    model: String,
+    input: EmbeddingInput,
+    encoding_format: Option<String>,
+    dimensions: Option<usize>,
+    #[allow(dead_code)] // accepted as OpenAI does; not used
+    user: Option<String>,
+}
+
+/// `POST /v1/embeddings`: for embedding models (metadata with `{arch}.pooling_type`), the
+/// pooled, L2-normalized final hidden state of each input; generative models are refused with
+/// a clear error rather than returning hidden states as if they were embeddings.
+///
+/// # Cancel safety
+/// Dropping the future (client gone) leaves the blocking computation to finish and be discarded.
+pub async fn embeddings(
+    State(state): State<AppState>,
+    Query(q): Query<ModelQuery>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: EmbeddingRequest = parse_body(&body)?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "encoding_format",
+                format!("encoding_format {other:?} is not supported (float or base64)"),
+            ))
+        }
+    };
+    let model = state.registry.get(&req.model, q.autoload).await?;
+    let (vectors, n_tokens) = model.embed(req.input, &state.metrics).await?;
+    if let Some(d) = req.dimensions {
+        let n = vectors[0].len();
+        if d != n {
+            return Err(ApiError::invalid_param(
+                "dimensions",
+                format!("model {} gives {n} dimensions; {d} were asked (truncation is not offered)", model.name),
+            ));
+        }
     }
-    Err(ApiError::invalid_param(
-        "model",
-        format!("model {name} is a text-generation model; no embedding model is served"),
-    ))
+    let data: Vec<Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                Value::String(crate::embed::base64(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list", "data": data, "model": model.name,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    })))
 }
