@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use super::super::iq4::{iq4_xs_scale, KVALUES_IQ4NL};
-use super::super::k_quants::{q3_k_scales, scale_min_k4};
+use super::super::k_quants::q3_k_scales;
 use super::super::mxfp4::{e8m0_to_f32_half, KVALUES_MXFP4};
 use super::super::qdot::ActRow;
 use super::super::{float, k_quants, legacy};
@@ -571,6 +571,61 @@ unsafe fn dot4_q5_k(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
     dot_q45_k::<true, 4>(w, xs)
 }
 
+/// The 12 packed 6-bit scales and mins of a Q4_K/Q5_K super-block as 16 i16 lanes: scales
+/// 0..8 in the low 128 bits, mins 0..8 in the high ones (ggml's `utmp` rearrangement of
+/// `ggml_vec_dot_q4_K_q8_K`, the same values as `scale_min_k4`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_mins_k4(packed: *const u8) -> __m256i {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| (packed.add(4 * i) as *const u32).read_unaligned();
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    let scales_lo = u0 & LOW6;
+    let scales_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+    let mins_lo = u1 & LOW6;
+    let mins_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+    _mm256_cvtepu8_epi16(_mm_setr_epi32(scales_lo as i32, scales_hi as i32, mins_lo as i32, mins_hi as i32))
+}
+
+/// Shuffle indices giving lane `j` (0..8) of a 128-bit half to the low eight i16 lanes and lane
+/// `j + 1` to the high eight (a 32-value group of two 16-value sub-blocks, as `scales_2x16`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_broadcast_index(j: usize) -> __m256i {
+    let lane = |j: usize| (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+    _mm256_set_m128i(_mm_set1_epi16(lane(j + 1)), _mm_set1_epi16(lane(j)))
+}
+
+/// Shuffle indices that broadcast i16 lane `j` (0..8) of a 128-bit half to all eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn broadcast_i16_index(j: usize) -> __m256i {
+    let pair = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+    _mm256_set1_epi16(pair)
+}
+
+/// The exact integer `sum_j mins[j] * (bsums[2j] + bsums[2j + 1])` of one Q8_K block, where
+/// `mins` holds eight i16 values and `bsums` points at its 16 i16 sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn min_sum_k4(mins: __m128i, bsums: *const i16) -> i32 {
+    let b = _mm256_loadu_si256(bsums as *const __m256i);
+    // |bsum| <= 16 * 128, so a pair sum fits i16, and mins (<= 63) times that fits i32.
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    hsum_i32x4(_mm_madd_epi16(mins, pairs))
+}
+
+/// The sum of four i32 lanes (exact, wrapping).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_i32x4(v: __m128i) -> i32 {
+    let v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01));
+    _mm_cvtsi128_si32(v)
+}
+
 /// Q4_K (`FIVE_BITS = false`) or Q5_K with `N` activation rows; the weights are unpacked once.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q45_k<const FIVE_BITS: bool, const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N] {
@@ -585,14 +640,9 @@ unsafe fn dot_q45_k<const FIVE_BITS: bool, const N: usize>(w: &[u8], xs: &[ActRo
     let mut acc_min = [0.0f32; N];
     for ib in 0..nb {
         let b = w.as_ptr().add(ib * block_bytes);
-        let packed = std::slice::from_raw_parts(b.add(4), 12);
-        let mut sc = [0i32; 8];
-        let mut mins = [0i32; 8];
-        for j in 0..8 {
-            let (s, m) = scale_min_k4(j, packed);
-            sc[j] = s as i32;
-            mins[j] = m as i32;
-        }
+        let scales_mins = scales_mins_k4(b.add(4));
+        let scales = _mm256_permute2x128_si256(scales_mins, scales_mins, 0x00);
+        let mins = _mm256_extracti128_si256(scales_mins, 1);
         let hm = if FIVE_BITS { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
         let mut sumi = [_mm256_setzero_si256(); N];
         for c in 0..4 {
@@ -605,8 +655,8 @@ unsafe fn dot_q45_k<const FIVE_BITS: bool, const N: usize>(w: &[u8], xs: &[ActRo
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(b_lo, 4));
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(b_hi, 4));
             }
-            let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
-            let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+            let s_lo = _mm256_shuffle_epi8(scales, broadcast_i16_index(2 * c));
+            let s_hi = _mm256_shuffle_epi8(scales, broadcast_i16_index(2 * c + 1));
             for i in 0..N {
                 let xq = xs[i].qs.as_ptr().add(ib * 256);
                 sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(lo, load256(xq.add(64 * c)), s_lo));
@@ -616,12 +666,8 @@ unsafe fn dot_q45_k<const FIVE_BITS: bool, const N: usize>(w: &[u8], xs: &[ActRo
         let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
         for i in 0..N {
             let x = &xs[i];
-            let bsums = &x.sums[ib * 16..ib * 16 + 16];
-            let mut summ = 0i32;
-            for j in 0..8 {
-                summ += mins[j] * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32);
-            }
-            let dx = x.d[ib];
+            let summ = min_sum_k4(mins, x.sums.as_ptr().add(ib * 16));
+            let dx = *x.d.get_unchecked(ib);
             acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
             acc_min[i] += dmin * dx * summ as f32;
         }
@@ -652,9 +698,12 @@ unsafe fn dot_q6_k_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N]
     let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
         let b = w.as_ptr().add(ib * 210);
-        let scales = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+        // The 16 signed scales as i16 lanes: group g's scale is lane g.
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+        let scales_by_half =
+            [_mm256_permute2x128_si256(scales16, scales16, 0x00), _mm256_permute2x128_si256(scales16, scales16, 0x11)];
         let mut sumi = [_mm256_setzero_si256(); N];
-        for half in 0..2 {
+        for (half, half_scales) in scales_by_half.into_iter().enumerate() {
             let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
             let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
             let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
@@ -667,8 +716,8 @@ unsafe fn dot_q6_k_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N]
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
             ];
             for (gi, lv) in groups.into_iter().enumerate() {
-                let g = 8 * half + 2 * gi;
-                let s = scales_2x16(scales[g] as i32, scales[g + 1] as i32);
+                // Lanes 0..8 (values 0..16) take scale 2 gi of this half, lanes 8..16 the next.
+                let s = _mm256_shuffle_epi8(half_scales, pair_broadcast_index(2 * gi));
                 for i in 0..N {
                     let xv = load256(xs[i].qs.as_ptr().add(ib * 256 + 128 * half + 32 * gi));
                     sumi[i] = _mm256_add_epi32(sumi[i], madd_u8_i8(lv, xv, s));
@@ -678,12 +727,12 @@ unsafe fn dot_q6_k_n<const N: usize>(w: &[u8], xs: &[ActRow<'_>; N]) -> [f32; N]
         let d = f16_at(b.add(208));
         for i in 0..N {
             let x = &xs[i];
-            // Levels are stored +32 (0..64); take 32 * sum(x) back out per sub-block.
-            let bsums = &x.sums[ib * 16..ib * 16 + 16];
-            let mut offset = 0i32;
-            for g in 0..16 {
-                offset += scales[g] as i32 * 32 * bsums[g] as i32;
-            }
+            // Levels are stored +32 (0..64); take 32 * sum(x) back out per sub-block. Exact:
+            // |scale| <= 128 and |bsum| <= 16 * 128, so each madd pair fits i32.
+            let bsums = _mm256_loadu_si256(x.sums.as_ptr().add(ib * 16) as *const __m256i);
+            let per_pair = _mm256_madd_epi16(scales16, bsums);
+            let offset =
+                32 * hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(per_pair), _mm256_extracti128_si256(per_pair, 1)));
             let total = _mm256_sub_epi32(sumi[i], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
             acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[ib]), _mm256_cvtepi32_ps(total), acc[i]);
         }
