@@ -38,7 +38,9 @@ fn every_kernel_matches_the_portable_one() {
     for &dtype in QUANTIZED {
         let be = dtype.block_elems();
         // Odd row counts, one to many blocks per row, decode and prefill token counts.
-        for (n_out, blocks, n_tok) in [(1, 1, 1), (13, 3, 1), (29, 9, 2), (7, 2, 19)] {
+        // 13, 29 and 7 rows leave partial groups of the eight-row and four-row kernels; 2 and 19
+        // tokens partial token quads; the last two are enough work to split across threads.
+        for (n_out, blocks, n_tok) in [(1, 1, 1), (13, 3, 1), (29, 9, 2), (7, 2, 19), (300, 9, 1), (70, 18, 5)] {
             let k = be * blocks;
             let w = random_rows(dtype, n_out, k, &mut rng);
             let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
@@ -69,6 +71,7 @@ fn prefill_tiles_give_the_same_bits_as_one_token_at_a_time() {
     for &dtype in &[
         GgmlType::Q4_0,
         GgmlType::Q4_1,
+        GgmlType::Q5_0,
         GgmlType::MXFP4,
         GgmlType::Q4_K,
         GgmlType::Q5_K,

@@ -10,7 +10,7 @@ use gguf::GgmlType;
 use rayon::prelude::*;
 
 use super::qdot::{ActBuf, ActKind};
-use super::simd::{Kernel, QDot, RowDequantizer};
+use super::simd::{Kernel, QDot, RowDequantizer, Tiles};
 use super::{check_encoded, dequantizer, QuantError};
 
 /// How [`matmul`] computes.
@@ -195,6 +195,9 @@ const TOKENS_PER_TILE: usize = 16;
 /// dotted with every token by integer block sums. A kernel the CPU lacks falls back to
 /// [`Kernel::Portable`]. Decode (one token) splits output rows across threads; prefill applies
 /// each block of weight rows to tiles of tokens so a row is fetched from memory once per call.
+/// On AVX2, Q4_0, Q4_1, Q5_0 and Q8_0 use multi-row kernels (eight rows per step in decode,
+/// four rows by four tokens in prefill) that give each output the same bits either way. The
+/// activation buffers are kept per thread, so repeated calls do not allocate.
 ///
 /// # Errors
 /// As [`matmul`]; also [`QuantError::Unsupported`] for types without an 8-bit activation scheme
@@ -213,14 +216,112 @@ pub fn matmul_quantized(
         return Ok(());
     };
     let n_tok = shape.n_tok;
-    let mut act = ActBuf::default();
+    // The activation buffers are reused across calls on this thread; taken out of the cell so
+    // a nested call (a task stolen while this one waits) gets its own.
+    let mut act = ACT_BUF.with(|cell| cell.take());
     act.quantize(kind, x, k);
-    let qdot = QDot::new(dtype, kernel);
-    // Rows per task: decode wants many small tasks (threads share the memory bandwidth); prefill
-    // wants a block of rows reused across a tile of tokens.
-    let rows_per_task = if n_tok == 1 { 8 } else { (ROW_BLOCK_BYTES / shape.row_bytes).clamp(1, MAX_ROWS_PER_TASK) };
+    if let Some(tiles) = Tiles::new(dtype, kernel) {
+        matmul_tiled(tiles, &mut act, w, n_out, k, n_tok, shape.row_bytes, y);
+    } else {
+        matmul_rows(dtype, kind, kernel, &act, w, n_out, k, n_tok, shape.row_bytes, y);
+    }
+    ACT_BUF.with(|cell| cell.replace(act));
+    Ok(())
+}
+
+thread_local! {
+    static ACT_BUF: RefCell<ActBuf> = RefCell::new(ActBuf::default());
+}
+
+/// [`matmul_quantized`] with the multi-row kernels: eight rows per call for one token, tiles of
+/// four rows by four tokens otherwise. Rows past `n_out` and tokens past `n_tok` in a last
+/// partial group repeat the last one and are not stored.
+#[allow(clippy::too_many_arguments)]
+fn matmul_tiled(
+    tiles: Tiles,
+    act: &mut ActBuf,
+    w: &[u8],
+    n_out: usize,
+    k: usize,
+    n_tok: usize,
+    row_bytes: usize,
+    y: &mut [f32],
+) {
+    let nb = k / ActKind::Q8_0.block_elems();
+    let row_at = |o: usize| w[o.min(n_out - 1) * row_bytes..].as_ptr();
     let out = SharedOut(y.as_mut_ptr());
-    let act = &act;
+    let n_threads = rayon::current_num_threads().max(1);
+    if n_tok == 1 {
+        // A few tasks per thread (balance) of whole groups of eight rows (kernel width).
+        let rows_per_task = n_out.div_ceil(4 * n_threads).next_multiple_of(8).max(8);
+        let x = act.row(ActKind::Q8_0, 0, k);
+        let task = |task_index: usize| {
+            let o_end = ((task_index + 1) * rows_per_task).min(n_out);
+            for o0 in (task_index * rows_per_task..o_end).step_by(8) {
+                let rows = std::array::from_fn(|i| row_at(o0 + i));
+                // SAFETY: every pointer is the start of a row of `row_bytes = nb` blocks
+                // inside `w` (checked by `check_shapes`).
+                let values = unsafe { tiles.rows8(&rows, nb, x) };
+                for (i, &v) in values.iter().enumerate().take(o_end - o0) {
+                    // SAFETY: `o0 + i < n_out`, token 0: inside `y`; this task owns the rows.
+                    unsafe { *out.at(o0 + i) = v };
+                }
+            }
+        };
+        run_tasks(n_out.div_ceil(rows_per_task), n_out * k, task);
+        return;
+    }
+    act.build_quads(n_tok, k);
+    let act = &*act;
+    let n_quads = n_tok.div_ceil(4);
+    // Four rows (a few KiB) stay in L1 while every token quad streams past from L2, so the
+    // task size only balances threads: whole groups of four rows, several tasks per thread.
+    let rows_per_task = n_out.div_ceil(8 * n_threads).next_multiple_of(4).max(4);
+    let task = |task_index: usize| {
+        let o_end = ((task_index + 1) * rows_per_task).min(n_out);
+        for o0 in (task_index * rows_per_task..o_end).step_by(4) {
+            let rows = std::array::from_fn(|i| row_at(o0 + i));
+            for q in 0..n_quads {
+                // SAFETY: as for one token.
+                let values = unsafe { tiles.tile(&rows, nb, &act.quad(q, n_tok, k)) };
+                for (r, row_values) in values.iter().enumerate().take(o_end - o0) {
+                    for (t, &v) in row_values.iter().enumerate().take(n_tok - 4 * q) {
+                        // SAFETY: `4 q + t < n_tok` and `o0 + r < n_out`: inside `y`; this
+                        // task alone owns rows o_start..o_end.
+                        unsafe { *out.at((4 * q + t) * n_out + o0 + r) = v };
+                    }
+                }
+            }
+        }
+    };
+    run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);
+}
+
+/// [`matmul_quantized`] one weight row at a time (four tokens per kernel call in prefill).
+#[allow(clippy::too_many_arguments)]
+fn matmul_rows(
+    dtype: GgmlType,
+    kind: ActKind,
+    kernel: Kernel,
+    act: &ActBuf,
+    w: &[u8],
+    n_out: usize,
+    k: usize,
+    n_tok: usize,
+    row_bytes: usize,
+    y: &mut [f32],
+) {
+    let shape = Shape { row_bytes, n_tok };
+    let qdot = QDot::new(dtype, kernel);
+    // Rows per task: decode wants a few tasks per thread (balance without paying the pool's
+    // hand-off for every handful of rows); prefill wants a block of rows reused across a tile
+    // of tokens.
+    let rows_per_task = if n_tok == 1 {
+        n_out.div_ceil(8 * rayon::current_num_threads().max(1)).max(8)
+    } else {
+        (ROW_BLOCK_BYTES / shape.row_bytes).clamp(1, MAX_ROWS_PER_TASK)
+    };
+    let out = SharedOut(y.as_mut_ptr());
     let task = |task_index: usize| {
         let o_start = task_index * rows_per_task;
         let o_end = (o_start + rows_per_task).min(n_out);
@@ -252,7 +353,6 @@ pub fn matmul_quantized(
         }
     };
     run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);
-    Ok(())
 }
 
 /// Encoded bytes of weight rows per prefill task (fits L2 next to a tile of activations).

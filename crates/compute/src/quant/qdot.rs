@@ -62,12 +62,28 @@ pub(crate) struct ActRow<'a> {
     pub sums: &'a [i16],
 }
 
+/// Activations of four tokens laid out for the 4-row x 4-token tile kernels: per block, the
+/// four scales and the four quant sums side by side (Q8_0-style blocks of 32).
+#[derive(Clone, Copy)]
+pub(crate) struct TokenQuad<'a> {
+    /// The four tokens' quants (`nb * 32` each).
+    pub qs: [&'a [i8]; 4],
+    /// `d[4 * ib + t]`: token `t`'s scale of block `ib`.
+    pub d: &'a [f32],
+    /// `sums[4 * ib + t]`: token `t`'s quant sum of block `ib`.
+    pub sums: &'a [i32],
+}
+
 /// Quantized activations of several rows, stored back to back.
 #[derive(Default)]
 pub(crate) struct ActBuf {
     pub d: Vec<f32>,
     pub qs: Vec<i8>,
     pub sums: Vec<i16>,
+    /// Scales regrouped by four tokens (`build_quads`), `[quad][block][token]`.
+    pub quad_d: Vec<f32>,
+    /// Block sums regrouped as `quad_d`.
+    pub quad_sums: Vec<i32>,
 }
 
 impl ActBuf {
@@ -88,6 +104,39 @@ impl ActBuf {
         // About 64 KiB of activations per task; a single decode row stays on this thread.
         let min_rows = (16 * 1024 / k).max(1);
         rows.with_min_len(min_rows).for_each(|(((x, d), qs), sums)| quantize_row(kind, x, d, qs, sums));
+    }
+
+    /// Regroups the scales and sums of Q8_0-style rows (`n_tok` tokens of `k` values) by four
+    /// tokens for [`ActBuf::quad`]; a last partial quad repeats its last token.
+    pub(crate) fn build_quads(&mut self, n_tok: usize, k: usize) {
+        let nb = k / QK;
+        let n_quads = n_tok.div_ceil(4);
+        self.quad_d.resize(n_quads * nb * 4, 0.0);
+        self.quad_sums.resize(n_quads * nb * 4, 0);
+        for q in 0..n_quads {
+            for t in 0..4 {
+                let tok = (4 * q + t).min(n_tok - 1);
+                for ib in 0..nb {
+                    let at = (q * nb + ib) * 4 + t;
+                    self.quad_d[at] = self.d[tok * nb + ib];
+                    self.quad_sums[at] = self.sums[tok * nb + ib] as i32;
+                }
+            }
+        }
+    }
+
+    /// Tokens `4 q .. 4 q + 4` (the last one repeated past `n_tok`) after `build_quads`.
+    pub(crate) fn quad(&self, q: usize, n_tok: usize, k: usize) -> TokenQuad<'_> {
+        let nb = k / QK;
+        let qs = std::array::from_fn(|t| {
+            let tok = (4 * q + t).min(n_tok - 1);
+            &self.qs[tok * k..(tok + 1) * k]
+        });
+        TokenQuad {
+            qs,
+            d: &self.quad_d[q * nb * 4..(q + 1) * nb * 4],
+            sums: &self.quad_sums[q * nb * 4..(q + 1) * nb * 4],
+        }
     }
 
     pub(crate) fn row(&self, kind: ActKind, t: usize, k: usize) -> ActRow<'_> {

@@ -8,12 +8,14 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_tiles;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
 use gguf::GgmlType;
 
-use super::qdot::{dot_portable, ActRow};
+use super::qdot::{dot_portable, ActRow, TokenQuad};
 
 /// An implementation of the quantized-activation dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +85,60 @@ impl RowDequantizer {
             Some(f) => unsafe { f(src, dst) },
             None => (self.portable)(src, dst),
         }
+    }
+}
+
+/// Eight weight rows (pointers to `nb` blocks each) against one activation row.
+type RowsKernel = unsafe fn(&[*const u8; 8], usize, ActRow<'_>) -> [f32; 8];
+/// Four weight rows against four tokens: `out[row][token]`.
+type TileKernel = unsafe fn(&[*const u8; 4], usize, &TokenQuad<'_>) -> [[f32; 4]; 4];
+
+/// Multi-row kernels of one 32-value weight type (Q4_0, Q4_1, Q5_0, Q8_0 on AVX2): decode as
+/// eight rows per call, prefill as four rows by four tokens. Both give each (row, token) the
+/// same bits.
+#[derive(Clone, Copy)]
+pub(crate) struct Tiles {
+    rows8: RowsKernel,
+    tile: TileKernel,
+}
+
+impl Tiles {
+    /// The tile kernels of `dtype` for `kernel`, when they exist and the CPU can run them.
+    #[allow(unused_variables)]
+    pub(crate) fn new(dtype: GgmlType, kernel: Kernel) -> Option<Tiles> {
+        #[cfg(target_arch = "x86_64")]
+        if kernel == Kernel::Avx2 && kernel.is_available() {
+            use avx2_tiles as t;
+            return Some(match dtype {
+                GgmlType::Q4_0 => Tiles { rows8: t::rows8::<{ t::Q4_0 }>, tile: t::tile4x4::<{ t::Q4_0 }> },
+                GgmlType::Q4_1 => Tiles { rows8: t::rows8::<{ t::Q4_1 }>, tile: t::tile4x4::<{ t::Q4_1 }> },
+                GgmlType::Q5_0 => Tiles { rows8: t::rows8::<{ t::Q5_0 }>, tile: t::tile4x4::<{ t::Q5_0 }> },
+                GgmlType::Q8_0 => Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: t::tile4x4::<{ t::Q8_0 }> },
+                _ => return None,
+            });
+        }
+        None
+    }
+
+    /// Eight rows' dot products with `x`.
+    ///
+    /// # Safety
+    /// Every `rows[i]` must point at `nb` whole blocks of the type `new` was given.
+    #[inline]
+    pub(crate) unsafe fn rows8(&self, rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+        // SAFETY: `new` set the kernel only after confirming the CPU features; the caller
+        // guarantees the rows; the kernel checks the activation lengths.
+        unsafe { (self.rows8)(rows, nb, x) }
+    }
+
+    /// A 4 x 4 tile: `out[r][t]` is row `rows[r]` times token `t` of `x`.
+    ///
+    /// # Safety
+    /// As [`Tiles::rows8`].
+    #[inline]
+    pub(crate) unsafe fn tile(&self, rows: &[*const u8; 4], nb: usize, x: &TokenQuad<'_>) -> [[f32; 4]; 4] {
+        // SAFETY: as in `rows8`.
+        unsafe { (self.tile)(rows, nb, x) }
     }
 }
 

@@ -1,0 +1,219 @@
+//! AVX2 multi-row kernels for the 32-value types whose prefill and decode dominate the common
+//! models (Q4_0, Q4_1, Q5_0, Q8_0): eight weight rows against one token (decode) and tiles of
+//! four rows by four tokens (prefill), read from the GGUF block layout as stored.
+//!
+//! The single-row kernels of `avx2.rs` pay a float conversion, a scale product and an FMA per
+//! (row, token, block), and a sign fix-up per product for signed levels. Here the levels of
+//! Q4_0/Q5_0 stay unsigned (`q = u - 8` or `u - 16`) and the offset comes off the exact integer
+//! block sum as `8 * sum(x)` (the activation block sums exist for Q4_1 already); the integer
+//! sums of all (row, token) pairs of a block are folded horizontally into one vector before a
+//! single conversion and FMA per eight pairs.
+//!
+//! Bits: every (row, token) pair computes, block by block, the exact integer sum `s`, then
+//! `acc = fma(float(s), d_w * d_x, acc)` (and for Q4_1 `acc_m = fma(float(sum_x), m_w * d_x,
+//! acc_m)`, result `acc + acc_m`). Lanes never mix, so a pair's result does not depend on which
+//! kernel, tile position or neighbours computed it: prefill equals decode bit for bit.
+
+use std::arch::x86_64::*;
+
+use super::super::qdot::{ActRow, TokenQuad};
+
+/// Q4_0: unsigned nibbles, level = u - 8.
+pub(in crate::quant) const Q4_0: u8 = 0;
+/// Q4_1: unsigned nibbles, `w = d * u + m`.
+pub(in crate::quant) const Q4_1: u8 = 1;
+/// Q5_0: nibble plus fifth bit, level = u - 16.
+pub(in crate::quant) const Q5_0: u8 = 2;
+/// Q8_0: signed bytes.
+pub(in crate::quant) const Q8_0: u8 = 4;
+
+pub(in crate::quant) const fn block_bytes(t: u8) -> usize {
+    match t {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        _ => 34,
+    }
+}
+
+/// What is subtracted from the unsigned levels (0 for Q4_1, whose min is separate, and Q8_0).
+const fn level_offset(t: u8) -> i32 {
+    match t {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        _ => 0,
+    }
+}
+
+const fn has_min(t: u8) -> bool {
+    t == Q4_1
+}
+
+const fn signed(t: u8) -> bool {
+    t == Q8_0
+}
+
+/// The 32 levels of the block at `b`: unsigned for Q4_0/Q4_1/Q5_0, signed bytes for Q8_0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn levels<const T: u8>(b: *const u8) -> __m256i {
+    let nibbles = |p: *const u8| {
+        let q = _mm_loadu_si128(p as *const __m128i);
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F))
+    };
+    match T {
+        Q4_0 => nibbles(b.add(2)),
+        Q4_1 => nibbles(b.add(4)),
+        Q5_0 => {
+            // Bit j of the 32-bit word at b + 2 is the fifth bit of value j.
+            let bits = (b.add(2) as *const u32).read_unaligned();
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(bits as i32),
+                _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+            );
+            let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+            _mm256_or_si256(nibbles(b.add(6)), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+        }
+        _ => _mm256_loadu_si256(b.add(2) as *const __m256i),
+    }
+}
+
+/// `sum(w * x)` of one block pair in eight i32 lanes. `u` is what `levels` gave (for signed
+/// levels, `|w|` is passed as `u` and `w` as `w`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_sums<const T: u8>(u: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    let x = if signed(T) { _mm256_sign_epi8(x, w) } else { x };
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
+}
+
+/// Four f16 values at `p[i] + offset` as f32 lanes 0..4.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x4(p: &[*const u8; 4], offset: usize) -> __m128 {
+    let h = |i: usize| (p[i].add(offset) as *const u16).read_unaligned() as i32;
+    let v = _mm_cvtsi32_si128(h(0) | (h(1) << 16));
+    let v = _mm_insert_epi32(v, h(2) | (h(3) << 16), 1);
+    _mm_cvtph_ps(v)
+}
+
+/// Eight f16 values at `p[i] + offset` as f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x8(p: &[*const u8; 8], offset: usize) -> __m256 {
+    let h = |i: usize| (p[i].add(offset) as *const u16).read_unaligned() as i32;
+    let v = _mm_cvtsi32_si128(h(0) | (h(1) << 16));
+    let v = _mm_insert_epi32(v, h(2) | (h(3) << 16), 1);
+    let v = _mm_insert_epi32(v, h(4) | (h(5) << 16), 2);
+    let v = _mm_insert_epi32(v, h(6) | (h(7) << 16), 3);
+    _mm256_cvtph_ps(v)
+}
+
+/// Dot products of eight weight rows (`rows[i]`, `nb` blocks each) with one activation row.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` blocks of `T`;
+/// `x` must hold at least `nb` blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+    assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i);
+        let at = ib * block_bytes(T);
+        let mut p = [_mm256_setzero_si256(); 8];
+        for r in 0..8 {
+            let w = levels::<T>(rows[r].add(at));
+            let u = if signed(T) { _mm256_sign_epi8(w, w) } else { w };
+            p[r] = pair_sums::<T>(u, w, xq);
+        }
+        // Fold to [r0 r1 r2 r3 | r0 r1 r2 r3] (low and high halves of each row), then add halves.
+        let h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        let mut s = _mm256_add_epi32(
+            _mm256_permute2x128_si256(h0123, h4567, 0x20),
+            _mm256_permute2x128_si256(h0123, h4567, 0x31),
+        );
+        let sx = *x.sums.get_unchecked(ib) as i32;
+        if level_offset(T) != 0 {
+            s = _mm256_sub_epi32(s, _mm256_set1_epi32(level_offset(T) * sx));
+        }
+        let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
+        let scale = _mm256_mul_ps(f16x8(rows, at), dx);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
+        if has_min(T) {
+            let min_scale = _mm256_mul_ps(f16x8(rows, at + 2), dx);
+            acc_m = _mm256_fmadd_ps(_mm256_set1_ps(sx as f32), min_scale, acc_m);
+        }
+    }
+    if has_min(T) {
+        acc = _mm256_add_ps(acc, acc_m);
+    }
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// A tile of dot products: `out[r][t]` is weight row `rows[r]` times token `t` of `x`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` blocks of `T`;
+/// `x` must hold at least `nb` blocks per token (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile4x4<const T: u8>(
+    rows: &[*const u8; 4],
+    nb: usize,
+    x: &TokenQuad<'_>,
+) -> [[f32; 4]; 4] {
+    for qs in x.qs {
+        assert!(qs.len() >= nb * 32, "activation row too short");
+    }
+    assert!(x.d.len() >= 4 * nb && x.sums.len() >= 4 * nb, "activation scales too short");
+    // Lanes: acc[0] = [r0 t0..t3 | r1 t0..t3], acc[1] = [r2 .. | r3 ..].
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc_m = [_mm256_setzero_ps(); 2];
+    let row_of_lane = [_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)];
+    for ib in 0..nb {
+        let xq: [__m256i; 4] =
+            std::array::from_fn(|t| _mm256_loadu_si256(x.qs[t].as_ptr().add(32 * ib) as *const __m256i));
+        let at = ib * block_bytes(T);
+        let mut h = [_mm256_setzero_si256(); 4];
+        for r in 0..4 {
+            let w = levels::<T>(rows[r].add(at));
+            let u = if signed(T) { _mm256_sign_epi8(w, w) } else { w };
+            let p: [__m256i; 4] = std::array::from_fn(|t| pair_sums::<T>(u, w, xq[t]));
+            // [t0 t1 t2 t3 | t0 t1 t2 t3]: low and high halves of the block.
+            h[r] = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        }
+        let sums4 = _mm_loadu_si128(x.sums.as_ptr().add(4 * ib) as *const __m128i);
+        let sums = _mm256_set_m128i(sums4, sums4);
+        let d4 = _mm_loadu_ps(x.d.as_ptr().add(4 * ib));
+        let dx = _mm256_set_m128(d4, d4);
+        let dw = _mm256_castps128_ps256(f16x4(rows, at));
+        let dm = if has_min(T) { _mm256_castps128_ps256(f16x4(rows, at + 2)) } else { _mm256_setzero_ps() };
+        for half in 0..2 {
+            let (a, b) = (h[2 * half], h[2 * half + 1]);
+            let mut s = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+            if level_offset(T) != 0 {
+                s = _mm256_sub_epi32(s, _mm256_mullo_epi32(sums, _mm256_set1_epi32(level_offset(T))));
+            }
+            let scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(dw, row_of_lane[half]), dx);
+            acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[half]);
+            if has_min(T) {
+                let min_scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(dm, row_of_lane[half]), dx);
+                acc_m[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), min_scale, acc_m[half]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; 4]; 4];
+    for half in 0..2 {
+        let v = if has_min(T) { _mm256_add_ps(acc[half], acc_m[half]) } else { acc[half] };
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        out[2 * half].copy_from_slice(&lanes[..4]);
+        out[2 * half + 1].copy_from_slice(&lanes[4..]);
+    }
+    out
+}
