@@ -35,18 +35,31 @@
 //! - **Reads in flight.** The misses of one group are read by several threads at once (an SSD
 //!   needs queue depth to reach its bandwidth); a prefill batch reads each expert it touches
 //!   once, since `moe_ffn` groups tokens by expert before asking.
+//! - **Prefetch** ([`PagerOptions::prefetch`]). While layer L computes, a background thread reads
+//!   the experts layer L+1 is likely to pick (those it picked on its previous call, most popular
+//!   first by LFU score) into slots of the same slab: the budget stays the same. A call that
+//!   finds its expert still loading waits for that read instead of issuing another. The lock is
+//!   not held while a group computes, so the reads overlap the arithmetic.
+//! - **`O_DIRECT`** ([`PagerOptions::direct_io`]). Slots are 4 KiB aligned with a 4 KiB margin
+//!   per matrix, so every read can be an aligned `O_DIRECT` read that bypasses the page cache:
+//!   the budget then bounds all the memory expert bytes take, not only the process heap. A
+//!   filesystem that refuses `O_DIRECT` (tmpfs, some overlays) falls back to buffered reads and
+//!   [`Pager::direct_io_refused`] says why.
 #![deny(missing_docs)]
 
 mod error;
+mod slab;
 
 pub use error::PagerError;
 
 use compute::{ExpertStore, HostExpert, HostMatrix, OpError};
 use gguf::{GgmlType, GgufModel};
+use slab::{Slab, ALIGN};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Which cached expert a miss evicts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,12 +83,16 @@ pub struct PagerOptions {
     pub policy: CachePolicy,
     /// Most expert reads in flight at once.
     pub read_threads: usize,
+    /// Read the next layer's likely experts in the background while a layer computes.
+    pub prefetch: bool,
+    /// Read experts with `O_DIRECT` (bypassing the page cache) where the filesystem allows it.
+    pub direct_io: bool,
 }
 
 impl PagerOptions {
-    /// A budget and policy with eight reads in flight.
+    /// A budget and policy with eight reads in flight, no prefetch, buffered reads.
     pub fn new(ram_budget_bytes: u64, policy: CachePolicy) -> PagerOptions {
-        PagerOptions { ram_budget_bytes, policy, read_threads: 8 }
+        PagerOptions { ram_budget_bytes, policy, read_threads: 8, prefetch: false, direct_io: false }
     }
 }
 
@@ -84,16 +101,20 @@ impl PagerOptions {
 pub struct LayerStats {
     /// Experts the router selected (distinct per call).
     pub selections: u64,
-    /// Selections found in the cache.
+    /// Selections found in the cache (prefetched ones included).
     pub hits: u64,
-    /// Selections read from disk.
+    /// Selections read from disk by the call that needed them.
     pub misses: u64,
     /// Cached experts dropped to make room.
     pub evictions: u64,
-    /// Bytes read from the model file(s).
+    /// Bytes read from the model file(s), prefetch included.
     pub bytes_read: u64,
     /// Experts computed on the CPU from the host copy.
     pub cpu_computed: u64,
+    /// Experts read ahead by the prefetcher.
+    pub prefetched: u64,
+    /// Selections served by a prefetched expert before anything else used it.
+    pub prefetch_hits: u64,
 }
 
 impl LayerStats {
@@ -104,6 +125,8 @@ impl LayerStats {
         self.evictions += o.evictions;
         self.bytes_read += o.bytes_read;
         self.cpu_computed += o.cpu_computed;
+        self.prefetched += o.prefetched;
+        self.prefetch_hits += o.prefetch_hits;
     }
 }
 
@@ -119,6 +142,19 @@ struct Matrix {
     k: usize,
 }
 
+impl Matrix {
+    /// Bytes this matrix takes in a slot: its size rounded up to [`ALIGN`], plus one [`ALIGN`]
+    /// for the part of the first page before it (an aligned read starts there).
+    fn region_bytes(&self) -> usize {
+        self.bytes_per_expert.div_ceil(ALIGN) * ALIGN + ALIGN
+    }
+
+    /// File offset of expert `id`'s matrix.
+    fn expert_offset(&self, id: u32) -> u64 {
+        self.offset + id as u64 * self.bytes_per_expert as u64
+    }
+}
+
 #[derive(Clone, Debug)]
 struct LayerExperts {
     n_expert: usize,
@@ -131,58 +167,124 @@ impl LayerExperts {
     fn matrices(&self) -> impl Iterator<Item = &Matrix> {
         self.gate.iter().chain([&self.up, &self.down])
     }
+    /// Bytes of one expert in the file.
     fn expert_bytes(&self) -> usize {
         self.matrices().map(|m| m.bytes_per_expert).sum()
+    }
+    /// Bytes of one expert in a slot (aligned regions).
+    fn slot_bytes(&self) -> usize {
+        self.matrices().map(Matrix::region_bytes).sum()
     }
 }
 
 const NO_SLOT: u32 = u32::MAX;
 
-/// The mutable part: slab, who owns each slot, policy state, counters.
+/// Who owns what, policy state and counters; the slab itself is outside the lock (see
+/// [`Slab`]): a slot's bytes are written only by whoever marked it `loading`, and read only
+/// while it is pinned and not loading.
 struct Cache {
-    slab: Vec<u8>,
     /// Per slot: (layer, expert) held, or `None` when free.
     owner: Vec<Option<(u32, u32)>>,
     /// Per slot: tick of its last use.
     last_use: Vec<u64>,
-    /// Per slot: lent to the group being computed.
-    pinned: Vec<bool>,
+    /// Per slot: how many groups being computed use it (never evicted while > 0).
+    pinned: Vec<u32>,
+    /// Per slot: a read into it is in flight (never evicted, lent only once done).
+    loading: Vec<bool>,
+    /// Per slot: read by the prefetcher and not used since.
+    prefetched: Vec<bool>,
+    /// Per slot: where, from its start, each matrix's bytes begin (depends on the expert's
+    /// file offset within its first page).
+    heads: Vec<[u16; 3]>,
     /// Free slots (a stack).
     free: Vec<u32>,
     /// Per layer, per expert: the slot holding it or `NO_SLOT`.
     slot_of: Vec<Vec<u32>>,
     /// Per layer, per expert: LFU score.
     score: Vec<Vec<f32>>,
+    /// Per layer: the experts its previous call selected (the prefetch prediction).
+    last_ids: Vec<Vec<u32>>,
     tick: u64,
     stats: Vec<LayerStats>,
 }
 
-/// A bounded host cache of experts read from the model's GGUF file(s); see the crate docs.
-pub struct Pager {
+/// The state the calling threads and the prefetch thread share.
+struct Shared {
     model_name: String,
-    files: Vec<(PathBuf, File)>,
+    /// Per file: path, handle used for reads, whether that handle is `O_DIRECT`.
+    files: Vec<(PathBuf, File, bool)>,
     layers: Vec<Option<LayerExperts>>,
     slot_bytes: usize,
     n_slots: usize,
-    budget_bytes: u64,
-    accounted_bytes: u64,
     policy: CachePolicy,
     read_threads: usize,
+    slab: Slab,
     cache: Mutex<Cache>,
+    /// Signalled when a read completes or a slot is unpinned.
+    changed: Condvar,
+}
+
+/// A bounded host cache of experts read from the model's GGUF file(s); see the crate docs.
+pub struct Pager {
+    shared: Arc<Shared>,
+    budget_bytes: u64,
+    accounted_bytes: u64,
+    direct_io_refused: Option<String>,
+    prefetch: Option<Prefetcher>,
+}
+
+/// The background reader and the channel that feeds it (dropping the sender stops it).
+struct Prefetcher {
+    requests: Option<Sender<(usize, Vec<u32>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for Pager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.shared;
         write!(
             f,
-            "Pager({}, {} slots of {} B, budget {} B, {:?})",
-            self.model_name, self.n_slots, self.slot_bytes, self.budget_bytes, self.policy
+            "Pager({}, {} slots of {} B, budget {} B, {:?}, prefetch {}, direct I/O {})",
+            s.model_name,
+            s.n_slots,
+            s.slot_bytes,
+            self.budget_bytes,
+            s.policy,
+            self.prefetch.is_some(),
+            self.direct_io()
         )
     }
 }
 
-/// Bytes the per-call scratch (group lists, read lists) may take per expert of a layer.
-const SCRATCH_BYTES_PER_EXPERT: usize = 160;
+/// Bytes the per-call scratch (group lists, read lists, prefetch requests) may take per expert
+/// of a layer.
+const SCRATCH_BYTES_PER_EXPERT: usize = 200;
+
+/// `O_DIRECT` from the kernel's uapi headers (fcntl.h), which differ by architecture.
+#[cfg(any(target_arch = "aarch64", target_arch = "arm"))]
+const O_DIRECT: i32 = 0o200000;
+#[cfg(not(any(target_arch = "aarch64", target_arch = "arm")))]
+const O_DIRECT: i32 = 0o40000;
+
+/// Opens `path` for `O_DIRECT` reads and proves one aligned read works, or says why not.
+fn open_direct(path: &std::path::Path) -> Result<File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(O_DIRECT).open(path).map_err(|e| e.to_string())?;
+    let probe = Slab::new(ALIGN).map_err(|e| e.to_string())?;
+    // SAFETY: the probe slab is ours alone, nothing else can see it.
+    let buf = unsafe { probe.bytes_mut(0, ALIGN) };
+    f.read_at(buf, 0).map_err(|e| format!("an aligned read failed: {e}"))?;
+    Ok(f)
+}
 
 impl Pager {
     /// Indexes the expert tensors of `model` and sizes the cache to `opts.ram_budget_bytes`.
@@ -191,7 +293,7 @@ impl Pager {
     /// [`PagerError::NoExperts`] when the model has no stacked experts,
     /// [`PagerError::BadExpertTensor`] for experts whose shapes disagree,
     /// [`PagerError::BudgetTooSmall`] (with the bytes needed) when not even one slot fits,
-    /// [`PagerError::Io`] when a file cannot be opened.
+    /// [`PagerError::Io`] when a file cannot be opened or the slab cannot be allocated.
     pub fn open(model: &Arc<GgufModel>, opts: &PagerOptions) -> Result<Pager, PagerError> {
         let model_name = model.path().display().to_string();
         let layers = index_layers(model)?;
@@ -209,39 +311,73 @@ impl Pager {
         if n_slots == 0 {
             return Err(too_small());
         }
-        let files = model
-            .files()
-            .iter()
-            .map(|f| {
-                let p = f.path().to_path_buf();
-                File::open(&p).map(|h| (p.clone(), h)).map_err(|source| PagerError::Io { path: p, source })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut direct_io_refused = None;
+        let mut files = Vec::new();
+        for f in model.files() {
+            let p = f.path().to_path_buf();
+            let direct = if opts.direct_io {
+                match open_direct(&p) {
+                    Ok(h) => Some(h),
+                    Err(why) => {
+                        direct_io_refused = Some(format!(
+                            "O_DIRECT refused for {} ({why}): reading through the page cache",
+                            p.display()
+                        ));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let entry = match direct {
+                Some(h) => (p, h, true),
+                None => {
+                    let h = File::open(&p).map_err(|source| PagerError::Io { path: p.clone(), source })?;
+                    (p, h, false)
+                }
+            };
+            files.push(entry);
+        }
         let accounted_bytes = index_bytes + n_slots as u64 * (slot_bytes as u64 + per_slot_bytes);
         let cache = Cache {
             owner: vec![None; n_slots],
             last_use: vec![0; n_slots],
-            pinned: vec![false; n_slots],
+            pinned: vec![0; n_slots],
+            loading: vec![false; n_slots],
+            prefetched: vec![false; n_slots],
+            heads: vec![[0; 3]; n_slots],
             free: (0..n_slots as u32).rev().collect(),
             slot_of: layers.iter().map(|l| vec![NO_SLOT; l.as_ref().map_or(0, |l| l.n_expert)]).collect(),
             score: layers.iter().map(|l| vec![0.0; l.as_ref().map_or(0, |l| l.n_expert)]).collect(),
+            last_ids: layers.iter().map(|l| Vec::with_capacity(l.as_ref().map_or(0, |l| l.n_expert))).collect(),
             tick: 0,
             stats: vec![LayerStats::default(); layers.len()],
-            // Last, so that no temporary above is alive beside it.
-            slab: vec![0u8; n_slots * slot_bytes],
         };
-        Ok(Pager {
+        // Last, so that no temporary above is alive beside it.
+        let slab = Slab::new(n_slots * slot_bytes)
+            .map_err(|source| PagerError::Io { path: PathBuf::from("(expert slab)"), source })?;
+        let shared = Arc::new(Shared {
             model_name,
             files,
             layers,
             slot_bytes,
             n_slots,
-            budget_bytes: opts.ram_budget_bytes,
-            accounted_bytes,
             policy: opts.policy,
             read_threads: opts.read_threads.max(1),
+            slab,
             cache: Mutex::new(cache),
-        })
+            changed: Condvar::new(),
+        });
+        let prefetch = opts.prefetch.then(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let worker = shared.clone();
+            let thread = std::thread::Builder::new()
+                .name("expert-prefetch".into())
+                .spawn(move || prefetch_loop(&worker, &rx))
+                .ok();
+            Prefetcher { requests: thread.as_ref().map(|_| tx), thread }
+        });
+        Ok(Pager { shared, budget_bytes: opts.ram_budget_bytes, accounted_bytes, direct_io_refused, prefetch })
     }
 
     /// The smallest RAM budget whose cache holds `n_slots` experts of `model`.
@@ -253,14 +389,15 @@ impl Pager {
         Ok(s.index_bytes + n_slots as u64 * (s.slot_bytes as u64 + s.per_slot_bytes))
     }
 
-    /// Bytes of one slot (gate, up and down of the largest expert of any layer).
+    /// Bytes of one slot (gate, up and down of the largest expert of any layer, each in an
+    /// aligned region).
     pub fn slot_bytes(&self) -> usize {
-        self.slot_bytes
+        self.shared.slot_bytes
     }
 
     /// Experts the cache holds at once.
     pub fn n_slots(&self) -> usize {
-        self.n_slots
+        self.shared.n_slots
     }
 
     /// The budget it was opened with.
@@ -275,81 +412,132 @@ impl Pager {
 
     /// Total bytes of every expert of every layer (what a resident run would map).
     pub fn expert_bytes_total(&self) -> u64 {
-        self.layers.iter().flatten().map(|l| (l.expert_bytes() * l.n_expert) as u64).sum()
+        self.shared.layers.iter().flatten().map(|l| (l.expert_bytes() * l.n_expert) as u64).sum()
     }
 
     /// The eviction policy.
     pub fn policy(&self) -> CachePolicy {
-        self.policy
+        self.shared.policy
+    }
+
+    /// True when every file is read with `O_DIRECT`.
+    pub fn direct_io(&self) -> bool {
+        self.shared.files.iter().all(|f| f.2)
+    }
+
+    /// Why `O_DIRECT` was asked for but not used (the filesystem refused it), if so.
+    pub fn direct_io_refused(&self) -> Option<&str> {
+        self.direct_io_refused.as_deref()
+    }
+
+    /// True when a background thread prefetches the next layer's experts.
+    pub fn prefetches(&self) -> bool {
+        self.prefetch.is_some()
     }
 
     /// Per-layer counters, indexed by layer (layers without experts stay zero).
     pub fn stats(&self) -> Vec<LayerStats> {
-        self.lock().stats.clone()
+        self.shared.lock().stats.clone()
     }
 
     /// The counters of every layer added up.
     pub fn total_stats(&self) -> LayerStats {
         let mut t = LayerStats::default();
-        self.lock().stats.iter().for_each(|s| t.add(s));
+        self.shared.lock().stats.iter().for_each(|s| t.add(s));
         t
     }
 
     /// Sets every counter to zero (the cache keeps its contents).
     pub fn reset_stats(&self) {
-        self.lock().stats.iter_mut().for_each(|s| *s = LayerStats::default());
+        self.shared.lock().stats.iter_mut().for_each(|s| *s = LayerStats::default());
     }
 
     /// A table of the per-layer counters and their total, for `--stats`.
     pub fn format_stats(&self) -> String {
         let stats = self.stats();
+        let s = &self.shared;
         let mut out = format!(
-            "expert cache: {} slots of {:.2} MiB ({:?}), {} of budget {} used, experts total {}\n",
-            self.n_slots,
-            self.slot_bytes as f64 / (1u64 << 20) as f64,
-            self.policy,
+            "expert cache: {} slots of {:.2} MiB ({:?}, prefetch {}, {} reads), {} of budget {} used, experts total {}\n",
+            s.n_slots,
+            s.slot_bytes as f64 / (1u64 << 20) as f64,
+            s.policy,
+            if self.prefetches() { "on" } else { "off" },
+            if self.direct_io() { "O_DIRECT" } else { "buffered" },
             error::gib(self.accounted_bytes),
             error::gib(self.budget_bytes),
             error::gib(self.expert_bytes_total()),
         );
-        out.push_str("layer  selected      hits    misses  evicted  read MiB  cpu experts  hit rate\n");
+        out.push_str(
+            "layer  selected      hits    misses  evicted  read MiB  cpu experts  prefetched  pf hits  hit rate\n",
+        );
         let row = |name: String, s: &LayerStats| {
             format!(
-                "{name:>5} {:>9} {:>9} {:>9} {:>8} {:>9.1} {:>12} {:>8.1}%\n",
+                "{name:>5} {:>9} {:>9} {:>9} {:>8} {:>9.1} {:>12} {:>11} {:>8} {:>8.1}%\n",
                 s.selections,
                 s.hits,
                 s.misses,
                 s.evictions,
                 s.bytes_read as f64 / (1u64 << 20) as f64,
                 s.cpu_computed,
+                s.prefetched,
+                s.prefetch_hits,
                 100.0 * s.hits as f64 / s.selections.max(1) as f64
             )
         };
         let mut total = LayerStats::default();
-        for (il, s) in stats.iter().enumerate() {
-            if self.layers[il].is_some() {
-                out.push_str(&row(il.to_string(), s));
-                total.add(s);
+        for (il, st) in stats.iter().enumerate() {
+            if s.layers[il].is_some() {
+                out.push_str(&row(il.to_string(), st));
+                total.add(st);
             }
         }
         out.push_str(&row("all".into(), &total));
         out
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+    /// Asks the prefetcher for the experts the layer after `layer` will likely use.
+    fn request_prefetch(&self, c: &Cache, layer: usize) {
+        let Some(tx) = self.prefetch.as_ref().and_then(|p| p.requests.as_ref()) else { return };
+        let s = &self.shared;
+        let Some(next) = (layer + 1..s.layers.len()).find(|&l| s.layers[l].is_some()) else { return };
+        // Never more than a quarter of the cache: the rest holds what the layers in between use.
+        let cap = (s.n_slots / 4).min(c.last_ids[next].len());
+        if cap == 0 {
+            return;
+        }
+        let mut want: Vec<u32> =
+            c.last_ids[next].iter().copied().filter(|&e| c.slot_of[next][e as usize] == NO_SLOT).collect();
+        if s.policy == CachePolicy::Lfu {
+            want.sort_by(|&a, &b| c.score[next][b as usize].total_cmp(&c.score[next][a as usize]));
+        }
+        want.truncate(cap);
+        if !want.is_empty() {
+            // A closed channel means the thread is gone: prefetch is only a hint.
+            let _ = tx.send((next, want));
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Cache> {
         // A panic while computing a group leaves the cache consistent (pins are only hints
         // for eviction), so a poisoned lock is still usable.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The slot a miss goes to: a free one, else the unpinned one the policy ranks lowest.
+    fn wait<'a>(&self, g: MutexGuard<'a, Cache>) -> MutexGuard<'a, Cache> {
+        self.changed.wait(g).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot a read goes to: a free one, else the unpinned, settled one the policy ranks
+    /// lowest.
     fn victim(&self, c: &mut Cache) -> Option<usize> {
         if let Some(s) = c.free.pop() {
             return Some(s as usize);
         }
         let mut best: Option<(usize, f32, u64)> = None;
         for s in 0..self.n_slots {
-            if c.pinned[s] {
+            if c.pinned[s] > 0 || c.loading[s] {
                 continue;
             }
             let score = match (self.policy, c.owner[s]) {
@@ -364,41 +552,89 @@ impl Pager {
         best.map(|b| b.0)
     }
 
-    /// Reads the experts `misses` (expert id, slot) of `layer` into their slots, several at once.
-    fn read(&self, slab: &mut [u8], le: &LayerExperts, misses: &[(u32, usize)]) -> Result<(), OpError> {
-        let mut targets: Vec<(u32, &mut [u8])> = Vec::with_capacity(misses.len());
-        for (s, chunk) in slab.chunks_mut(self.slot_bytes).enumerate() {
-            if let Some(&(id, _)) = misses.iter().find(|m| m.1 == s) {
-                targets.push((id, chunk));
-            }
+    /// Claims slot `v` for expert `id` of `layer` (evicting its owner) and marks it loading.
+    fn claim(&self, c: &mut Cache, v: usize, layer: usize, id: u32, le: &LayerExperts) {
+        if let Some((ol, oe)) = c.owner[v].take() {
+            c.slot_of[ol as usize][oe as usize] = NO_SLOT;
+            c.stats[layer].evictions += 1;
         }
-        let read_one = |id: u32, dst: &mut [u8]| -> Result<(), OpError> {
-            let mut at = 0;
-            for m in le.matrices() {
-                let n = m.bytes_per_expert;
-                let (path, f) = &self.files[m.file];
-                f.read_exact_at(&mut dst[at..at + n], m.offset + id as u64 * n as u64).map_err(|e| {
-                    OpError::Weight {
-                        name: m.name.clone(),
-                        why: format!("reading expert {id} from {}: {e}", path.display()),
-                    }
-                })?;
-                at += n;
-            }
-            Ok(())
-        };
-        let n_threads = self.read_threads.min(targets.len());
+        c.owner[v] = Some((layer as u32, id));
+        c.slot_of[layer][id as usize] = v as u32;
+        c.loading[v] = true;
+        c.prefetched[v] = false;
+        let mut heads = [0u16; 3];
+        for (h, m) in heads.iter_mut().zip(le.matrices()) {
+            *h = self.head(m, id) as u16;
+        }
+        c.heads[v] = heads;
+    }
+
+    /// Undoes [`Shared::claim`] after a failed read.
+    fn unclaim(&self, c: &mut Cache, v: usize, layer: usize, id: u32) {
+        c.owner[v] = None;
+        c.slot_of[layer][id as usize] = NO_SLOT;
+        c.loading[v] = false;
+        c.free.push(v as u32);
+    }
+
+    /// Where expert `id`'s matrix `m` starts within its slot region: its offset within its
+    /// first page when reads are aligned, else 0.
+    fn head(&self, m: &Matrix, id: u32) -> usize {
+        if self.files[m.file].2 {
+            (m.expert_offset(id) % ALIGN as u64) as usize
+        } else {
+            0
+        }
+    }
+
+    /// Reads expert `id` of `le` into slot `slot` (whose `heads` are set).
+    ///
+    /// # Safety
+    /// The caller marked `slot` loading under the lock: no one else reads or writes it.
+    unsafe fn read_slot(&self, le: &LayerExperts, id: u32, slot: usize) -> Result<(), OpError> {
+        let mut at = slot * self.slot_bytes;
+        for m in le.matrices() {
+            let (path, f, direct) = &self.files[m.file];
+            let region = m.region_bytes();
+            // SAFETY: the region lies inside `slot`, which the caller holds exclusively.
+            let dst = unsafe { self.slab.bytes_mut(at, region) };
+            let off = m.expert_offset(id);
+            let (file_at, want, need) = if *direct {
+                let head = (off % ALIGN as u64) as usize;
+                let want = (head + m.bytes_per_expert).div_ceil(ALIGN) * ALIGN;
+                (off - head as u64, want, head + m.bytes_per_expert)
+            } else {
+                (off, m.bytes_per_expert, m.bytes_per_expert)
+            };
+            read_at_least(f, &mut dst[..want], file_at, need).map_err(|e| OpError::Weight {
+                name: m.name.clone(),
+                why: format!("reading expert {id} from {}: {e}", path.display()),
+            })?;
+            at += region;
+        }
+        Ok(())
+    }
+
+    /// Reads `(id, slot)` pairs, several at once.
+    ///
+    /// # Safety
+    /// As [`Shared::read_slot`] for every slot.
+    unsafe fn read_many(&self, le: &LayerExperts, reads: &[(u32, usize)]) -> Result<(), OpError> {
+        let n_threads = self.read_threads.min(reads.len());
         if n_threads <= 1 {
-            return targets.into_iter().try_for_each(|(id, dst)| read_one(id, dst));
-        }
-        let mut per_thread: Vec<Vec<(u32, &mut [u8])>> = (0..n_threads).map(|_| Vec::new()).collect();
-        for (i, t) in targets.into_iter().enumerate() {
-            per_thread[i % n_threads].push(t);
+            // SAFETY: forwarded from the caller.
+            return reads.iter().try_for_each(|&(id, s)| unsafe { self.read_slot(le, id, s) });
         }
         std::thread::scope(|scope| {
-            let handles: Vec<_> = per_thread
-                .into_iter()
-                .map(|work| scope.spawn(|| work.into_iter().try_for_each(|(id, dst)| read_one(id, dst))))
+            let handles: Vec<_> = (0..n_threads)
+                .map(|t| {
+                    scope.spawn(move || {
+                        reads.iter().skip(t).step_by(n_threads).try_for_each(|&(id, s)| {
+                            // SAFETY: forwarded from the caller; each pair goes to one thread.
+                            unsafe { self.read_slot(le, id, s) }
+                        })
+                    })
+                })
                 .collect();
             handles.into_iter().try_for_each(|h| {
                 h.join().unwrap_or_else(|_| {
@@ -406,6 +642,92 @@ impl Pager {
                 })
             })
         })
+    }
+
+    /// The matrices of expert `id` held in `slot`, borrowed from the slab.
+    ///
+    /// # Safety
+    /// `slot` is pinned and not loading for as long as the result lives.
+    unsafe fn lend(&self, le: &LayerExperts, id: u32, slot: usize, heads: [u16; 3]) -> HostExpert<'_> {
+        let mut at = slot * self.slot_bytes;
+        let mut heads = heads.into_iter();
+        let mut take = |m: &Matrix| {
+            let head = heads.next().unwrap_or(0) as usize;
+            // SAFETY: pinned and settled: nobody writes this slot meanwhile.
+            let bytes = unsafe { self.slab.bytes(at + head, m.bytes_per_expert) };
+            at += m.region_bytes();
+            HostMatrix { dtype: m.dtype, bytes, n_out: m.n_out, k: m.k }
+        };
+        let gate = le.gate.as_ref().map(&mut take);
+        let up = take(&le.up);
+        let down = take(&le.down);
+        HostExpert { id, gate, up, down }
+    }
+}
+
+/// Reads into `buf` from `offset` until at least `need` bytes came (an aligned read may run past
+/// the end of the file and come back short).
+fn read_at_least(f: &File, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < need {
+        match f.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("file ends {got} bytes after offset {offset}, {need} needed"),
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The prefetch thread: for each request (the latest one only, when several queued up), claims
+/// slots for the experts not cached yet and reads them.
+fn prefetch_loop(s: &Shared, rx: &Receiver<(usize, Vec<u32>)>) {
+    while let Ok(mut req) = rx.recv() {
+        while let Ok(newer) = rx.try_recv() {
+            req = newer;
+        }
+        let (layer, ids) = req;
+        let Some(le) = s.layers.get(layer).and_then(|l| l.as_ref()) else { continue };
+        let mut reads = Vec::with_capacity(ids.len());
+        {
+            let mut c = s.lock();
+            for id in ids {
+                if c.slot_of[layer][id as usize] != NO_SLOT {
+                    continue;
+                }
+                let Some(v) = s.victim(&mut c) else { break };
+                s.claim(&mut c, v, layer, id, le);
+                reads.push((id, v));
+            }
+        }
+        if reads.is_empty() {
+            continue;
+        }
+        // SAFETY: every slot in `reads` was marked loading by this thread above.
+        let result = unsafe { s.read_many(le, &reads) };
+        let mut c = s.lock();
+        for &(id, v) in &reads {
+            if result.is_ok() {
+                c.loading[v] = false;
+                c.prefetched[v] = true;
+            } else {
+                // A failed read ahead is dropped; the call that needs the expert reads it again
+                // and reports the error.
+                s.unclaim(&mut c, v, layer, id);
+            }
+        }
+        if result.is_ok() {
+            c.stats[layer].prefetched += reads.len() as u64;
+            c.stats[layer].bytes_read += (reads.len() * le.expert_bytes()) as u64;
+        }
+        drop(c);
+        s.changed.notify_all();
     }
 }
 
@@ -455,17 +777,21 @@ struct Sizes {
 
 fn sizes(layers: &[Option<LayerExperts>]) -> Sizes {
     let present = || layers.iter().flatten();
-    let slot_bytes = present().map(|l| l.expert_bytes()).max().unwrap_or(0);
+    let slot_bytes = present().map(|l| l.slot_bytes()).max().unwrap_or(0);
     let max_experts = present().map(|l| l.n_expert).max().unwrap_or(0);
     let all_experts: usize = present().map(|l| l.n_expert).sum();
-    // Bookkeeping, counted before allocating: per-layer tables, per-slot state, the index of
-    // layers and the scratch one call needs.
-    let index_bytes = (all_experts * (size_of::<u32>() + size_of::<f32>())
+    // Bookkeeping, counted before allocating: per-layer tables (slot, score, last selection per
+    // expert), per-slot state, the index of layers and the scratch one call needs.
+    let index_bytes = (all_experts * (2 * size_of::<u32>() + size_of::<f32>())
         + layers.len()
-            * (size_of::<Option<LayerExperts>>() + 3 * 64 + 2 * size_of::<Vec<u32>>() + size_of::<LayerStats>())
+            * (size_of::<Option<LayerExperts>>() + 3 * 64 + 3 * size_of::<Vec<u32>>() + size_of::<LayerStats>())
+        + size_of::<Shared>()
         + max_experts * SCRATCH_BYTES_PER_EXPERT) as u64;
-    let per_slot_bytes =
-        (size_of::<Option<(u32, u32)>>() + size_of::<u64>() + size_of::<bool>() + size_of::<u32>()) as u64;
+    let per_slot_bytes = (size_of::<Option<(u32, u32)>>()
+        + size_of::<u64>()
+        + 2 * size_of::<u32>()
+        + 2 * size_of::<bool>()
+        + size_of::<[u16; 3]>()) as u64;
     Sizes { slot_bytes, index_bytes, per_slot_bytes, all_experts }
 }
 
@@ -502,9 +828,10 @@ impl ExpertStore for Pager {
         ids: &[u32],
         compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
     ) -> Result<(), OpError> {
-        let le = self.layers.get(layer).and_then(|l| l.as_ref()).ok_or_else(|| OpError::Weight {
+        let s = &*self.shared;
+        let le = s.layers.get(layer).and_then(|l| l.as_ref()).ok_or_else(|| OpError::Weight {
             name: format!("blk.{layer}.ffn_up_exps.weight"),
-            why: format!("{} has no experts in layer {layer}", self.model_name),
+            why: format!("{} has no experts in layer {layer}", s.model_name),
         })?;
         if let Some(&bad) = ids.iter().find(|&&e| e as usize >= le.n_expert) {
             return Err(OpError::ShapeMismatch {
@@ -513,15 +840,15 @@ impl ExpertStore for Pager {
                 got: vec![bad as usize],
             });
         }
-        let mut guard = self.lock();
-        let c = &mut *guard;
+        let mut c = s.lock();
         c.tick += 1;
         let tick = c.tick;
         c.stats[layer].selections += ids.len() as u64;
-        if self.policy == CachePolicy::Lfu {
-            c.score[layer].iter_mut().for_each(|s| *s *= LFU_DECAY);
+        if s.policy == CachePolicy::Lfu {
+            c.score[layer].iter_mut().for_each(|x| *x *= LFU_DECAY);
             ids.iter().for_each(|&e| c.score[layer][e as usize] += 1.0);
         }
+        let mut prefetch_asked = false;
         let mut i = 0;
         while i < ids.len() {
             let mut group: Vec<(u32, usize)> = Vec::with_capacity(ids.len() - i);
@@ -530,58 +857,75 @@ impl ExpertStore for Pager {
                 let id = ids[i];
                 let held = c.slot_of[layer][id as usize];
                 let slot = if held != NO_SLOT {
+                    let held = held as usize;
                     c.stats[layer].hits += 1;
-                    held as usize
-                } else {
-                    let Some(v) = self.victim(c) else { break };
-                    if let Some((ol, oe)) = c.owner[v].take() {
-                        c.slot_of[ol as usize][oe as usize] = NO_SLOT;
-                        c.stats[layer].evictions += 1;
+                    if std::mem::take(&mut c.prefetched[held]) {
+                        c.stats[layer].prefetch_hits += 1;
                     }
-                    c.owner[v] = Some((layer as u32, id));
-                    c.slot_of[layer][id as usize] = v as u32;
+                    held
+                } else {
+                    let Some(v) = s.victim(&mut c) else { break };
+                    s.claim(&mut c, v, layer, id, le);
                     misses.push((id, v));
                     v
                 };
-                c.pinned[slot] = true;
+                c.pinned[slot] += 1;
                 c.last_use[slot] = tick;
                 group.push((id, slot));
                 i += 1;
             }
-            if let Err(e) = self.read(&mut c.slab, le, &misses) {
-                for &(id, s) in &misses {
-                    c.owner[s] = None;
-                    c.slot_of[layer][id as usize] = NO_SLOT;
-                    c.free.push(s as u32);
-                }
-                group.iter().for_each(|&(_, s)| c.pinned[s] = false);
-                return Err(e);
+            if group.is_empty() {
+                // Every slot is pinned by other calls or loading: wait for one to settle.
+                c = s.wait(c);
+                continue;
             }
-            let st = &mut c.stats[layer];
-            st.misses += misses.len() as u64;
-            st.bytes_read += (misses.len() * le.expert_bytes()) as u64;
+            if !misses.is_empty() {
+                drop(c);
+                // SAFETY: every miss slot was claimed (marked loading) by this call above.
+                let result = unsafe { s.read_many(le, &misses) };
+                c = s.lock();
+                for &(id, v) in &misses {
+                    if result.is_ok() {
+                        c.loading[v] = false;
+                    } else {
+                        s.unclaim(&mut c, v, layer, id);
+                    }
+                }
+                s.changed.notify_all();
+                if let Err(e) = result {
+                    group.iter().for_each(|&(_, v)| c.pinned[v] -= 1);
+                    return Err(e);
+                }
+                let st = &mut c.stats[layer];
+                st.misses += misses.len() as u64;
+                st.bytes_read += (misses.len() * le.expert_bytes()) as u64;
+            }
+            // Hits on experts the prefetcher is still reading wait for that read.
+            while group.iter().any(|&(_, v)| c.loading[v]) {
+                c = s.wait(c);
+            }
+            if !prefetch_asked {
+                prefetch_asked = true;
+                self.request_prefetch(&c, layer);
+            }
+            let heads: Vec<[u16; 3]> = group.iter().map(|&(_, v)| c.heads[v]).collect();
+            drop(c);
             let lent: Vec<HostExpert<'_>> = group
                 .iter()
-                .map(|&(id, s)| {
-                    let slot = &c.slab[s * self.slot_bytes..(s + 1) * self.slot_bytes];
-                    let mut at = 0;
-                    let mut take = |m: &Matrix| {
-                        let bytes = &slot[at..at + m.bytes_per_expert];
-                        at += m.bytes_per_expert;
-                        HostMatrix { dtype: m.dtype, bytes, n_out: m.n_out, k: m.k }
-                    };
-                    let gate = le.gate.as_ref().map(&mut take);
-                    let up = take(&le.up);
-                    let down = take(&le.down);
-                    HostExpert { id, gate, up, down }
-                })
+                .zip(heads)
+                // SAFETY: each slot is pinned and settled until the unpin below.
+                .map(|(&(id, v), h)| unsafe { s.lend(le, id, v, h) })
                 .collect();
             let r = compute(&lent);
             drop(lent);
-            group.iter().for_each(|&(_, s)| c.pinned[s] = false);
+            c = s.lock();
+            group.iter().for_each(|&(_, v)| c.pinned[v] -= 1);
+            s.changed.notify_all();
             r?;
             c.stats[layer].cpu_computed += group.len() as u64;
         }
+        c.last_ids[layer].clear();
+        c.last_ids[layer].extend_from_slice(ids);
         Ok(())
     }
 }

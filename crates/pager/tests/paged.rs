@@ -137,3 +137,55 @@ fn a_budget_below_one_slot_is_a_typed_error_with_the_numbers() {
         Err(pager::PagerError::NoExperts { .. })
     ));
 }
+
+/// Prefetch (a background thread reading the next layer's likely experts into the same slab) and
+/// `O_DIRECT` reads (aligned slots) change where and when bytes are read, never the arithmetic:
+/// logits stay bit-identical to the resident run, every selection is a hit or a miss, and the
+/// prefetcher did read ahead.
+#[test]
+fn prefetch_and_direct_io_keep_logits_bit_identical() {
+    let (_, cases) = moe_cases();
+    assert!(!cases.is_empty());
+    let prompt = [1u32, 17, 42, 7, 99];
+    let mut prefetched_total = 0;
+    for (arch, variant, path) in &cases {
+        let model = Arc::new(GgufModel::open(path).expect("opens"));
+        let mut resident = load_on(CpuBackend::default(), &model, &LoadOptions::default()).expect("loads");
+        let want = greedy_logits(resident.as_mut(), &prompt, None);
+        for (n_slots, policy, direct_io) in
+            [(8, CachePolicy::Lru, true), (12, CachePolicy::Lfu, true), (8, CachePolicy::Lfu, false)]
+        {
+            let budget = Pager::budget_for_slots(&model, n_slots).expect("experts indexed");
+            let opts = PagerOptions { prefetch: true, direct_io, ..PagerOptions::new(budget, policy) };
+            let pager = Arc::new(Pager::open(&model, &opts).expect("pager opens"));
+            assert!(pager.prefetches());
+            assert!(pager.accounted_bytes() <= budget);
+            if direct_io {
+                match pager.direct_io_refused() {
+                    None => assert!(pager.direct_io(), "O_DIRECT neither used nor refused"),
+                    Some(why) => println!("{arch} {variant}: {why}"),
+                }
+            }
+            let b = CpuBackend::default().with_expert_store(pager.clone());
+            let mut runner = load_on(b, &model, &LoadOptions::default()).expect("model loads");
+            let got = greedy_logits(runner.as_mut(), &prompt, None);
+            for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{arch} {variant} {n_slots} slots {policy:?} prefetch, direct {direct_io}: step {step}");
+            }
+            let t = pager.total_stats();
+            assert_eq!(t.hits + t.misses, t.selections, "{arch} {variant}: every selection is a hit or a miss");
+            assert!(t.prefetch_hits <= t.prefetched && t.prefetch_hits <= t.hits);
+            prefetched_total += t.prefetched;
+            println!(
+                "{arch} {variant}: {n_slots} slots {policy:?} direct {}: {} selections, {} hits ({} prefetched, {} of them used)",
+                pager.direct_io(),
+                t.selections,
+                t.hits,
+                t.prefetched,
+                t.prefetch_hits
+            );
+        }
+    }
+    assert!(prefetched_total > 0, "the prefetcher never read ahead");
+}

@@ -25,6 +25,15 @@ pub enum CachePolicyFlag {
     Lfu,
 }
 
+/// Element type of the CPU back end's attention KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvTypeFlag {
+    /// Half floats (llama.cpp's default): half the memory and bandwidth.
+    F16,
+    /// 32-bit floats: the exact reference.
+    F32,
+}
+
 /// Which back end computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceFlag {
@@ -60,6 +69,9 @@ pub struct ModelArgs {
     /// How the CPU computes matrix products (default: q8 for run and bench, exact for eval).
     #[arg(long, value_enum)]
     pub matmul: Option<MatmulFlag>,
+    /// Element type of the CPU KV cache (default: f16 with q8 matrix products, f32 with exact).
+    #[arg(long, value_enum)]
+    pub kv_type: Option<KvTypeFlag>,
     /// Page a mixture-of-experts model's experts from disk through a host cache of at most this
     /// many bytes (e.g. 8G) instead of mapping them: for models larger than RAM.
     #[arg(long, value_parser = parse_size)]
@@ -70,6 +82,13 @@ pub struct ModelArgs {
     /// Print per-layer expert-cache statistics (hits, misses, bytes read) to stderr when done.
     #[arg(long)]
     pub stats: bool,
+    /// With --ram-budget: read the next layer's likely experts in the background.
+    #[arg(long)]
+    pub prefetch: bool,
+    /// With --ram-budget: read experts with O_DIRECT, bypassing the page cache (falls back to
+    /// buffered reads, with a note, where the filesystem refuses).
+    #[arg(long)]
+    pub direct_io: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -97,6 +116,17 @@ pub fn report_stats(args: &ModelArgs, m: &Loaded) {
         Some(p) => eprint!("{}", p.format_stats()),
         None => eprintln!("expert cache: none (experts used in place from the memory map; --ram-budget pages them)"),
     }
+}
+
+/// The CPU back end for `matmul` with the KV cache type `--kv-type` asks for. By default the
+/// cache follows the matrix products: f16 beside quantized activations (both as llama.cpp
+/// computes), f32 beside exact products, which stay the reference.
+pub fn cpu_backend(args: &ModelArgs, matmul: MatmulMode) -> compute::cpu::CpuBackend {
+    let kv_type = match (args.kv_type, matmul) {
+        (Some(KvTypeFlag::F16), _) | (None, MatmulMode::QuantizedActivations) => compute::cpu::KvType::F16,
+        (Some(KvTypeFlag::F32), _) | (None, MatmulMode::Exact) => compute::cpu::KvType::F32,
+    };
+    compute::cpu::CpuBackend::new(matmul).with_kv_type(kv_type)
 }
 
 /// Sets the CPU thread count once for the process.
@@ -171,8 +201,16 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
                 CachePolicyFlag::Lru => pager::CachePolicy::Lru,
                 CachePolicyFlag::Lfu => pager::CachePolicy::Lfu,
             };
-            let p = Arc::new(pager::Pager::open(&file, &pager::PagerOptions::new(budget, policy))?);
-            let b = compute::cpu::CpuBackend::new(matmul).with_expert_store(p.clone());
+            let popts = pager::PagerOptions {
+                prefetch: args.prefetch,
+                direct_io: args.direct_io,
+                ..pager::PagerOptions::new(budget, policy)
+            };
+            let p = Arc::new(pager::Pager::open(&file, &popts)?);
+            if let Some(why) = p.direct_io_refused() {
+                eprintln!("note: {why}");
+            }
+            let b = cpu_backend(args, matmul).with_expert_store(p.clone());
             let runner = models::load_on(b, &file, &opts)
                 .with_context(|| format!("{}: loading the model", args.model.display()))?;
             (runner, Some(p))
@@ -191,13 +229,13 @@ fn load_runner(
     use compute::wgpu::{WgpuBackend, WgpuOptions};
     let gpu = || WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true });
     match device {
-        DeviceFlag::Cpu => Ok(models::load(file, opts)?),
+        DeviceFlag::Cpu => Ok(models::load_on(cpu_backend(args, opts.matmul), file, opts)?),
         DeviceFlag::Gpu => Ok(models::load_on(gpu()?, file, opts)?),
         DeviceFlag::Auto => match gpu() {
             Ok(b) => Ok(models::load_on(b, file, opts)?),
             Err(e) => {
                 eprintln!("no usable GPU ({e}); running on the CPU");
-                Ok(models::load(file, opts)?)
+                Ok(models::load_on(cpu_backend(args, opts.matmul), file, opts)?)
             }
         },
     }
@@ -210,11 +248,10 @@ fn load_runner(
     file: &Arc<GgufModel>,
     opts: &LoadOptions,
 ) -> anyhow::Result<Box<dyn Runner>> {
-    let _ = args;
     match device {
         DeviceFlag::Gpu => {
             anyhow::bail!("this diskformer was built without the gpu feature; rebuild with it or use --device cpu")
         }
-        DeviceFlag::Cpu | DeviceFlag::Auto => Ok(models::load(file, opts)?),
+        DeviceFlag::Cpu | DeviceFlag::Auto => Ok(models::load_on(cpu_backend(args, opts.matmul), file, opts)?),
     }
 }
