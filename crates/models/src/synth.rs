@@ -770,11 +770,10 @@ fn direct_blocks(dtype: GgmlType, std: f32, rng: &mut SplitMix64, dst: &mut [u8]
             for block in dst.chunks_exact_mut(34) {
                 block[..2].copy_from_slice(&d);
                 for pair in block[2..].chunks_exact_mut(2) {
-                    let bits = rng.next_u64();
-                    for (i, q) in pair.iter_mut().enumerate() {
-                        let sum: i32 = (0..4).map(|k| 2 * (bits >> (32 * i + 8 * k)) as u8 as i8 as i32 + 1).sum();
-                        *q = (sum / 8) as i8 as u8;
-                    }
+                    let b = rng.next_u64().to_le_bytes().map(|x| x as i8 as i32);
+                    // 2 (b0 + b1 + b2 + b3) + 4: four odd numbers 2 b + 1.
+                    pair[0] = ((2 * (b[0] + b[1] + b[2] + b[3]) + 4) / 8) as i8 as u8;
+                    pair[1] = ((2 * (b[4] + b[5] + b[6] + b[7]) + 4) / 8) as i8 as u8;
                 }
             }
         }
