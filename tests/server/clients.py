@@ -87,6 +87,17 @@ def _():
     raise AssertionError("no error")
 
 
+@check("openai embeddings on a generative model is a clear 400")
+def _():
+    try:
+        oa.embeddings.create(model=MODEL, input="hello")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert "pooling_type" in str(e.body), e.body
+        return
+    raise AssertionError("no error")
+
+
 @check("openai unknown model is 404")
 def _():
     try:
