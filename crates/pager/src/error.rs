@@ -23,6 +23,33 @@ pub enum PagerError {
         /// The smallest budget that works (one slot plus the bookkeeping).
         needed_bytes: u64,
     },
+    /// A GPU budget that cannot hold the dense weights, KV cache and scratch plus the smallest
+    /// useful expert pool ([`crate::placement::MIN_SLOTS_PER_TOP_K`] × top-k slots).
+    #[error(
+        "GPU budget {budget} is too small for {model}: dense weights and KV cache need {fixed}, and the expert \
+         cache at least {pool} more",
+        budget = gb(*budget_bytes), fixed = gb(*fixed_bytes), pool = gb(*min_pool_bytes)
+    )]
+    GpuBudgetTooSmall {
+        /// The model file.
+        model: String,
+        /// The budget given.
+        budget_bytes: u64,
+        /// Dense weights, KV cache and scratch.
+        fixed_bytes: u64,
+        /// The smallest expert pool.
+        min_pool_bytes: u64,
+        /// The smallest budget that works (`fixed_bytes + min_pool_bytes`).
+        needed_bytes: u64,
+    },
+    /// The model's metadata does not say how many experts a token uses.
+    #[error("{model} has no {key}: the number of experts per token is needed to size the expert cache")]
+    MissingTopK {
+        /// The model file.
+        model: String,
+        /// The metadata key looked up.
+        key: String,
+    },
     /// The model has no stacked expert tensors (`blk.N.ffn_up_exps.weight`).
     #[error(
         "{model} has no expert tensors (blk.N.ffn_up_exps.weight): it is not a mixture of experts, nothing to page"
@@ -55,6 +82,16 @@ pub(crate) fn gib(bytes: u64) -> String {
     match bytes {
         b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
         b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64),
+        b => format!("{b} B"),
+    }
+}
+
+/// Bytes in decimal units, as GPU memory is usually quoted (`2.50 GB`); MB below 0.01 GB and
+/// bytes below 0.01 MB, so that small models do not read as zero.
+pub(crate) fn gb(bytes: u64) -> String {
+    match bytes {
+        b if b >= 10_000_000 => format!("{:.2} GB", b as f64 / 1e9),
+        b if b >= 10_000 => format!("{:.2} MB", b as f64 / 1e6),
         b => format!("{b} B"),
     }
 }

@@ -48,9 +48,11 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod placement;
 mod slab;
 
 pub use error::PagerError;
+pub use placement::{GpuPlacement, MIN_SLOTS_PER_TOP_K};
 
 use compute::{ExpertStore, HostExpert, HostMatrix, OpError};
 use gguf::{GgmlType, GgufModel};
