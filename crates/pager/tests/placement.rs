@@ -1,7 +1,7 @@
 //! GPU placement without a GPU: on committed MoE fixtures, the planner's dense bytes, slot size
-//! and floor are the sums read here from the tensor list and metadata; a budget of exactly dense
-//! + KV + scratch + 3 × top-k slots plans that floor, one byte less is the typed error with the
-//! numbers, and a large budget holds every expert.
+//! and floor are the sums read here from the tensor list and metadata; a budget of exactly the
+//! dense weights, KV cache, scratch and 3 × top-k slots plans that floor, one byte less is the
+//! typed error with the numbers, and a large budget holds every expert.
 
 use gguf::GgufModel;
 use pager::{GpuPlacement, PagerError, MIN_SLOTS_PER_TOP_K};
