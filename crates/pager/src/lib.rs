@@ -534,8 +534,13 @@ impl Shared {
     /// The slot a read goes to: a free one, else the unpinned, settled one the policy ranks
     /// lowest.
     fn victim(&self, c: &mut Cache) -> Option<usize> {
-        if let Some(s) = c.free.pop() {
-            return Some(s as usize);
+        while let Some(s) = c.free.pop() {
+            // A slot freed by a failed read ahead may still be pinned by a group about to
+            // report that failure: it is reused only once unpinned (it is not in `free` then,
+            // but free of an owner, so the scan below finds it).
+            if c.pinned[s as usize] == 0 {
+                return Some(s as usize);
+            }
         }
         let mut best: Option<(usize, f32, u64)> = None;
         for s in 0..self.n_slots {
@@ -905,6 +910,16 @@ impl ExpertStore for Pager {
             // Hits on experts the prefetcher is still reading wait for that read.
             while group.iter().any(|&(_, v)| c.loading[v]) {
                 c = s.wait(c);
+            }
+            // A failed read ahead gives its slot up; the expert is then not where the group
+            // expected it.
+            if let Some(&(id, _)) = group.iter().find(|&&(id, v)| c.owner[v] != Some((layer as u32, id))) {
+                group.iter().for_each(|&(_, v)| c.pinned[v] -= 1);
+                s.changed.notify_all();
+                return Err(OpError::Weight {
+                    name: format!("blk.{layer}.ffn_up_exps.weight"),
+                    why: format!("reading expert {id} ahead from {} failed", s.model_name),
+                });
             }
             if !prefetch_asked {
                 prefetch_asked = true;
