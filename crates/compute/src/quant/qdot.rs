@@ -153,11 +153,17 @@ impl ActBuf {
 fn quantize_row(kind: ActKind, x: &[f32], d: &mut [f32], qs: &mut [i8], sums: &mut [i16]) {
     match kind {
         ActKind::Q8_0 => {
+            if super::simd::quantize_row_q8_0(x, d, qs, sums) {
+                return;
+            }
             for (((xb, qb), d), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(sums) {
                 *d = quantize_act_q8_0(xb, qb, s);
             }
         }
         ActKind::Q8_K => {
+            if super::simd::quantize_row_q8_k(x, d, qs, sums) {
+                return;
+            }
             for (((xb, qb), d), s) in
                 x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut()).zip(sums.chunks_exact_mut(16))
             {
@@ -364,4 +370,112 @@ pub(crate) fn dot_portable(dtype: GgmlType, w: &[u8], x: ActRow<'_>) -> f32 {
         }
     }
     acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectorised Q8_0 activation quantizer (when this CPU has one) against the portable
+    /// loop, bit for bit: random rows, rows whose scaled values fall exactly on halves (the
+    /// rounding ties), all-zero blocks and blocks with a NaN or an infinity.
+    #[test]
+    fn vectorised_q8_0_activation_quantizer_matches_portable() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let n_blocks = 9;
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        rows.push((0..n_blocks * QK).map(|_| next() * 3.0).collect());
+        rows.push((0..n_blocks * QK).map(|_| next() * 1e-3).collect());
+        // amax 127 gives id = 1: every k + 0.5 is a tie, on both signs.
+        rows.push((0..n_blocks * QK).map(|i| if i % QK == 5 { 127.0 } else { (i % 64) as f32 * 0.5 - 16.0 }).collect());
+        let mut special = vec![0.0f32; n_blocks * QK];
+        special[QK + 3] = f32::NAN;
+        special[QK + 4] = 2.0;
+        special[3 * QK] = f32::INFINITY;
+        rows.push(special);
+        let mut ran_vectorised = false;
+        for (r, x) in rows.iter().enumerate() {
+            let (mut d_want, mut q_want, mut s_want) = (vec![0f32; n_blocks], vec![0i8; x.len()], vec![0i16; n_blocks]);
+            for (((xb, qb), d), s) in
+                x.chunks_exact(QK).zip(q_want.chunks_exact_mut(QK)).zip(d_want.iter_mut()).zip(s_want.iter_mut())
+            {
+                *d = quantize_act_q8_0(xb, qb, s);
+            }
+            let (mut d_got, mut q_got, mut s_got) = (vec![1f32; n_blocks], vec![1i8; x.len()], vec![1i16; n_blocks]);
+            if !super::super::simd::quantize_row_q8_0(x, &mut d_got, &mut q_got, &mut s_got) {
+                continue;
+            }
+            ran_vectorised = true;
+            for ib in 0..n_blocks {
+                assert_eq!(d_got[ib].to_bits(), d_want[ib].to_bits(), "row {r} block {ib} scale");
+                assert_eq!(&q_got[ib * QK..(ib + 1) * QK], &q_want[ib * QK..(ib + 1) * QK], "row {r} block {ib}");
+                assert_eq!(s_got[ib], s_want[ib], "row {r} block {ib} sum");
+            }
+        }
+        println!("vectorised Q8_0 quantizer compared: {ran_vectorised}");
+    }
+
+    /// As above for the Q8_K quantizer: random rows, ties of magnitude with opposite signs
+    /// (the first one gives the sign), exact halves (round half to even), zero blocks, NaN and
+    /// infinity.
+    #[test]
+    fn vectorised_q8_k_activation_quantizer_matches_portable() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let n_blocks = 5;
+        let n = n_blocks * QK_K;
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        rows.push((0..n).map(|_| next() * 3.0).collect());
+        // Magnitude 127 first negative then positive: iscale = 1, so k + 0.5 values are ties.
+        rows.push(
+            (0..n)
+                .map(|i| match i % QK_K {
+                    7 => -127.0,
+                    200 => 127.0,
+                    j => (j % 64) as f32 * 0.5 - 16.0,
+                })
+                .collect(),
+        );
+        let mut special = vec![0.0f32; n];
+        special[QK_K + 3] = f32::NAN;
+        special[QK_K + 4] = -2.0;
+        special[3 * QK_K + 9] = f32::INFINITY;
+        special[4 * QK_K..].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 100.0) * 1e-3);
+        rows.push(special);
+        let mut ran_vectorised = false;
+        for (r, x) in rows.iter().enumerate() {
+            let (mut d_want, mut q_want, mut s_want) = (vec![0f32; n_blocks], vec![0i8; n], vec![0i16; 16 * n_blocks]);
+            for (((xb, qb), d), s) in x
+                .chunks_exact(QK_K)
+                .zip(q_want.chunks_exact_mut(QK_K))
+                .zip(d_want.iter_mut())
+                .zip(s_want.chunks_exact_mut(16))
+            {
+                *d = quantize_block_q8_k(xb, qb, s);
+            }
+            let (mut d_got, mut q_got, mut s_got) = (vec![1f32; n_blocks], vec![1i8; n], vec![1i16; 16 * n_blocks]);
+            if !super::super::simd::quantize_row_q8_k(x, &mut d_got, &mut q_got, &mut s_got) {
+                continue;
+            }
+            ran_vectorised = true;
+            for ib in 0..n_blocks {
+                assert_eq!(d_got[ib].to_bits(), d_want[ib].to_bits(), "row {r} block {ib} scale");
+                let range = ib * QK_K..(ib + 1) * QK_K;
+                assert_eq!(&q_got[range.clone()], &q_want[range], "row {r} block {ib}");
+                assert_eq!(&s_got[16 * ib..16 * ib + 16], &s_want[16 * ib..16 * ib + 16], "row {r} block {ib} sums");
+            }
+        }
+        println!("vectorised Q8_K quantizer compared: {ran_vectorised}");
+    }
 }

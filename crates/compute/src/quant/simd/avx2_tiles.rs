@@ -98,16 +98,30 @@ unsafe fn f16x4(p: &[*const u8; 4], offset: usize) -> __m128 {
     _mm_cvtph_ps(v)
 }
 
-/// Eight f16 values at `p[i] + offset` as f32 lanes.
+/// The two f16 values at `p[i] + offset` and `p[i] + offset + 2` of eight rows, as eight f32
+/// lanes each (a block's `d` and, for Q4_1, `m`): one 32-bit load per row, then a byte
+/// shuffle and a lane permute separate the two.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8(p: &[*const u8; 8], offset: usize) -> __m256 {
-    let h = |i: usize| (p[i].add(offset) as *const u16).read_unaligned() as i32;
-    let v = _mm_cvtsi32_si128(h(0) | (h(1) << 16));
-    let v = _mm_insert_epi32(v, h(2) | (h(3) << 16), 1);
-    let v = _mm_insert_epi32(v, h(4) | (h(5) << 16), 2);
-    let v = _mm_insert_epi32(v, h(6) | (h(7) << 16), 3);
-    _mm256_cvtph_ps(v)
+unsafe fn f16_pairs8(p: &[*const u8; 8], offset: usize) -> (__m256, __m256) {
+    let word = |i: usize| (p[i].add(offset) as *const i32).read_unaligned();
+    let lo = _mm_insert_epi32(
+        _mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(word(0)), word(1), 1), word(2), 2),
+        word(3),
+        3,
+    );
+    let hi = _mm_insert_epi32(
+        _mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(word(4)), word(5), 1), word(6), 2),
+        word(7),
+        3,
+    );
+    // Per 128-bit lane: [first halves of the four words | second halves].
+    let split = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+    );
+    let halves = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), split);
+    let ordered = _mm256_permute4x64_epi64(halves, 0b11_01_10_00);
+    (_mm256_cvtph_ps(_mm256_castsi256_si128(ordered)), _mm256_cvtph_ps(_mm256_extracti128_si256(ordered, 1)))
 }
 
 /// Dot products of eight weight rows (`rows[i]`, `nb` blocks each) with one activation row.
@@ -141,10 +155,11 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
             s = _mm256_sub_epi32(s, _mm256_set1_epi32(level_offset(T) * sx));
         }
         let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
-        let scale = _mm256_mul_ps(f16x8(rows, at), dx);
+        let (dw, mw) = f16_pairs8(rows, at);
+        let scale = _mm256_mul_ps(dw, dx);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
         if has_min(T) {
-            let min_scale = _mm256_mul_ps(f16x8(rows, at + 2), dx);
+            let min_scale = _mm256_mul_ps(mw, dx);
             acc_m = _mm256_fmadd_ps(_mm256_set1_ps(sx as f32), min_scale, acc_m);
         }
     }
@@ -216,4 +231,131 @@ pub(in crate::quant) unsafe fn tile4x4<const T: u8>(
         out[2 * half + 1].copy_from_slice(&lanes[4..]);
     }
     out
+}
+
+/// `qdot::quantize_act_q8_0` for a whole row (`x.len() / 32` blocks), vectorised with the
+/// same operations: the same amax (`max` ignores NaN in `x` the way `f32::max` does), the same
+/// scalar `d`, `id` and f16 rounding, and round-half-away-from-zero done exactly (`trunc`,
+/// then one step away from zero where the exact remainder is at least one half), NaN to 0.
+/// Results equal the portable ones bit for bit.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn quantize_row_q8_0(
+    x: &[f32],
+    d: &mut [f32],
+    qs: &mut [i8],
+    sums: &mut [i16],
+    round_f16: fn(f32) -> f32,
+) {
+    let nb = (x.len() / 32).min(d.len()).min(sums.len()).min(qs.len() / 32);
+    let sign_bit = _mm256_set1_ps(-0.0);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    for ib in 0..nb {
+        let p = x.as_ptr().add(32 * ib);
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+        // max(|v|, acc): a NaN in v leaves acc, as f32::max does.
+        let mut amax8 = _mm256_setzero_ps();
+        for vi in v {
+            amax8 = _mm256_max_ps(_mm256_andnot_ps(sign_bit, vi), amax8);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let idv = _mm256_set1_ps(id);
+        let q: [__m256i; 4] = std::array::from_fn(|i| {
+            let scaled = _mm256_mul_ps(v[i], idv);
+            let t = _mm256_round_ps(scaled, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            let rem = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(scaled, t));
+            let away = _mm256_and_ps(_mm256_cmp_ps(rem, half, _CMP_GE_OQ), one);
+            let rounded = _mm256_add_ps(t, _mm256_or_ps(away, _mm256_and_ps(scaled, sign_bit)));
+            // NaN (from a NaN or infinite input) becomes 0, as `NaN as i8` does.
+            let ordered = _mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q);
+            _mm256_cvttps_epi32(_mm256_and_ps(rounded, ordered))
+        });
+        let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        let t2 = _mm_add_epi32(t4, _mm_unpackhi_epi64(t4, t4));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0b01)));
+        // i32 -> i8 (values are within -127..=127): packs work per 128-bit lane, so the lanes
+        // come out as 0 2 4 6 1 3 5 7 (groups of four values) and are put back in order.
+        let w01 = _mm256_packs_epi32(q[0], q[1]);
+        let w23 = _mm256_packs_epi32(q[2], q[3]);
+        let bytes = _mm256_packs_epi16(w01, w23);
+        let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(qs.as_mut_ptr().add(32 * ib) as *mut __m256i, ordered);
+        *sums.get_unchecked_mut(ib) = sum as i16;
+        *d.get_unchecked_mut(ib) = round_f16(amax / 127.0);
+    }
+}
+
+/// `k_quants::quantize_block_q8_k` for a whole row (`x.len() / 256` blocks), vectorised with
+/// the same operations: the value of largest magnitude (first on ties, NaN ignored), the same
+/// scalar `iscale = -127 / max`, ggml's `nearest_int` (round half to even, which
+/// `cvtps_epi32` does under the default rounding mode), `min(127)`, NaN to 0, and the 16 sums
+/// per block. Results equal the portable ones bit for bit.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available, and the MXCSR rounding mode must be the default.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn quantize_row_q8_k(x: &[f32], d: &mut [f32], qs: &mut [i8], sums: &mut [i16]) {
+    let nb = (x.len() / 256).min(d.len()).min(sums.len() / 16).min(qs.len() / 256);
+    let sign_bit = _mm256_set1_ps(-0.0);
+    for ib in 0..nb {
+        let p = x.as_ptr().add(256 * ib);
+        let mut amax8 = _mm256_setzero_ps();
+        for i in 0..32 {
+            amax8 = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(p.add(8 * i))), amax8);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let qs_out = qs.as_mut_ptr().add(256 * ib);
+        let sums_out = sums.as_mut_ptr().add(16 * ib);
+        if amax == 0.0 {
+            std::ptr::write_bytes(qs_out, 0, 256);
+            std::ptr::write_bytes(sums_out, 0, 16);
+            *d.get_unchecked_mut(ib) = 0.0;
+            continue;
+        }
+        // The first value whose magnitude is amax gives the sign.
+        let amax_v = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for i in 0..32 {
+            let v = _mm256_loadu_ps(p.add(8 * i));
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign_bit, v), amax_v, _CMP_EQ_OQ));
+            if hit != 0 {
+                max = *p.add(8 * i + hit.trailing_zeros() as usize);
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let iscale_v = _mm256_set1_ps(iscale);
+        let cap = _mm256_set1_epi32(127);
+        for g in 0..8 {
+            // 32 values: four groups of eight, then packed to bytes and put back in order.
+            let q: [__m256i; 4] = std::array::from_fn(|i| {
+                let scaled = _mm256_mul_ps(iscale_v, _mm256_loadu_ps(p.add(32 * g + 8 * i)));
+                let ordered = _mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q);
+                let n = _mm256_cvtps_epi32(_mm256_and_ps(scaled, ordered));
+                _mm256_min_epi32(n, cap)
+            });
+            let w01 = _mm256_packs_epi32(q[0], q[1]);
+            let w23 = _mm256_packs_epi32(q[2], q[3]);
+            let bytes = _mm256_packs_epi16(w01, w23);
+            let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(qs_out.add(32 * g) as *mut __m256i, ordered);
+            // Sums of values 32g..32g+16 and 32g+16..32g+32.
+            for h in 0..2 {
+                let s = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+                let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+                *sums_out.add(2 * g + h) = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b01))) as i16;
+            }
+        }
+        *d.get_unchecked_mut(ib) = 1.0 / iscale;
+    }
 }

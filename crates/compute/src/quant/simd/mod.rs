@@ -56,6 +56,33 @@ impl Kernel {
     }
 }
 
+/// Quantizes a row of activations to Q8_0-style blocks with the AVX2 quantizer when the CPU has
+/// it (same bits as `qdot`'s portable loop for finite values); false when it must be done by the
+/// portable loop.
+#[allow(unused_variables)]
+pub(crate) fn quantize_row_q8_0(x: &[f32], d: &mut [f32], qs: &mut [i8], sums: &mut [i16]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::detected() {
+        // SAFETY: AVX2, FMA and F16C were confirmed just above.
+        unsafe { avx2_tiles::quantize_row_q8_0(x, d, qs, sums, super::float::round_f16) };
+        return true;
+    }
+    false
+}
+
+/// As [`quantize_row_q8_0`] for Q8_K blocks (k-quant and IQ4_XS weights).
+#[allow(unused_variables)]
+pub(crate) fn quantize_row_q8_k(x: &[f32], d: &mut [f32], qs: &mut [i8], sums: &mut [i16]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::detected() {
+        // SAFETY: AVX2, FMA and F16C were confirmed just above; Rust code runs with the
+        // default MXCSR rounding mode.
+        unsafe { avx2_tiles::quantize_row_q8_k(x, d, qs, sums) };
+        return true;
+    }
+    false
+}
+
 /// A vectorised row dequantizer (same results as the portable one).
 type SimdDequantize = unsafe fn(&[u8], &mut [f32]);
 
