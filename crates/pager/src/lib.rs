@@ -36,9 +36,8 @@
 //!   needs queue depth to reach its bandwidth); a prefill batch reads each expert it touches
 //!   once, since `moe_ffn` groups tokens by expert before asking.
 //! - **Prefetch** ([`PagerOptions::prefetch`]). While layer L computes, a background thread reads
-//!   the experts layer L+1 is likely to pick into slots of the same slab: those most often picked
-//!   at L+1 by the tokens that picked this token's experts at L (an affinity table learnt from
-//!   decode steps), else those L+1 picked on its previous call: the budget stays the same. A call that
+//!   the experts layer L+1 is likely to pick (those it picked on its previous call, most popular
+//!   first by LFU score) into slots of the same slab: the budget stays the same. A call that
 //!   finds its expert still loading waits for that read instead of issuing another. The lock is
 //!   not held while a group computes, so the reads overlap the arithmetic.
 //! - **`O_DIRECT`** ([`PagerOptions::direct_io`]). Slots are 4 KiB aligned with a 4 KiB margin
@@ -205,14 +204,8 @@ struct Cache {
     slot_of: Vec<Vec<u32>>,
     /// Per layer, per expert: LFU score.
     score: Vec<Vec<f32>>,
-    /// Per layer: the experts its previous call selected.
+    /// Per layer: the experts its previous call selected (the prefetch prediction).
     last_ids: Vec<Vec<u32>>,
-    /// Per MoE layer L with a next MoE layer M: `[n_expert(L) * n_expert(M)]` counts of how often
-    /// expert e at L and expert f at M served the same token (decode calls only), the prefetch
-    /// predictor: experts often picked together with this token's experts come next.
-    affinity: Vec<Vec<f32>>,
-    /// The layer of the previous call.
-    last_layer: Option<usize>,
     tick: u64,
     stats: Vec<LayerStats>,
 }
@@ -359,13 +352,6 @@ impl Pager {
             slot_of: layers.iter().map(|l| vec![NO_SLOT; l.as_ref().map_or(0, |l| l.n_expert)]).collect(),
             score: layers.iter().map(|l| vec![0.0; l.as_ref().map_or(0, |l| l.n_expert)]).collect(),
             last_ids: layers.iter().map(|l| Vec::with_capacity(l.as_ref().map_or(0, |l| l.n_expert))).collect(),
-            affinity: (0..layers.len())
-                .map(|il| match (&layers[il], next_moe(&layers, il)) {
-                    (Some(l), Some(m)) => vec![0.0; l.n_expert * layers[m].as_ref().map_or(0, |m| m.n_expert)],
-                    _ => Vec::new(),
-                })
-                .collect(),
-            last_layer: None,
             tick: 0,
             stats: vec![LayerStats::default(); layers.len()],
         };
@@ -511,39 +497,21 @@ impl Pager {
         out
     }
 
-    /// Asks the prefetcher for the experts the layer after `layer` will likely use, given that
-    /// this call selected `ids`: by affinity with `ids` once decode calls taught some, else the
-    /// next layer's previous selection (most popular first under LFU).
-    fn request_prefetch(&self, c: &Cache, layer: usize, ids: &[u32]) {
+    /// Asks the prefetcher for the experts the layer after `layer` will likely use.
+    fn request_prefetch(&self, c: &Cache, layer: usize) {
         let Some(tx) = self.prefetch.as_ref().and_then(|p| p.requests.as_ref()) else { return };
         let s = &self.shared;
-        let Some(next) = next_moe(&s.layers, layer) else { return };
+        let Some(next) = (layer + 1..s.layers.len()).find(|&l| s.layers[l].is_some()) else { return };
         // Never more than a quarter of the cache: the rest holds what the layers in between use.
-        let cap = (s.n_slots / 4).min(ids.len());
+        let cap = (s.n_slots / 4).min(c.last_ids[next].len());
         if cap == 0 {
             return;
         }
-        let n_next = c.slot_of[next].len();
-        let uncached = |e: u32| c.slot_of[next][e as usize] == NO_SLOT;
-        let mut scored: Vec<(u32, f32)> = Vec::new();
-        if is_decode(ids, c.slot_of[layer].len()) {
-            let table = &c.affinity[layer];
-            scored = (0..n_next as u32)
-                .filter(|&f| uncached(f))
-                .map(|f| (f, ids.iter().map(|&e| table[e as usize * n_next + f as usize]).sum::<f32>()))
-                .filter(|&(_, score)| score > 0.0)
-                .collect();
-            scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut want: Vec<u32> =
+            c.last_ids[next].iter().copied().filter(|&e| c.slot_of[next][e as usize] == NO_SLOT).collect();
+        if s.policy == CachePolicy::Lfu {
+            want.sort_by(|&a, &b| c.score[next][b as usize].total_cmp(&c.score[next][a as usize]));
         }
-        let mut want: Vec<u32> = if scored.is_empty() {
-            let mut w: Vec<u32> = c.last_ids[next].iter().copied().filter(|&e| uncached(e)).collect();
-            if s.policy == CachePolicy::Lfu {
-                w.sort_by(|&a, &b| c.score[next][b as usize].total_cmp(&c.score[next][a as usize]));
-            }
-            w
-        } else {
-            scored.into_iter().map(|(f, _)| f).collect()
-        };
         want.truncate(cap);
         if !want.is_empty() {
             // A closed channel means the thread is gone: prefetch is only a hint.
@@ -806,18 +774,6 @@ fn index_layers(model: &GgufModel) -> Result<Vec<Option<LayerExperts>>, PagerErr
     Ok(layers)
 }
 
-/// The first layer with experts after `layer`.
-fn next_moe(layers: &[Option<LayerExperts>], layer: usize) -> Option<usize> {
-    (layer + 1..layers.len()).find(|&l| layers[l].is_some())
-}
-
-/// True for the selection of one token (a decode step), which the affinity table learns from:
-/// few experts of many. A prefill call's union of every token's experts says nothing about
-/// which follow which.
-fn is_decode(ids: &[u32], n_expert: usize) -> bool {
-    !ids.is_empty() && ids.len() * 4 <= n_expert
-}
-
 /// What a cache of a given number of slots costs.
 struct Sizes {
     slot_bytes: usize,
@@ -831,15 +787,11 @@ fn sizes(layers: &[Option<LayerExperts>]) -> Sizes {
     let slot_bytes = present().map(|l| l.slot_bytes()).max().unwrap_or(0);
     let max_experts = present().map(|l| l.n_expert).max().unwrap_or(0);
     let all_experts: usize = present().map(|l| l.n_expert).sum();
-    let affinity_cells: usize = (0..layers.len())
-        .filter_map(|il| Some(layers[il].as_ref()?.n_expert * layers[next_moe(layers, il)?].as_ref()?.n_expert))
-        .sum();
     // Bookkeeping, counted before allocating: per-layer tables (slot, score, last selection per
     // expert), per-slot state, the index of layers and the scratch one call needs.
     let index_bytes = (all_experts * (2 * size_of::<u32>() + size_of::<f32>())
-        + affinity_cells * size_of::<f32>()
         + layers.len()
-            * (size_of::<Option<LayerExperts>>() + 3 * 64 + 4 * size_of::<Vec<u32>>() + size_of::<LayerStats>())
+            * (size_of::<Option<LayerExperts>>() + 3 * 64 + 3 * size_of::<Vec<u32>>() + size_of::<LayerStats>())
         + size_of::<Shared>()
         + max_experts * SCRATCH_BYTES_PER_EXPERT) as u64;
     let per_slot_bytes = (size_of::<Option<(u32, u32)>>()
@@ -902,16 +854,6 @@ impl ExpertStore for Pager {
         if s.policy == CachePolicy::Lfu {
             c.score[layer].iter_mut().for_each(|x| *x *= LFU_DECAY);
             ids.iter().for_each(|&e| c.score[layer][e as usize] += 1.0);
-        }
-        // Learn which experts of this layer follow the previous layer's for one token.
-        if let Some(prev) = c.last_layer.filter(|&p| next_moe(&s.layers, p) == Some(layer)) {
-            if is_decode(ids, le.n_expert) && is_decode(&c.last_ids[prev], c.slot_of[prev].len()) {
-                let cache = &mut *c;
-                for &e in &cache.last_ids[prev] {
-                    let row = &mut cache.affinity[prev][e as usize * le.n_expert..(e as usize + 1) * le.n_expert];
-                    ids.iter().for_each(|&f| row[f as usize] += 1.0);
-                }
-            }
         }
         let mut prefetch_asked = false;
         let mut i = 0;
@@ -981,7 +923,7 @@ impl ExpertStore for Pager {
             }
             if !prefetch_asked {
                 prefetch_asked = true;
-                self.request_prefetch(&c, layer, ids);
+                self.request_prefetch(&c, layer);
             }
             let heads: Vec<[u16; 3]> = group.iter().map(|&(_, v)| c.heads[v]).collect();
             drop(c);
@@ -1001,7 +943,6 @@ impl ExpertStore for Pager {
         }
         c.last_ids[layer].clear();
         c.last_ids[layer].extend_from_slice(ids);
-        c.last_layer = Some(layer);
         Ok(())
     }
 }
