@@ -71,7 +71,7 @@ if [ ! -f "$model" ]; then
     --out "$model" >&2
 fi
 size_bytes=$(stat -c %s "$model")
-ram_bytes=$(awk '/MemTotal/ { printf "%d", $2 * 1024 }' /proc/meminfo)
+ram_bytes=$(awk '/MemTotal/ { printf "%.0f", $2 * 1024 }' /proc/meminfo)
 if [ "$size_bytes" -le "$ram_bytes" ]; then
   echo "note: $model ($size_bytes B) fits in RAM ($ram_bytes B): this is not a larger-than-RAM run" >&2
 fi
