@@ -65,6 +65,8 @@ pub(crate) struct ActRow<'a> {
 /// Activations of four tokens laid out for the 4-row x 4-token tile kernels: per block, the
 /// four scales and the four quant sums side by side (Q8_0-style blocks of 32).
 #[derive(Clone, Copy)]
+// Only the AVX2 tile kernels read the fields; other targets build the value and never use it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct TokenQuad<'a> {
     /// The four tokens' quants (`nb * 32` each).
     pub qs: [&'a [i8]; 4],
