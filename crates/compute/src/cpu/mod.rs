@@ -6,7 +6,6 @@
 //! math on dequantized weights: what the fixtures' `dequant_f32` references compute) or with
 //! activations quantized to Q8 the way llama.cpp does ([`MatmulMode::QuantizedActivations`]).
 
-mod activation;
 mod attention;
 pub mod kernels;
 mod pool;
@@ -462,21 +461,6 @@ impl Backend for CpuBackend {
             });
         }
         let parallel = gate.data.len() >= PAR_EXP_ELEMS;
-        // The vectorised SwiGLU rounds differently from the reference (a polynomial exp): used
-        // beside quantized activations only, so that the exact mode stays the reference.
-        if glu == Glu::Plain(Act::Silu) && self.mode == MatmulMode::QuantizedActivations {
-            let simd = Simd::detect();
-            let mut out = pool::zeros(gate.data.len());
-            let run = |(o, (g, u)): (&mut [f32], (&[f32], &[f32]))| activation::swiglu(simd, g, u, o);
-            if parallel {
-                out.par_chunks_mut(PAR_CHUNK)
-                    .zip(gate.data.par_chunks(PAR_CHUNK).zip(up.data.par_chunks(PAR_CHUNK)))
-                    .for_each(run);
-            } else {
-                run((&mut out, (&gate.data, &up.data)));
-            }
-            return Ok(CpuTensor::pooled(&gate.shape, out));
-        }
         Ok(CpuTensor::pooled(&gate.shape, zip_map(&gate.data, &up.data, parallel, |g, u| kernels::glu(g, u, glu))))
     }
 
