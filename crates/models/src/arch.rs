@@ -84,6 +84,25 @@ impl<B: Backend, A: Architecture<B>> Session<B, A> {
     }
 }
 
+impl<B: Backend + 'static, A: Architecture<B> + 'static> Session<B, A> {
+    /// Refuses an empty batch or one that overflows the context; records the positions written.
+    fn admit(&mut self, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() {
+            return Err(ModelError::Request { why: "no tokens to evaluate".into() });
+        }
+        if self.state.n_past + ids.len() > self.state.n_ctx {
+            return Err(compute::OpError::ContextFull {
+                pos: self.state.n_past,
+                n_tokens: ids.len(),
+                n_ctx: self.state.n_ctx,
+            }
+            .into());
+        }
+        self.log.record(self.state.n_past, ids.len());
+        Ok(())
+    }
+}
+
 impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A> {
     fn hparams(&self) -> &Hparams {
         self.arch.hparams()
@@ -98,18 +117,7 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
         self.state.n_ctx
     }
     fn eval(&mut self, ids: &[u32], outputs: Outputs) -> Result<Vec<f32>> {
-        if ids.is_empty() {
-            return Err(ModelError::Request { why: "no tokens to evaluate".into() });
-        }
-        if self.state.n_past + ids.len() > self.state.n_ctx {
-            return Err(compute::OpError::ContextFull {
-                pos: self.state.n_past,
-                n_tokens: ids.len(),
-                n_ctx: self.state.n_ctx,
-            }
-            .into());
-        }
-        self.log.record(self.state.n_past, ids.len());
+        self.admit(ids)?;
         // The whole step runs on a worker of the thread pool: the back end's parallel loops then
         // split work from inside the pool instead of handing every op from this thread to the pool
         // and sleeping until it is done. Measured on SmolLM2-135M, 1 thread: half the decode time
@@ -122,18 +130,7 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
         Ok(logits)
     }
     fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        if ids.is_empty() {
-            return Err(ModelError::Request { why: "no tokens to evaluate".into() });
-        }
-        if self.state.n_past + ids.len() > self.state.n_ctx {
-            return Err(compute::OpError::ContextFull {
-                pos: self.state.n_past,
-                n_tokens: ids.len(),
-                n_ctx: self.state.n_ctx,
-            }
-            .into());
-        }
-        self.log.record(self.state.n_past, ids.len());
+        self.admit(ids)?;
         // On a pool worker, as in `eval`.
         let (arch, b, state) = (&self.arch, &self.b, &mut self.state);
         rayon::scope(|_| -> Result<Vec<f32>> {
