@@ -423,14 +423,9 @@ async fn stream_chat(
                 if !sink.send(None, chunk(json!({}), json!(finish_reason_str(&o, !calls.is_empty())))).await {
                     return;
                 }
-                if include_usage {
-                    let u = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                                   "choices": [], "usage": usage(&o)});
-                    if !sink.send(None, u).await {
-                        return;
-                    }
-                }
-                sink.done().await;
+                let u = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [], "usage": usage(&o)});
+                end_stream(&mut sink, include_usage.then_some(u)).await;
                 return;
             }
         };
@@ -438,6 +433,17 @@ async fn stream_chat(
             return;
         }
     }
+}
+
+/// The end of an OpenAI stream: the usage chunk when the client asked for one, then `[DONE]`
+/// (unless the client is gone).
+async fn end_stream(sink: &mut SseSink, usage_chunk: Option<Value>) {
+    if let Some(u) = usage_chunk {
+        if !sink.send(None, u).await {
+            return;
+        }
+    }
+    sink.done().await;
 }
 
 /// `POST /v1/chat/completions/input_tokens`: the prompt tokens a chat request would evaluate.
@@ -554,14 +560,9 @@ async fn stream_completion(mut running: Running, mut sink: SseSink, id: String, 
                 if !sink.send(None, chunk("", json!(finish_reason_str(&o, false)))).await {
                     return;
                 }
-                if include_usage {
-                    let u = json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                                   "choices": [], "usage": usage(&o)});
-                    if !sink.send(None, u).await {
-                        return;
-                    }
-                }
-                sink.done().await;
+                let u = json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                               "choices": [], "usage": usage(&o)});
+                end_stream(&mut sink, include_usage.then_some(u)).await;
                 return;
             }
         };
