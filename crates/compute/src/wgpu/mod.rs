@@ -30,8 +30,14 @@
 //! The CPU back end is the reference and needs no device; this one is for machines with a GPU.
 //! Tests compare the two op by op (`tests/backend_ops.rs`) and model by model.
 
+mod experts;
 pub mod layout;
 mod shaders;
+
+pub use experts::{
+    default_staging_bytes, expert_slot_bytes, weight_bytes, ExpertTierOptions, ExpertTierStats, MissPolicy, SlotPolicy,
+    STAGING_BUFFERS,
+};
 
 use crate::backend::{Backend, Experts, Routing, SsmScan};
 use crate::cpu::kernels;
@@ -379,6 +385,8 @@ impl Ctx {
 #[derive(Clone)]
 pub struct WgpuBackend {
     ctx: Arc<Ctx>,
+    /// The GPU expert tier, when experts are paged ([`WgpuBackend::with_expert_store`]).
+    experts: Option<Arc<experts::ExpertTier>>,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -458,7 +466,7 @@ impl WgpuBackend {
             pooling: !env_flag("DISKFORMER_NO_POOL"),
             dummy,
         };
-        Ok(WgpuBackend { ctx: Arc::new(ctx) })
+        Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None })
     }
 
     /// The adapter in use.
@@ -859,6 +867,11 @@ impl Backend for WgpuBackend {
         })?;
         let k = w.row_len();
         let n_rows = w.n_rows();
+        // Paged experts stay on the host: the expert tier uploads them into slots on demand.
+        if self.experts.is_some() && w.shape.len() == 3 && w.name.ends_with("_exps.weight") {
+            let (shape, name) = (w.shape.clone(), w.name.clone());
+            return Ok(WgpuWeight { chunks: Vec::new(), layout: l, k, n_rows, shape, name });
+        }
         if !l.is_float() && !k.is_multiple_of(l.block_values) {
             return Err(OpError::Weight {
                 name: w.name.clone(),
@@ -1259,55 +1272,22 @@ impl Backend for WgpuBackend {
             }
         }
         let out = self.from_host(&vec![0f32; n * n_embd], &[n, n_embd])?;
+        if let Some(tier) = &self.experts {
+            return match self.moe_ffn_tiered(tier, x, routing, experts, spec, &by_expert, &out)? {
+                Some(on_cpu) => self.add(&out, &on_cpu),
+                None => Ok(out),
+            };
+        }
         for (e, toks) in by_expert.iter().enumerate() {
             if toks.is_empty() {
                 continue;
             }
-            let m = toks.len();
-            let rows: Vec<u32> = toks.iter().map(|&(t, _)| t).collect();
-            let map: Vec<u32> = toks.iter().flat_map(|&(t, w)| [t, w]).collect();
-            let rows_b = self.upload("moe rows", bytemuck::cast_slice(&rows))?;
-            let xs = self.alloc("moe gather", &[m, n_embd])?;
-            self.dispatch(
-                self.plain(Plain::GatherRows),
-                &[&x.buf.buffer, &rows_b.buffer, &xs.buf.buffer],
-                &[m as u32, n_embd as u32, 0, 0],
-                grid((m * n_embd).div_ceil(256)),
-            );
-            let up = self.alloc("moe up", &[m, ff])?;
-            self.matmul_into(&xs, &experts.up, &up, Span::rows(e * ff, ff))?;
-            let up = match &experts.up_bias {
-                Some(b) => self.binary("moe up bias", &up, b, 0, Some(e))?,
-                None => up,
+            let mats = experts::ExpertMats {
+                gate: experts.gate.as_ref().map(|g| (g, e * ff)),
+                up: (&experts.up, e * ff),
+                down: (&experts.down, e * n_embd),
             };
-            let h = match &experts.gate {
-                Some(g) => {
-                    let gate = self.alloc("moe gate", &[m, ff])?;
-                    self.matmul_into(&xs, g, &gate, Span::rows(e * ff, ff))?;
-                    let gate = match &experts.gate_bias {
-                        Some(b) => self.binary("moe gate bias", &gate, b, 0, Some(e))?,
-                        None => gate,
-                    };
-                    self.glu(&gate, &up, spec.glu)?
-                }
-                None => {
-                    let a = match spec.glu {
-                        Glu::Plain(a) => a,
-                        Glu::SwiGluOai { .. } => Act::Silu,
-                    };
-                    self.act(&up, a)?
-                }
-            };
-            let down = self.alloc("moe down", &[m, n_embd])?;
-            self.matmul_into(&h, &experts.down, &down, Span::rows(e * n_embd, n_embd))?;
-            let map_b = self.upload("moe map", bytemuck::cast_slice(&map))?;
-            let bias = experts.down_bias.as_ref().map_or(&self.ctx.dummy, |b| &b.buf.buffer);
-            self.dispatch(
-                self.plain(Plain::ScatterAdd),
-                &[&down.buf.buffer, &map_b.buffer, &routing.weights.buf.buffer, bias, &out.buf.buffer],
-                &[m as u32, n_embd as u32, experts.down_bias.is_some() as u32, (e * n_embd) as u32],
-                grid((m * n_embd).div_ceil(256)),
-            );
+            self.expert_on_gpu(x, e, toks, &mats, experts, spec, routing, &out)?;
         }
         Ok(out)
     }

@@ -1,0 +1,1042 @@
+//! The GPU expert tier: a mixture-of-experts model whose experts do not all fit in GPU memory
+//! keeps a pool of expert slots there and fetches the rest from an [`ExpertStore`] (the pager's
+//! RAM tier, which reads from disk) when the router picks them.
+//!
+//! [`WgpuBackend::with_expert_store`] turns it on. From then on `weight()` does not upload the
+//! stacked expert tensors (`blk.N.ffn_{gate,up,down}_exps.weight`), and `moe_ffn` works per
+//! layer:
+//! - experts the router picked that hold a slot are computed in place (the matrix product reads
+//!   the slot's rows of the pool buffer);
+//! - every other picked expert is a miss: its host bytes come from the store and it is either
+//!   uploaded into a victim slot and computed there, or computed on the CPU from the host copy
+//!   (on a readback of the layer's activations) and the result added on the GPU
+//!   ([`MissPolicy`]).
+//!
+//! Design choices and their reasons:
+//! - **Slots.** A slot holds one expert's gate, up and down matrices of one layer, repacked in the
+//!   GPU layout ([`TypeLayout::repack`]'s), each matrix starting on a whole row of its own type
+//!   so the product kernel addresses it as rows of the pool buffer. Its size is
+//!   [`expert_slot_bytes`]; the number of slots comes from the caller's placement plan
+//!   (`pager::GpuPlacement`), which counts dense weights, KV cache and scratch first.
+//! - **Uploads through a ring of staging buffers** (`MAP_WRITE | COPY_SRC`), each mapped while the
+//!   CPU fills it and re-mapped with `map_async` as soon as its copies are submitted, so a buffer
+//!   is ready again when the ring comes back to it. The misses of one layer are written into one
+//!   staging buffer and copied with `copy_buffer_to_buffer` in one submit. `queue.write_buffer`
+//!   is never used: on the H200 it ran at 1.4-3.5 GB/s against 48 GB/s for staging copies.
+//! - **Order.** A layer's hits are recorded first, then its uploaded misses in batches: a batch
+//!   takes victims among the slots this call is not about to compute, so an expert the call
+//!   still needs is never evicted, and a call that touches more experts than slots works in
+//!   batches. Commands run in recording order, so overwriting a slot that an earlier-recorded
+//!   product reads is safe.
+//! - **Hybrid.** Under [`MissPolicy::Auto`] a miss is computed on the CPU when that is measured
+//!   to be cheaper than uploading it: upload bandwidth is measured when the tier is built, the
+//!   CPU's time per expert and token on the first expert it computes.
+
+use super::layout::TypeLayout;
+use super::shaders::Plain;
+use super::{lock, Cmd, Span, WeightChunk, WgpuBackend, WgpuTensor, WgpuWeight};
+use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing};
+use crate::cpu::kernels;
+use crate::error::OpError;
+use crate::quant::{self, MatmulMode};
+use crate::spec::{Act, Glu, MoeSpec};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// What happens to an expert the router picked that holds no GPU slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MissPolicy {
+    /// Upload it into a slot (evicting another) and compute it there.
+    Upload,
+    /// Compute it on the CPU from the host copy; the GPU pool then never changes.
+    Cpu,
+    /// Whichever is cheaper by measured costs (upload bandwidth, CPU time per expert and token).
+    Auto,
+}
+
+/// Which slot an upload evicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotPolicy {
+    /// The slot used longest ago.
+    Lru,
+    /// The expert least often selected, with scores decaying by [`LFU_DECAY`] each time its
+    /// layer runs (the pager's rule); ties go to the least recent.
+    Lfu,
+}
+
+/// Factor by which the LFU scores of a layer shrink each time the layer runs.
+pub const LFU_DECAY: f32 = 0.9;
+
+/// Staging buffers in the upload ring.
+pub const STAGING_BUFFERS: usize = 3;
+
+/// Experts one staging buffer holds by default: a decode step's misses of one layer (top-k is
+/// at most 8 in the models supported) fit in one submit.
+pub const STAGING_EXPERTS: u64 = 8;
+
+/// How the tier is sized and behaves.
+#[derive(Clone, Debug)]
+pub struct ExpertTierOptions {
+    /// Slots in the GPU pool.
+    pub n_slots: usize,
+    /// Bytes of one slot ([`expert_slot_bytes`] of the largest layer's expert).
+    pub slot_bytes: u64,
+    /// Bytes of each of the [`STAGING_BUFFERS`] staging buffers (at least one slot).
+    pub staging_bytes: u64,
+    /// What a miss does.
+    pub miss: MissPolicy,
+    /// Which slot an upload evicts.
+    pub policy: SlotPolicy,
+    /// How the CPU computes the experts it is given.
+    pub cpu_matmul: MatmulMode,
+}
+
+impl ExpertTierOptions {
+    /// `n_slots` slots of `slot_bytes`, staging for [`STAGING_EXPERTS`] experts per buffer, LFU,
+    /// automatic miss handling, exact CPU products.
+    pub fn new(n_slots: usize, slot_bytes: u64) -> ExpertTierOptions {
+        ExpertTierOptions {
+            n_slots,
+            slot_bytes,
+            staging_bytes: default_staging_bytes(slot_bytes),
+            miss: MissPolicy::Auto,
+            policy: SlotPolicy::Lfu,
+            cpu_matmul: MatmulMode::Exact,
+        }
+    }
+
+    /// Bytes of all staging buffers.
+    pub fn staging_total_bytes(&self) -> u64 {
+        STAGING_BUFFERS as u64 * self.staging_bytes
+    }
+}
+
+/// The default size of one staging buffer for slots of `slot_bytes`.
+pub fn default_staging_bytes(slot_bytes: u64) -> u64 {
+    (STAGING_EXPERTS * slot_bytes).next_multiple_of(256).max(256)
+}
+
+/// Bytes a weight of `n_rows` rows of `k` values of `dtype` takes on the GPU (the repacked
+/// layout), or `None` when the GPU has no kernel for the type.
+pub fn weight_bytes(dtype: gguf::GgmlType, n_rows: usize, k: usize) -> Option<u64> {
+    let l = TypeLayout::of(dtype)?;
+    Some((4 * n_rows * l.row_words(k)) as u64)
+}
+
+/// Bytes of a slot holding one expert whose matrices (`(dtype, n_out, k)`: gate if any, up,
+/// down) are repacked for the GPU: each matrix may need up to one row of padding so that it
+/// starts on a whole row of its type. `None` when a type has no GPU kernel.
+pub fn expert_slot_bytes(matrices: &[(gguf::GgmlType, usize, usize)]) -> Option<u64> {
+    let mut words = 0;
+    for &(dtype, n_out, k) in matrices {
+        let l = TypeLayout::of(dtype)?;
+        words += (n_out + 1) * l.row_words(k);
+    }
+    Some(4 * words as u64)
+}
+
+/// Counters of one layer since the tier was built (or [`WgpuBackend::reset_expert_tier_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertTierStats {
+    /// Experts the router selected (distinct per call).
+    pub selections: u64,
+    /// Selections found in a GPU slot.
+    pub hits: u64,
+    /// Selections not in a slot (uploaded or computed on the CPU).
+    pub misses: u64,
+    /// Misses uploaded into a slot.
+    pub uploads: u64,
+    /// Bytes copied from staging into the pool.
+    pub bytes_uploaded: u64,
+    /// Misses computed on the CPU.
+    pub cpu_computed: u64,
+    /// Slots whose expert an upload replaced.
+    pub evictions: u64,
+}
+
+impl ExpertTierStats {
+    fn add(&mut self, o: &ExpertTierStats) {
+        self.selections += o.selections;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.uploads += o.uploads;
+        self.bytes_uploaded += o.bytes_uploaded;
+        self.cpu_computed += o.cpu_computed;
+        self.evictions += o.evictions;
+    }
+}
+
+/// One matrix in a slot: its type, shape and first word within the pool buffer.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    layout: TypeLayout,
+    n_out: usize,
+    k: usize,
+    word0: usize,
+}
+
+/// The matrices of the expert a slot holds.
+#[derive(Clone, Copy, Debug)]
+struct SlotMats {
+    gate: Option<Placed>,
+    up: Placed,
+    down: Placed,
+}
+
+const STAGING_READY: u8 = 0;
+const STAGING_PENDING: u8 = 1;
+const STAGING_FAILED: u8 = 2;
+
+/// One buffer of the upload ring and whether it is mapped (ready to fill).
+struct Staging {
+    buffer: wgpu::Buffer,
+    state: Arc<AtomicU8>,
+}
+
+/// Who holds which slot, policy state, the CPU cost measured, counters.
+struct TierState {
+    owner: Vec<Option<(u32, u32)>>,
+    mats: Vec<Option<SlotMats>>,
+    last_use: Vec<u64>,
+    /// Per layer, per expert: the slot holding it (`u32::MAX`: none). Grown on first use.
+    slot_of: Vec<Vec<u32>>,
+    /// Per layer, per expert: LFU score.
+    score: Vec<Vec<f32>>,
+    tick: u64,
+    stats: Vec<ExpertTierStats>,
+    /// The ring buffer the next upload batch uses.
+    next_staging: usize,
+    /// Seconds the CPU took per expert and token (an exponential average), once measured.
+    cpu_secs_per_expert_token: Option<f64>,
+}
+
+const NO_SLOT: u32 = u32::MAX;
+
+/// The pool, the staging ring and the store behind a [`WgpuBackend`]'s paged experts.
+pub(super) struct ExpertTier {
+    store: Arc<dyn ExpertStore>,
+    opts: ExpertTierOptions,
+    slot_words: usize,
+    slots_per_buffer: usize,
+    pool: Vec<wgpu::Buffer>,
+    staging: Vec<Staging>,
+    upload_bytes_per_s: f64,
+    state: Mutex<TierState>,
+}
+
+impl std::fmt::Debug for ExpertTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExpertTier({} slots of {} B, {:?})", self.opts.n_slots, self.opts.slot_bytes, self.opts.miss)
+    }
+}
+
+impl ExpertTier {
+    fn pool_bytes(&self) -> u64 {
+        self.pool.iter().map(|b| b.size()).sum()
+    }
+
+    /// Buffer and first word of slot `s`.
+    fn slot_base(&self, s: usize) -> (usize, usize) {
+        (s / self.slots_per_buffer, (s % self.slots_per_buffer) * self.slot_words)
+    }
+
+    /// Where an expert with these matrices goes in slot `s`: each matrix on a whole row of its
+    /// type, in gate, up, down order.
+    fn place(&self, s: usize, ex: &HostExpert<'_>) -> Result<SlotMats, OpError> {
+        let (_, base) = self.slot_base(s);
+        let mut at = base;
+        let mut put = |m: &HostMatrix<'_>, what: &str| -> Result<Placed, OpError> {
+            let layout = TypeLayout::of(m.dtype).ok_or_else(|| OpError::Weight {
+                name: format!("expert {} {what}", ex.id),
+                why: format!("type {} has no GPU kernel", m.dtype),
+            })?;
+            let rw = layout.row_words(m.k);
+            let word0 = at.next_multiple_of(rw.max(1));
+            at = word0 + m.n_out * rw;
+            Ok(Placed { layout, n_out: m.n_out, k: m.k, word0 })
+        };
+        let gate = ex.gate.as_ref().map(|g| put(g, "gate")).transpose()?;
+        let up = put(&ex.up, "up")?;
+        let down = put(&ex.down, "down")?;
+        if at > base + self.slot_words {
+            return Err(OpError::Weight {
+                name: format!("expert {}", ex.id),
+                why: format!(
+                    "needs {} bytes on the GPU but a slot has {} (the placement was sized for another model)",
+                    4 * (at - base),
+                    self.opts.slot_bytes
+                ),
+            });
+        }
+        Ok(SlotMats { gate, up, down })
+    }
+}
+
+impl TierState {
+    fn ensure_layer(&mut self, layer: usize, n_expert: usize) {
+        if self.slot_of.len() <= layer {
+            self.slot_of.resize_with(layer + 1, Vec::new);
+            self.score.resize_with(layer + 1, Vec::new);
+            self.stats.resize(layer + 1, ExpertTierStats::default());
+        }
+        if self.slot_of[layer].len() < n_expert {
+            self.slot_of[layer].resize(n_expert, NO_SLOT);
+            self.score[layer].resize(n_expert, 0.0);
+        }
+    }
+
+    /// The slot an upload takes: a free one, else the policy's lowest among those not `busy`.
+    fn victim(&self, policy: SlotPolicy, busy: &[bool]) -> Option<usize> {
+        if let Some(s) = (0..self.owner.len()).find(|&s| self.owner[s].is_none() && !busy[s]) {
+            return Some(s);
+        }
+        let mut best: Option<(usize, f32, u64)> = None;
+        for s in 0..self.owner.len() {
+            if busy[s] {
+                continue;
+            }
+            let score = match (policy, self.owner[s]) {
+                (SlotPolicy::Lfu, Some((l, e))) => self.score[l as usize][e as usize],
+                _ => 0.0,
+            };
+            let lu = self.last_use[s];
+            if best.is_none_or(|(_, bs, bl)| score < bs || (score == bs && lu < bl)) {
+                best = Some((s, score, lu));
+            }
+        }
+        best.map(|b| b.0)
+    }
+}
+
+/// One expert's matrices as the product kernel sees them: a weight and the row where the
+/// expert's matrix starts in it.
+pub(super) struct ExpertMats<'a> {
+    pub(super) gate: Option<(&'a WgpuWeight, usize)>,
+    pub(super) up: (&'a WgpuWeight, usize),
+    pub(super) down: (&'a WgpuWeight, usize),
+}
+
+/// A view of `rows` of a pool buffer as a weight, and the row its matrix starts at.
+fn slot_weight(buffer: &wgpu::Buffer, p: &Placed) -> (WgpuWeight, usize) {
+    let row0 = p.word0 / p.layout.row_words(p.k).max(1);
+    let n_rows = row0 + p.n_out;
+    let w = WgpuWeight {
+        chunks: vec![WeightChunk { buffer: buffer.clone(), row0: 0, n_rows }],
+        layout: p.layout,
+        k: p.k,
+        n_rows,
+        shape: vec![p.n_out, p.k],
+        name: "expert slot".into(),
+    };
+    (w, row0)
+}
+
+/// Whether rows of `k` values of this type have the same bytes on the GPU as in the file.
+fn repacks_in_place(l: &TypeLayout, k: usize) -> bool {
+    if l.is_float() {
+        k * l.block_bytes() / 8 == 4 * l.row_words(k)
+    } else {
+        l.fields.iter().all(|f| f % 4 == 0)
+    }
+}
+
+/// Writes `src` (`n_rows` stored rows of `k` values) into `dst` in the GPU layout, as
+/// [`TypeLayout::repack`] does but without an intermediate vector; padding is zeroed (the
+/// staging buffer is reused, and the kernels read whole words).
+fn repack_into(l: &TypeLayout, src: &[u8], n_rows: usize, k: usize, dst: &mut [u8]) {
+    let row_bytes_gpu = 4 * l.row_words(k);
+    if l.is_float() {
+        let row_bytes = k * l.block_bytes() / 8;
+        if row_bytes == row_bytes_gpu {
+            dst[..src.len()].copy_from_slice(src);
+            return;
+        }
+        for (r, row) in src.chunks_exact(row_bytes.max(1)).enumerate().take(n_rows) {
+            let d = &mut dst[r * row_bytes_gpu..(r + 1) * row_bytes_gpu];
+            d[..row_bytes].copy_from_slice(row);
+            d[row_bytes..].fill(0);
+        }
+        return;
+    }
+    if l.fields.iter().all(|f| f % 4 == 0) {
+        dst[..src.len()].copy_from_slice(src);
+        return;
+    }
+    let block_bytes = l.block_bytes();
+    let block_gpu = 4 * l.block_words();
+    for (b, block) in src.chunks_exact(block_bytes).enumerate() {
+        let d = &mut dst[b * block_gpu..(b + 1) * block_gpu];
+        let mut at = 0;
+        let mut from = 0;
+        for &f in l.fields {
+            d[at..at + f].copy_from_slice(&block[from..from + f]);
+            d[at + f..at + f.div_ceil(4) * 4].fill(0);
+            from += f;
+            at += f.div_ceil(4) * 4;
+        }
+    }
+}
+
+/// Host copies of a layer's expert biases (only read when the CPU computes an expert).
+struct HostBiases {
+    gate: Option<Vec<f32>>,
+    up: Option<Vec<f32>>,
+    down: Option<Vec<f32>>,
+}
+
+/// One expert's FFN on the CPU over the rows `xs` of tokens `toks` (token, routing weight),
+/// added into `out` (`[n, n_embd]`) scaled by each token's weight: the CPU back end's
+/// arithmetic.
+fn host_expert_ffn(
+    mode: MatmulMode,
+    xs: &[f32],
+    toks: &[(usize, f32)],
+    ex: &HostExpert<'_>,
+    biases: &HostBiases,
+    spec: &MoeSpec,
+    out: &mut [f32],
+) -> Result<(), OpError> {
+    let (m, e, ff) = (toks.len(), ex.id as usize, spec.n_ff);
+    let n_embd = ex.down.n_out;
+    let mm = |x: &[f32], w: &HostMatrix<'_>, y: &mut [f32]| {
+        quant::matmul(w.dtype, w.bytes, w.n_out, w.k, x, y, mode)
+            .map_err(|source| OpError::Quant { op: "moe_ffn (cpu expert)", source })
+    };
+    let add_bias = |v: &mut [f32], b: &Option<Vec<f32>>, width: usize| {
+        if let Some(b) = b {
+            let row = &b[e * width..(e + 1) * width];
+            v.chunks_mut(width).for_each(|r| r.iter_mut().zip(row).for_each(|(x, y)| *x += y));
+        }
+    };
+    let mut up = vec![0f32; m * ff];
+    mm(xs, &ex.up, &mut up)?;
+    add_bias(&mut up, &biases.up, ff);
+    let h: Vec<f32> = match &ex.gate {
+        Some(g) => {
+            let mut gate = vec![0f32; m * ff];
+            mm(xs, g, &mut gate)?;
+            add_bias(&mut gate, &biases.gate, ff);
+            gate.iter().zip(&up).map(|(&g, &u)| kernels::glu(g, u, spec.glu)).collect()
+        }
+        None => {
+            let act = match spec.glu {
+                Glu::Plain(a) => a,
+                Glu::SwiGluOai { .. } => Act::Silu,
+            };
+            up.iter().map(|&u| kernels::act(u, act)).collect()
+        }
+    };
+    let mut down = vec![0f32; m * n_embd];
+    mm(&h, &ex.down, &mut down)?;
+    add_bias(&mut down, &biases.down, n_embd);
+    for (r, &(t, w)) in toks.iter().enumerate() {
+        let o = &mut out[t * n_embd..(t + 1) * n_embd];
+        o.iter_mut().zip(&down[r * n_embd..(r + 1) * n_embd]).for_each(|(o, d)| *o += w * d);
+    }
+    Ok(())
+}
+
+/// Uploads written into the current staging buffer and not yet submitted.
+struct Batch {
+    /// (expert id, slot) of the experts whose copies are in the buffer.
+    experts: Vec<(u32, usize)>,
+    /// Copies staging → pool: (staging offset, pool buffer, pool offset, bytes).
+    copies: Vec<(u64, usize, u64, u64)>,
+    /// Bytes written into the staging buffer.
+    used_bytes: u64,
+}
+
+impl WgpuBackend {
+    /// This back end with a mixture-of-experts model's experts paged through a GPU pool of
+    /// `opts.n_slots` slots, misses fetched from `store` (see the module docs). Call it before
+    /// loading the model: `weight()` then leaves stacked expert tensors on the host.
+    ///
+    /// # Errors
+    /// [`OpError::Unsupported`] when a slot or a staging buffer exceeds the adapter's limits,
+    /// or the upload-bandwidth probe fails.
+    pub fn with_expert_store(
+        mut self,
+        store: Arc<dyn ExpertStore>,
+        opts: ExpertTierOptions,
+    ) -> Result<WgpuBackend, OpError> {
+        let unsupported = |why: String| OpError::Unsupported { op: "with_expert_store", backend: "wgpu", why };
+        let slot_bytes = opts.slot_bytes.next_multiple_of(4);
+        let max_binding = self.ctx.max_binding;
+        if opts.n_slots == 0 || slot_bytes == 0 || slot_bytes > max_binding {
+            return Err(unsupported(format!(
+                "{} slots of {slot_bytes} bytes: need at least one slot of at most the storage binding limit {max_binding}",
+                opts.n_slots
+            )));
+        }
+        let staging_bytes = opts.staging_bytes.max(slot_bytes).next_multiple_of(256);
+        if staging_bytes > self.ctx.max_buffer {
+            return Err(unsupported(format!(
+                "staging buffer of {staging_bytes} bytes exceeds the buffer limit {}",
+                self.ctx.max_buffer
+            )));
+        }
+        let slots_per_buffer = ((max_binding / slot_bytes) as usize).min(opts.n_slots);
+        let device = &self.ctx.device;
+        let mut pool = Vec::new();
+        let mut left = opts.n_slots;
+        while left > 0 {
+            let n = left.min(slots_per_buffer);
+            pool.push(device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("expert pool"),
+                size: n as u64 * slot_bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+            left -= n;
+        }
+        let staging: Vec<Staging> = (0..STAGING_BUFFERS)
+            .map(|_| Staging {
+                buffer: device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("expert staging"),
+                    size: staging_bytes,
+                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
+                }),
+                state: Arc::new(AtomicU8::new(STAGING_READY)),
+            })
+            .collect();
+        let n_slots = opts.n_slots;
+        let mut tier = ExpertTier {
+            store,
+            opts: ExpertTierOptions { slot_bytes, staging_bytes, ..opts },
+            slot_words: (slot_bytes / 4) as usize,
+            slots_per_buffer,
+            pool,
+            staging,
+            upload_bytes_per_s: 0.0,
+            state: Mutex::new(TierState {
+                owner: vec![None; n_slots],
+                mats: vec![None; n_slots],
+                last_use: vec![0; n_slots],
+                slot_of: Vec::new(),
+                score: Vec::new(),
+                tick: 0,
+                stats: Vec::new(),
+                next_staging: 0,
+                cpu_secs_per_expert_token: None,
+            }),
+        };
+        tier.upload_bytes_per_s = self.measure_upload(&tier)?;
+        self.experts = Some(Arc::new(tier));
+        Ok(self)
+    }
+
+    /// Bytes per second of a staging upload (fill the mapped buffer, copy it into the pool,
+    /// wait), the best of three.
+    fn measure_upload(&self, tier: &ExpertTier) -> Result<f64, OpError> {
+        let bytes = tier.opts.staging_bytes.min(tier.pool[0].size()) & !255;
+        let mut best = f64::INFINITY;
+        for i in 0..3 {
+            let st = &tier.staging[i % STAGING_BUFFERS];
+            self.wait_staging(st)?;
+            let t = Instant::now();
+            st.buffer
+                .get_mapped_range_mut(0..bytes)
+                .map_err(|e| self.map_error("staging", e))?
+                .copy_from_slice(&vec![i as u8; bytes as usize]);
+            st.buffer.unmap();
+            {
+                let mut p = lock(&self.ctx.pending);
+                p.cmds.push(Cmd::Copy {
+                    src: st.buffer.clone(),
+                    src_at: 0,
+                    dst: tier.pool[0].clone(),
+                    dst_at: 0,
+                    size: bytes,
+                });
+                self.ctx.flush_locked(&mut p);
+            }
+            self.remap_staging(st);
+            self.wait_staging(st)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(bytes as f64 / best.max(1e-9))
+    }
+
+    fn map_error(&self, what: &str, e: impl std::fmt::Debug) -> OpError {
+        OpError::Unsupported { op: "moe_ffn", backend: "wgpu", why: format!("mapping the {what} buffer failed: {e:?}") }
+    }
+
+    /// Asks for `st` to be mapped again once the GPU is done with its copies.
+    fn remap_staging(&self, st: &Staging) {
+        st.state.store(STAGING_PENDING, Ordering::SeqCst);
+        let state = st.state.clone();
+        st.buffer.map_async(wgpu::MapMode::Write, .., move |r| {
+            state.store(if r.is_ok() { STAGING_READY } else { STAGING_FAILED }, Ordering::SeqCst);
+        });
+    }
+
+    /// Blocks until `st` is mapped.
+    fn wait_staging(&self, st: &Staging) -> Result<(), OpError> {
+        loop {
+            match st.state.load(Ordering::SeqCst) {
+                STAGING_READY => return Ok(()),
+                STAGING_FAILED => return Err(self.map_error("staging", "map_async reported an error")),
+                _ => {
+                    self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| OpError::Unsupported {
+                        op: "moe_ffn",
+                        backend: "wgpu",
+                        why: format!("device lost while waiting for a staging buffer: {e}"),
+                    })?;
+                }
+            }
+        }
+    }
+
+    /// Whether this back end pages experts through a GPU pool.
+    pub fn has_expert_tier(&self) -> bool {
+        self.experts.is_some()
+    }
+
+    /// Per-layer counters of the GPU expert tier, indexed by layer (`None` without a tier).
+    pub fn expert_tier_stats(&self) -> Option<Vec<ExpertTierStats>> {
+        self.experts.as_ref().map(|t| lock(&t.state).stats.clone())
+    }
+
+    /// The counters of every layer added up (`None` without a tier).
+    pub fn expert_tier_total(&self) -> Option<ExpertTierStats> {
+        let stats = self.expert_tier_stats()?;
+        let mut t = ExpertTierStats::default();
+        stats.iter().for_each(|s| t.add(s));
+        Some(t)
+    }
+
+    /// Sets the tier's counters to zero (the pool keeps its contents).
+    pub fn reset_expert_tier_stats(&self) {
+        if let Some(t) = &self.experts {
+            lock(&t.state).stats.iter_mut().for_each(|s| *s = ExpertTierStats::default());
+        }
+    }
+
+    /// Bytes of the expert pool and of the staging ring (`None` without a tier).
+    pub fn expert_tier_bytes(&self) -> Option<(u64, u64)> {
+        self.experts.as_ref().map(|t| (t.pool_bytes(), t.staging.iter().map(|s| s.buffer.size()).sum()))
+    }
+
+    /// Upload bandwidth measured when the tier was built, in bytes per second.
+    pub fn expert_upload_bytes_per_s(&self) -> Option<f64> {
+        self.experts.as_ref().map(|t| t.upload_bytes_per_s)
+    }
+
+    /// Device memory held in buffers right now, as wgpu counts it; 0 unless wgpu was built
+    /// with its `counters` feature (the tests enable it to check the GPU budget).
+    pub fn device_buffer_bytes(&self) -> u64 {
+        self.ctx.device.get_internal_counters().hal.buffer_memory.read().max(0) as u64
+    }
+
+    /// A table of the tier's per-layer counters and their total, for `--stats`.
+    pub fn format_expert_tier_stats(&self) -> Option<String> {
+        let t = self.experts.as_ref()?;
+        let st = lock(&t.state);
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let mut out = format!(
+            "GPU expert tier: {} slots of {:.2} MiB ({:.1} MiB pool, {:?}, misses {:?}), staging {} x {:.1} MiB, upload {:.2} GB/s measured{}\n",
+            t.opts.n_slots,
+            mib(t.opts.slot_bytes),
+            mib(t.pool_bytes()),
+            t.opts.policy,
+            t.opts.miss,
+            STAGING_BUFFERS,
+            mib(t.opts.staging_bytes),
+            t.upload_bytes_per_s / 1e9,
+            st.cpu_secs_per_expert_token
+                .map_or(String::new(), |s| format!(", CPU {:.3} ms per expert and token", s * 1e3)),
+        );
+        out.push_str("layer  selected      hits    misses   uploads  upload MiB  cpu experts  evicted  hit rate\n");
+        let row = |name: String, s: &ExpertTierStats| {
+            format!(
+                "{name:>5} {:>9} {:>9} {:>9} {:>9} {:>11.1} {:>12} {:>8} {:>8.1}%\n",
+                s.selections,
+                s.hits,
+                s.misses,
+                s.uploads,
+                mib(s.bytes_uploaded),
+                s.cpu_computed,
+                s.evictions,
+                100.0 * s.hits as f64 / s.selections.max(1) as f64
+            )
+        };
+        let mut total = ExpertTierStats::default();
+        for (il, s) in st.stats.iter().enumerate() {
+            if s.selections > 0 {
+                out.push_str(&row(il.to_string(), s));
+                total.add(s);
+            }
+        }
+        out.push_str(&row("all".into(), &total));
+        Some(out)
+    }
+
+    /// One expert's FFN over the tokens `toks` (token, index into the routing weights) on the
+    /// GPU, scatter-added into `out`.
+    #[allow(clippy::too_many_arguments)] // the op's inputs, the expert and where it lives
+    pub(super) fn expert_on_gpu(
+        &self,
+        x: &WgpuTensor,
+        e: usize,
+        toks: &[(u32, u32)],
+        mats: &ExpertMats<'_>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        routing: &Routing<Self>,
+        out: &WgpuTensor,
+    ) -> Result<(), OpError> {
+        let n_embd = x.width();
+        let ff = spec.n_ff;
+        let m = toks.len();
+        let rows: Vec<u32> = toks.iter().map(|&(t, _)| t).collect();
+        let map: Vec<u32> = toks.iter().flat_map(|&(t, w)| [t, w]).collect();
+        let rows_b = self.upload("moe rows", bytemuck::cast_slice(&rows))?;
+        let xs = self.alloc("moe gather", &[m, n_embd])?;
+        self.dispatch(
+            self.plain(Plain::GatherRows),
+            &[&x.buf.buffer, &rows_b.buffer, &xs.buf.buffer],
+            &[m as u32, n_embd as u32, 0, 0],
+            super::grid((m * n_embd).div_ceil(256)),
+        );
+        let up = self.alloc("moe up", &[m, ff])?;
+        self.matmul_into(&xs, mats.up.0, &up, Span::rows(mats.up.1, ff))?;
+        let up = match &experts.up_bias {
+            Some(b) => self.binary("moe up bias", &up, b, 0, Some(e))?,
+            None => up,
+        };
+        let h = match (&mats.gate, &experts.gate) {
+            (Some((g, g_row0)), Some(_)) => {
+                let gate = self.alloc("moe gate", &[m, ff])?;
+                self.matmul_into(&xs, g, &gate, Span::rows(*g_row0, ff))?;
+                let gate = match &experts.gate_bias {
+                    Some(b) => self.binary("moe gate bias", &gate, b, 0, Some(e))?,
+                    None => gate,
+                };
+                self.glu(&gate, &up, spec.glu)?
+            }
+            (None, None) => {
+                let a = match spec.glu {
+                    Glu::Plain(a) => a,
+                    Glu::SwiGluOai { .. } => Act::Silu,
+                };
+                self.act(&up, a)?
+            }
+            _ => {
+                return Err(OpError::ShapeMismatch {
+                    op: "moe_ffn gate",
+                    expected: format!("a gate matrix for expert {e} exactly when the layer has gates"),
+                    got: vec![mats.gate.is_some() as usize, experts.gate.is_some() as usize],
+                })
+            }
+        };
+        let down = self.alloc("moe down", &[m, n_embd])?;
+        self.matmul_into(&h, mats.down.0, &down, Span::rows(mats.down.1, n_embd))?;
+        let map_b = self.upload("moe map", bytemuck::cast_slice(&map))?;
+        let bias = experts.down_bias.as_ref().map_or(&self.ctx.dummy, |b| &b.buf.buffer);
+        self.dispatch(
+            self.plain(Plain::ScatterAdd),
+            &[&down.buf.buffer, &map_b.buffer, &routing.weights.buf.buffer, bias, &out.buf.buffer],
+            &[m as u32, n_embd as u32, experts.down_bias.is_some() as u32, (e * n_embd) as u32],
+            super::grid((m * n_embd).div_ceil(256)),
+        );
+        Ok(())
+    }
+
+    /// `moe_ffn` through the expert tier: hits in place, misses uploaded or computed on the CPU
+    /// (see the module docs). `by_expert[e]` lists (token, routing index) of expert e; results
+    /// are added into `out`. Returns the CPU-computed part, to be added by the caller, if any.
+    pub(super) fn moe_ffn_tiered(
+        &self,
+        tier: &ExpertTier,
+        x: &WgpuTensor,
+        routing: &Routing<Self>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        by_expert: &[Vec<(u32, u32)>],
+        out: &WgpuTensor,
+    ) -> Result<Option<WgpuTensor>, OpError> {
+        let layer = experts.layer;
+        let n = x.rows();
+        let n_embd = x.width();
+        let mut st = lock(&tier.state);
+        let st = &mut *st;
+        st.ensure_layer(layer, spec.n_expert);
+        st.tick += 1;
+        let tick = st.tick;
+        let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
+        if tier.opts.policy == SlotPolicy::Lfu {
+            st.score[layer].iter_mut().for_each(|s| *s *= LFU_DECAY);
+            used.iter().for_each(|&e| st.score[layer][e as usize] += 1.0);
+        }
+        let (hits, misses): (Vec<u32>, Vec<u32>) =
+            used.iter().partition(|&&e| st.slot_of[layer][e as usize] != NO_SLOT);
+        {
+            let s = &mut st.stats[layer];
+            s.selections += used.len() as u64;
+            s.hits += hits.len() as u64;
+            s.misses += misses.len() as u64;
+        }
+        for &e in &hits {
+            let slot = st.slot_of[layer][e as usize] as usize;
+            st.last_use[slot] = tick;
+            self.expert_from_slot(tier, st, slot, x, e as usize, &by_expert[e as usize], experts, spec, routing, out)?;
+        }
+        if misses.is_empty() {
+            return Ok(None);
+        }
+        // Which misses the CPU computes.
+        let expert_bytes_est = tier.opts.slot_bytes as f64;
+        let upload_secs = expert_bytes_est / tier.upload_bytes_per_s.max(1.0);
+        let mut on_cpu = vec![false; spec.n_expert];
+        let mut first_unmeasured = st.cpu_secs_per_expert_token.is_none();
+        for &e in &misses {
+            on_cpu[e as usize] = match tier.opts.miss {
+                MissPolicy::Upload => false,
+                MissPolicy::Cpu => true,
+                MissPolicy::Auto => match st.cpu_secs_per_expert_token {
+                    // Measured on first use: the first miss goes to the CPU.
+                    None => std::mem::take(&mut first_unmeasured),
+                    Some(per_token) => per_token * (by_expert[e as usize].len() as f64) < upload_secs,
+                },
+            };
+        }
+        let any_cpu = misses.iter().any(|&e| on_cpu[e as usize]);
+        let host = if any_cpu {
+            let x_host = self.to_host(x)?;
+            let w_host = self.to_host(&routing.weights)?;
+            let bias = |b: &Option<WgpuTensor>| b.as_ref().map(|b| self.to_host(b)).transpose();
+            let biases = HostBiases {
+                gate: bias(&experts.gate_bias)?,
+                up: bias(&experts.up_bias)?,
+                down: bias(&experts.down_bias)?,
+            };
+            Some((x_host, w_host, biases, vec![0f32; n * n_embd]))
+        } else {
+            None
+        };
+        let mut host = host;
+        let mut busy = vec![false; tier.opts.n_slots];
+        let mut batch = Batch { experts: Vec::new(), copies: Vec::new(), used_bytes: 0 };
+        // Repacked bytes of types whose GPU layout differs from the file's (the mapped view is
+        // write-only, so they are assembled here and copied once).
+        let mut scratch: Vec<u8> = Vec::new();
+        let mut compute = |group: &[HostExpert<'_>]| -> Result<(), OpError> {
+            for ex in group {
+                let e = ex.id as usize;
+                let toks = by_expert.get(e).ok_or_else(|| OpError::ShapeMismatch {
+                    op: "moe_ffn store",
+                    expected: format!("expert ids < {}", spec.n_expert),
+                    got: vec![e],
+                })?;
+                if (ex.up.n_out, ex.up.k, ex.down.n_out, ex.down.k) != (spec.n_ff, n_embd, n_embd, spec.n_ff) {
+                    return Err(OpError::ShapeMismatch {
+                        op: "moe_ffn store",
+                        expected: format!("up [{}, {n_embd}], down [{n_embd}, {}]", spec.n_ff, spec.n_ff),
+                        got: vec![ex.up.n_out, ex.up.k, ex.down.n_out, ex.down.k],
+                    });
+                }
+                if on_cpu[e] {
+                    let Some((x_host, w_host, biases, cpu_out)) = host.as_mut() else { continue };
+                    let k = routing.k;
+                    let rows: Vec<f32> = toks
+                        .iter()
+                        .flat_map(|&(t, _)| x_host[t as usize * n_embd..(t as usize + 1) * n_embd].iter().copied())
+                        .collect();
+                    let tw: Vec<(usize, f32)> = toks.iter().map(|&(t, w)| (t as usize, w_host[w as usize])).collect();
+                    debug_assert!(toks.iter().all(|&(_, w)| (w as usize) < n * k));
+                    let t0 = Instant::now();
+                    host_expert_ffn(tier.opts.cpu_matmul, &rows, &tw, ex, biases, spec, cpu_out)?;
+                    let per_token = t0.elapsed().as_secs_f64() / toks.len() as f64;
+                    st.cpu_secs_per_expert_token =
+                        Some(st.cpu_secs_per_expert_token.map_or(per_token, |old| 0.8 * old + 0.2 * per_token));
+                    st.stats[layer].cpu_computed += 1;
+                    continue;
+                }
+                // Upload: a victim among the slots this call does not still need.
+                let slot = match st.victim(tier.opts.policy, &busy) {
+                    Some(s) => s,
+                    None => {
+                        self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out)?;
+                        st.victim(tier.opts.policy, &busy).ok_or_else(|| OpError::Unsupported {
+                            op: "moe_ffn",
+                            backend: "wgpu",
+                            why: "no GPU expert slot is free".into(),
+                        })?
+                    }
+                };
+                let mats = tier.place(slot, ex)?;
+                let expert_gpu_bytes: u64 = [mats.gate, Some(mats.up), Some(mats.down)]
+                    .iter()
+                    .flatten()
+                    .map(|p| (4 * p.n_out * p.layout.row_words(p.k)) as u64)
+                    .sum();
+                if batch.used_bytes + expert_gpu_bytes > tier.opts.staging_bytes {
+                    self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out)?;
+                }
+                if let Some((ol, oe)) = st.owner[slot].take() {
+                    st.slot_of[ol as usize][oe as usize] = NO_SLOT;
+                    st.stats[layer].evictions += 1;
+                }
+                st.owner[slot] = Some((layer as u32, ex.id));
+                st.slot_of[layer][e] = slot as u32;
+                st.mats[slot] = Some(mats);
+                st.last_use[slot] = tick;
+                busy[slot] = true;
+                let staging = &tier.staging[st.next_staging];
+                if batch.used_bytes == 0 {
+                    self.wait_staging(staging)?;
+                }
+                let (buf, _) = tier.slot_base(slot);
+                for (p, m) in [(mats.gate, ex.gate), (Some(mats.up), Some(ex.up)), (Some(mats.down), Some(ex.down))] {
+                    let (Some(p), Some(m)) = (p, m) else { continue };
+                    let size = (4 * p.n_out * p.layout.row_words(p.k)) as u64;
+                    let at = batch.used_bytes;
+                    {
+                        let mut view = staging
+                            .buffer
+                            .get_mapped_range_mut(at..at + size)
+                            .map_err(|e| self.map_error("staging", e))?;
+                        if repacks_in_place(&p.layout, m.k) {
+                            view.copy_from_slice(m.bytes);
+                        } else {
+                            scratch.resize(size as usize, 0);
+                            repack_into(&p.layout, m.bytes, m.n_out, m.k, &mut scratch);
+                            view.copy_from_slice(&scratch);
+                        }
+                    }
+                    batch.copies.push((at, buf, 4 * p.word0 as u64, size));
+                    // Mapped ranges start on 8 bytes; copies on 4.
+                    batch.used_bytes = (at + size).next_multiple_of(8);
+                }
+                let s = &mut st.stats[layer];
+                s.uploads += 1;
+                s.bytes_uploaded += expert_gpu_bytes;
+                batch.experts.push((ex.id, slot));
+            }
+            Ok(())
+        };
+        tier.store.with_host_experts(layer, &misses, &mut compute)?;
+        drop(compute);
+        self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out)?;
+        match host {
+            Some((_, _, _, cpu_out)) => Ok(Some(self.from_host(&cpu_out, &[n, n_embd])?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Submits the batch's copies from its staging buffer, re-maps that buffer for later, and
+    /// records the products of the batch's experts from their slots.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_batch(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        batch: &mut Batch,
+        busy: &mut [bool],
+        x: &WgpuTensor,
+        by_expert: &[Vec<(u32, u32)>],
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        routing: &Routing<Self>,
+        out: &WgpuTensor,
+    ) -> Result<(), OpError> {
+        if batch.copies.is_empty() {
+            return Ok(());
+        }
+        let staging = &tier.staging[st.next_staging];
+        staging.buffer.unmap();
+        {
+            let mut p = lock(&self.ctx.pending);
+            for &(src_at, buf, dst_at, size) in &batch.copies {
+                p.cmds.push(Cmd::Copy {
+                    src: staging.buffer.clone(),
+                    src_at,
+                    dst: tier.pool[buf].clone(),
+                    dst_at,
+                    size,
+                });
+            }
+            self.ctx.flush_locked(&mut p);
+        }
+        self.remap_staging(staging);
+        st.next_staging = (st.next_staging + 1) % STAGING_BUFFERS;
+        for (id, slot) in std::mem::take(&mut batch.experts) {
+            self.expert_from_slot(
+                tier,
+                st,
+                slot,
+                x,
+                id as usize,
+                &by_expert[id as usize],
+                experts,
+                spec,
+                routing,
+                out,
+            )?;
+            busy[slot] = false;
+        }
+        batch.copies.clear();
+        batch.used_bytes = 0;
+        Ok(())
+    }
+
+    /// Records expert `e`'s FFN reading its matrices from `slot`.
+    #[allow(clippy::too_many_arguments)]
+    fn expert_from_slot(
+        &self,
+        tier: &ExpertTier,
+        st: &TierState,
+        slot: usize,
+        x: &WgpuTensor,
+        e: usize,
+        toks: &[(u32, u32)],
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        routing: &Routing<Self>,
+        out: &WgpuTensor,
+    ) -> Result<(), OpError> {
+        let mats = st.mats[slot].ok_or_else(|| OpError::Unsupported {
+            op: "moe_ffn",
+            backend: "wgpu",
+            why: format!("expert slot {slot} is marked held but has no matrices"),
+        })?;
+        let (buf, _) = tier.slot_base(slot);
+        let buffer = &tier.pool[buf];
+        let gate = mats.gate.map(|p| slot_weight(buffer, &p));
+        let up = slot_weight(buffer, &mats.up);
+        let down = slot_weight(buffer, &mats.down);
+        let m = ExpertMats { gate: gate.as_ref().map(|(w, r)| (w, *r)), up: (&up.0, up.1), down: (&down.0, down.1) };
+        self.expert_on_gpu(x, e, toks, &m, experts, spec, routing, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gguf::GgmlType;
+
+    #[test]
+    fn repack_into_matches_repack() {
+        for (t, k) in [(GgmlType::Q4_0, 64), (GgmlType::Q6_K, 256), (GgmlType::Q4_K, 256), (GgmlType::F16, 12)] {
+            let l = TypeLayout::of(t).unwrap();
+            let n_rows = 3;
+            let stored = if l.is_float() { k * l.block_bytes() / 8 } else { k / l.block_values * l.block_bytes() };
+            let src: Vec<u8> = (0..n_rows * stored).map(|i| (i * 7 + 3) as u8).collect();
+            let want = l.repack(&src, n_rows, k);
+            // Garbage first: padding must come out zero.
+            let mut got = vec![0xAAu8; 4 * want.len()];
+            repack_into(&l, &src, n_rows, k, &mut got);
+            assert_eq!(got, bytemuck::cast_slice::<u32, u8>(&want), "{t} k {k}");
+        }
+    }
+
+    #[test]
+    fn slot_bytes_leave_room_to_align_each_matrix() {
+        // Q4_K rows of 256 are 36 words, Q6_K rows 53: one spare row each.
+        let b = expert_slot_bytes(&[(GgmlType::Q4_K, 4, 256), (GgmlType::Q6_K, 2, 256)]).unwrap();
+        assert_eq!(b, 4 * (5 * 36 + 3 * 53));
+        assert_eq!(expert_slot_bytes(&[(GgmlType::Q8_K, 1, 256)]), None);
+    }
+}
