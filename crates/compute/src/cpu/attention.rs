@@ -198,6 +198,9 @@ pub(crate) fn attend_head<T: KvElem>(
     SCORES.with(|scores| {
         let mut scores = scores.borrow_mut();
         scores.clear();
+        // Room for the whole context at once, so that decode does not reallocate each time
+        // the context passes a power of two.
+        scores.reserve(rows.k.len() / rows.k_width.max(1));
         let mut max = f32::NEG_INFINITY;
         for j in lo..=pos {
             let kj = &rows.k[j * rows.k_width + kv_head * hd_k..][..hd_k];
