@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# GPU back end check and decode bandwidth measurement, in two halves:
+# GPU back end: correctness on a real GPU, decode bandwidth, and diskformer against llama.cpp's
+# Vulkan (and, if it builds in time, CUDA) back ends on the same files, in two halves:
 #
-#   bench/gpu.sh build   (here, with a Rust toolchain) builds the test binaries of
-#                        compute/tests/backend_ops.rs and models/tests/gpu_fixtures.rs and copies
-#                        them, with a few fixture models, into .gpubin/ (ignored by git).
-#   bench/gpu.sh run     (on the GPU machine, no toolchain needed) unpacks the Vulkan loader from
-#                        .gl/*.deb when the system has none, then runs backend_ops (every op against
-#                        the CPU reference), the fixtures on the GPU, and the perf test: decode
-#                        matrix-vector GB/s for Q4_0, Q4_K, Q8_0, F16 next to a plain streaming read,
-#                        with and without the 4-group unrolled loop (DISKFORMER_NO_UNROLL=1).
+#   bench/gpu.sh build   here, with a Rust toolchain: builds the test binaries of
+#                        compute/tests/backend_ops.rs and models/tests/gpu_fixtures.rs and a release
+#                        `diskformer` with the gpu feature, packs the llama.cpp Vulkan peer (built by
+#                        ../shared/tools/build-llama-cpp.sh --backend vulkan, which needs Debian's glslc,
+#                        libvulkan-dev and spirv-headers) and the llama.cpp source for a CUDA build,
+#                        all into .gpubin/ (ignored by git; carry it, with .gl, to the device).
+#   bench/gpu.sh run     on the GPU machine, no toolchain or network needed:
+#                        1. starts the llama.cpp CUDA build in the background when nvcc exists
+#                           (CUDA=0 skips it);
+#                        2. backend_ops (every op against the CPU reference) and the fixtures on the GPU
+#                           (CHECKS=0 skips them);
+#                        3. the perf test: a plain streaming read and the decode matrix-vector product
+#                           for Q4_0, Q4_K, Q8_0, F16 over workgroup shapes;
+#                        4. writes an 8B-class dense model (Llama-3.1-8B shape) in Q4_0 and Q4_K with
+#                           `diskformer synth` and runs `diskformer bench --device gpu` and
+#                           `llama-bench -ngl 99` (Vulkan, then CUDA if it was built by then)
+#                           alternately, ROUNDS times, P prompt tokens and N generated tokens;
+#                        5. prints every figure, the ratios, and the decode weight-read bandwidth
+#                           against the streaming read of the same run.
 #
-# Output: one line per op case (`matmul(q4_k, 37x512, n=5) wgpu: OK`), the fixture table, and
-# `stream read ...: GB/s` / `matvec q4_0 32768x8192: ... GB/s` lines. Logs go to $OUT when set.
+# Settings: ROUNDS=2 P=512 N=128 SHAPE=dense-8b TYPES="Q4_0 Q4_K" CUDA=1 CHECKS=1
+#           CUDA_WAIT=300 (seconds to wait at the end for the CUDA build).
+# Logs and a summary go to $OUT when set (the device tool returns that folder), else /tmp/gpu-bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
@@ -22,7 +35,7 @@ if [ "$mode" = build ]; then
     mkdir -p "$bin"
     for spec in "compute backend_ops wgpu" "models gpu_fixtures gpu"; do
         set -- $spec
-        exe=$(cargo test -p "$1" --features "$3" --test "$2" --no-run --message-format=json 2>/dev/null \
+        exe=$(cargo test --release -p "$1" --features "$3" --test "$2" --no-run --message-format=json 2>/dev/null \
             | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
@@ -30,6 +43,8 @@ for l in sys.stdin:
         # Without debug info the binaries fit the device machine's 64 MiB transfer.
         objcopy --strip-debug "$exe" "$bin/$2"
     done
+    cargo build --release -p cli --features gpu
+    strip -o "$bin/diskformer" "$CARGO_TARGET_DIR/release/diskformer"
     # A few fixtures (one per supported family, small variants) so the GPU machine can run the
     # model checks without ../shared.
     rm -rf "$bin/fixtures"
@@ -43,9 +58,43 @@ for l in sys.stdin:
         done
     done
     cp ../shared/fixtures/README.md "$bin/fixtures/" 2>/dev/null || true
-    du -sh "$bin"
+    # The peers: the Vulkan build made here (binaries and their shared libraries, compressed: the
+    # SPIR-V inside libggml-vulkan is large), and the source plus the build script for CUDA.
+    peer=${DISKFORMER_PEER:-$HOME/.cache/diskformer-peer}
+    if [ -x "$peer/build-vulkan/bin/llama-bench" ]; then
+        tmp=$(mktemp -d)
+        mkdir -p "$tmp/peer-vulkan"
+        cp "$peer/build-vulkan/bin/llama-bench" "$tmp/peer-vulkan/"
+        find "$peer/build-vulkan" -name '*.so*' -exec cp -P {} "$tmp/peer-vulkan/" \;
+        strip "$tmp/peer-vulkan/llama-bench" "$tmp"/peer-vulkan/*.so* 2>/dev/null || true
+        tar cJf "$bin/peer-vulkan.tar.xz" -C "$tmp" peer-vulkan
+        rm -rf "$tmp"
+    else
+        echo "no llama.cpp Vulkan build at $peer/build-vulkan: run ../shared/tools/build-llama-cpp.sh --backend vulkan" >&2
+    fi
+    if [ -f ../shared/tools/build-llama-cpp.sh ]; then
+        cp ../shared/tools/build-llama-cpp.sh "$bin/"
+        bash ../shared/tools/build-llama-cpp.sh --pack-source "$PWD/$bin/llama-src.tar.gz" >/dev/null
+    fi
+    du -sh "$bin" "$bin"/*
     exit 0
 fi
+
+ROUNDS=${ROUNDS:-2}
+P=${P:-512}
+N=${N:-128}
+SHAPE=${SHAPE:-dense-8b}
+TYPES=${TYPES:-Q4_0 Q4_K}
+CUDA=${CUDA:-1}
+CHECKS=${CHECKS:-1}
+CUDA_WAIT=${CUDA_WAIT:-300}
+out=${OUT:-/tmp/gpu-bench}
+mkdir -p "$out"
+work=${WORK:-/tmp/gpu-bench-work}
+mkdir -p "$work"
+summary=$out/summary.txt
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
 
 if ! ldconfig -p | grep -q libvulkan.so.1; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -54,14 +103,110 @@ fi
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
-out=${OUT:-/tmp}
-status=0
-"$bin/backend_ops" --nocapture --test-threads 1 2>&1 | tee "$out/backend_ops.log" || status=1
-DISKFORMER_NO_SUBGROUPS=1 "$bin/backend_ops" --nocapture --test-threads 1 backend_ops_match_cpu 2>&1 | tail -3 | tee "$out/backend_ops_no_subgroups.log" || status=1
-if [ -d "$bin/fixtures" ]; then
-    DISKFORMER_GPU_VARIANTS=all DISKFORMER_FIXTURES=$PWD/$bin/fixtures "$bin/gpu_fixtures" --nocapture 2>&1 | tee "$out/gpu_fixtures.log" || status=1
+say "gpu.sh on $(hostname) at $(date -u +%FT%TZ): $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"
+
+# 1. The CUDA peer, in the background (it takes minutes; everything else runs meanwhile).
+cuda_pid=""
+if [ "$CUDA" = 1 ] && [ -f "$bin/llama-src.tar.gz" ]; then
+    command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+    if command -v nvcc >/dev/null; then
+        (nice -n 5 bash "$bin/build-llama-cpp.sh" --backend cuda --source "$bin/llama-src.tar.gz" \
+            --prefix "$work/peer" --jobs "$(($(nproc) - 2))" >"$out/cuda-build.log" 2>&1; echo "exit $?" >>"$out/cuda-build.log") &
+        cuda_pid=$!
+        cuda_t0=$(date +%s)
+    else
+        say "no nvcc: the CUDA peer is skipped"
+    fi
 fi
-"$bin/backend_ops" --nocapture --ignored perf 2>&1 | tee "$out/perf.log" || status=1
-DISKFORMER_NO_UNROLL=1 "$bin/backend_ops" --nocapture --ignored perf 2>&1 | sed 's/^matvec/matvec (no unroll)/' | tee -a "$out/perf.log" || status=1
-grep -E "adapter|GB/s|cases|FAIL" "$out"/backend_ops.log "$out"/perf.log || true
+
+# 2. Correctness on this GPU.
+status=0
+if [ "$CHECKS" = 1 ]; then
+    "$bin/backend_ops" --nocapture --test-threads 1 2>&1 | tail -5 >"$out/backend_ops.log" || status=1
+    grep -E "adapter|cases|FAIL" "$out/backend_ops.log" | tee -a "$summary" || true
+    if [ -d "$bin/fixtures" ]; then
+        DISKFORMER_GPU_VARIANTS=all DISKFORMER_FIXTURES=$PWD/$bin/fixtures "$bin/gpu_fixtures" --nocapture >"$out/gpu_fixtures.log" 2>&1 || status=1
+        grep -E "greedy|passed|failed|FAIL" "$out/gpu_fixtures.log" | tail -6 | tee -a "$summary" || true
+    fi
+fi
+
+# 3. Bandwidth: the streaming read and the decode kernel's shapes.
+"$bin/backend_ops" --nocapture --ignored perf >"$out/perf.log" 2>&1 || status=1
+grep -E "stream read|matvec" "$out/perf.log" | tee -a "$summary" || true
+stream_gbs=$(sed -n 's/^stream read .*, \([0-9.]*\) GB\/s$/\1/p' "$out/perf.log" | head -1)
+
+# 4. The models and the side-by-side runs.
+peer_vk=""
+if [ -f "$bin/peer-vulkan.tar.xz" ]; then
+    tar xJf "$bin/peer-vulkan.tar.xz" -C "$work"
+    peer_vk=$work/peer-vulkan
+fi
+df_bench() { # model -> "pp tg" tok/s
+    "$bin/diskformer" bench -m "$1" --device gpu -p "$P" -n "$N" -r 1 --json 2>>"$out/diskformer.err" \
+        | python3 -c 'import json,sys; j=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(j["pp_tok_s"], j["tg_tok_s"])'
+}
+peer_bench() { # dir model -> "pp tg" tok/s
+    LD_LIBRARY_PATH=$1 "$1/llama-bench" -m "$2" -ngl 99 -p "$P" -n "$N" -r 1 -o json 2>>"$out/peer.err" \
+        | python3 -c 'import json,sys
+rows=json.load(sys.stdin); pp=[r["avg_ts"] for r in rows if r["n_prompt"]>0]; tg=[r["avg_ts"] for r in rows if r["n_gen"]>0]
+print(pp[0] if pp else 0, tg[0] if tg else 0)'
+}
+declare -A results
+for type in $TYPES; do
+    model=$work/synth-$SHAPE-$(echo "$type" | tr A-Z a-z).gguf
+    [ -f "$model" ] || "$bin/diskformer" synth --shape "$SHAPE" --type "$type" --out "$model" >"$out/synth-$type.log" 2>&1
+    size=$(stat -c %s "$model")
+    say "model $SHAPE $type: $((size >> 20)) MiB"
+    for round in $(seq 1 "$ROUNDS"); do
+        results[$type,diskformer]+="$(df_bench "$model" || echo '0 0');"
+        [ -n "$peer_vk" ] && results[$type,vulkan]+="$(peer_bench "$peer_vk" "$model" || echo '0 0');"
+    done
+done
+
+# The CUDA peer, if it was built in time.
+if [ -n "$cuda_pid" ]; then
+    while kill -0 "$cuda_pid" 2>/dev/null && [ $(($(date +%s) - cuda_t0)) -lt "$CUDA_WAIT" ]; do sleep 5; done
+    if kill -0 "$cuda_pid" 2>/dev/null; then
+        say "llama.cpp CUDA build not done after $(($(date +%s) - cuda_t0)) s: skipped"
+        kill "$cuda_pid" 2>/dev/null || true
+    elif [ -x "$work/peer/build-cuda/bin/llama-bench" ]; then
+        say "llama.cpp CUDA built in $(($(date +%s) - cuda_t0)) s or less"
+        cuda_dir=$work/peer/build-cuda/bin
+        for type in $TYPES; do
+            model=$work/synth-$SHAPE-$(echo "$type" | tr A-Z a-z).gguf
+            for round in $(seq 1 "$ROUNDS"); do
+                results[$type,cuda]+="$(peer_bench "$cuda_dir" "$model" || echo '0 0');"
+            done
+        done
+    else
+        say "llama.cpp CUDA build failed: see cuda-build.log"
+    fi
+fi
+
+# 5. The table.
+say ""
+say "$SHAPE, P=$P N=$N, $ROUNDS rounds (mean tok/s; ratio = diskformer / peer); stream read ${stream_gbs:-?} GB/s"
+for type in $TYPES; do
+    model=$work/synth-$SHAPE-$(echo "$type" | tr A-Z a-z).gguf
+    size=$(stat -c %s "$model")
+    python3 - "$type" "$size" "${stream_gbs:-0}" "${results[$type,diskformer]:-}" "${results[$type,vulkan]:-}" "${results[$type,cuda]:-}" <<'EOF' | tee -a "$summary"
+import sys
+typ, size, stream = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def mean(s, i):
+    v = [float(x.split()[i]) for x in s.split(";") if x.strip()]
+    v = [x for x in v if x > 0]
+    return sum(v) / len(v) if v else 0.0
+df = (mean(sys.argv[4], 0), mean(sys.argv[4], 1))
+print(f"{typ}: diskformer pp{'':1} {df[0]:8.1f}  tg {df[1]:7.1f} tok/s"
+      + (f"  (decode reads {size * df[1] / 1e9:.0f} GB/s of weights = {100 * size * df[1] / 1e9 / stream:.0f}% of the stream read)" if stream else ""))
+for name, arg in (("llama.cpp Vulkan", sys.argv[5]), ("llama.cpp CUDA", sys.argv[6])):
+    if not arg:
+        continue
+    p = (mean(arg, 0), mean(arg, 1))
+    rp = df[0] / p[0] if p[0] else float("nan")
+    rt = df[1] / p[1] if p[1] else float("nan")
+    print(f"{typ}: {name:17s} pp {p[0]:8.1f}  tg {p[1]:7.1f} tok/s   ratio pp {rp:.2f}x  tg {rt:.2f}x")
+EOF
+done
 exit $status

@@ -26,7 +26,7 @@ mod gpu_ops {
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{self, GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
-    use compute::wgpu::{WgpuBackend, WgpuOptions};
+    use compute::wgpu::{MatvecShape, WgpuBackend, WgpuOptions};
     use compute::{Backend, Experts, HostWeight};
     use gguf::{GgufModel, GgufWriter};
     use rand::rngs::StdRng;
@@ -270,6 +270,13 @@ mod gpu_ops {
                 let want = c.matmul(&x, &cw).expect("cpu matmul");
                 let got = host(g, g.matmul(&up(g, &x), &gw));
                 r.check(&format!("matmul({}, {n_out}x{k}, n={n})", type_name(t)), got, &want.data, DEFAULT_MAX_NMSE);
+                if n == 1 && k % 8 == 0 {
+                    for shape in MatvecShape::TESTED {
+                        let got = host(g, g.matvec_with_shape(&up(g, &x), &gw, shape));
+                        let case = format!("matvec({}, {n_out}x{k}, {}x{})", type_name(t), shape.rows, shape.wg);
+                        r.check(&case, got, &want.data, DEFAULT_MAX_NMSE);
+                    }
+                }
             }
             let ids: Vec<u32> = (0..7).map(|_| rng.random_range(0..n_out as u32)).collect();
             let want = c.get_rows(&cw, &ids).expect("cpu get_rows");
@@ -730,12 +737,12 @@ mod gpu_ops {
     fn perf() {
         let Some(g) = gpu() else { return };
         let stream_bytes: u64 = (1u64 << 30).min(g.max_binding_bytes());
-        let t = g.perf_stream(stream_bytes, 20).expect("stream");
+        let t_stream = g.perf_stream(stream_bytes, 20).expect("stream");
         println!(
             "stream read {} MiB: {:.3} ms, {:.1} GB/s",
             stream_bytes >> 20,
-            t * 1e3,
-            stream_bytes as f64 / t / 1e9
+            t_stream * 1e3,
+            stream_bytes as f64 / t_stream / 1e9
         );
         let mut rng = StdRng::seed_from_u64(7);
         let (n_out, k) = (32768usize, 8192usize);
@@ -744,15 +751,28 @@ mod gpu_ops {
             let file = WeightFile::new(&format!("perf-{}", type_name(t)), &tensors);
             let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
             let x = g.from_host(&rand_vec(&mut rng, k, 1.0), &[1, k]).unwrap();
-            let secs = g.perf_matvec(&x, &w, 50).expect("matvec");
             let stored = (n_out * k / t.block_elems() * t.block_bytes()) as f64;
-            println!(
-                "matvec {} {n_out}x{k}: {:.3} ms, {:.1} GB/s of GGUF bytes ({:.1} GB/s of repacked bytes)",
-                type_name(t),
-                secs * 1e3,
-                stored / secs / 1e9,
-                w.size_bytes() as f64 / secs / 1e9
-            );
+            let mut shapes: Vec<Option<MatvecShape>> = vec![None];
+            for rows in [1, 2, 4, 8] {
+                for wg in [64, 128, 256] {
+                    shapes.push(Some(MatvecShape { rows, wg }));
+                }
+            }
+            for shape in shapes {
+                let secs = g.perf_matvec(&x, &w, shape, 50).expect("matvec");
+                let kernel = match shape {
+                    Some(s) => format!("matvec {}x{}", s.rows, s.wg),
+                    None => "matmul (general)".to_string(),
+                };
+                println!(
+                    "matvec {} {n_out}x{k} [{kernel}]: {:.3} ms, {:.1} GB/s of GGUF bytes ({:.1} GB/s of repacked bytes, {:.0}% of the stream read)",
+                    type_name(t),
+                    secs * 1e3,
+                    stored / secs / 1e9,
+                    w.size_bytes() as f64 / secs / 1e9,
+                    100.0 * stored / secs / (stream_bytes as f64 / t_stream)
+                );
+            }
         }
     }
 }

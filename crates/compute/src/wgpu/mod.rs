@@ -45,6 +45,7 @@ use crate::error::OpError;
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 use layout::TypeLayout;
+pub use shaders::MatvecShape;
 use shaders::Plain;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -262,6 +263,9 @@ struct Ctx {
     adapter: AdapterSummary,
     subgroups: bool,
     unroll: bool,
+    /// The decode kernel's workgroup shape; `None` (DISKFORMER_NO_MATVEC=1) sends one-token
+    /// products through the general `matmul` kernel.
+    matvec: Option<MatvecShape>,
     max_binding: u64,
     max_buffer: u64,
     params_align: usize,
@@ -270,7 +274,45 @@ struct Ctx {
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pooling: bool,
     dummy: wgpu::Buffer,
+    /// Dispatches per early submit (see [`SUBMIT_EVERY`]).
+    submit_every: usize,
+    /// Host-side time per phase when DISKFORMER_GPU_PROFILE=1 (printed when the back end drops).
+    profile: Option<Mutex<HostProfile>>,
 }
+
+/// Where the host's time goes around the GPU (DISKFORMER_GPU_PROFILE=1): a decode step is
+/// recording (the op calls), encoding (bind groups and the command buffer, in `flush_locked`)
+/// and waiting for results; the GPU only overlaps the part recorded after an early submit.
+#[derive(Default, Debug)]
+struct HostProfile {
+    submits: u64,
+    dispatches: u64,
+    encode_secs: f64,
+    wait_secs: f64,
+    readbacks: u64,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let p = lock(p);
+            eprintln!(
+                "gpu profile: {} submits, {} dispatches, {:.3} s encoding ({:.1} us per dispatch), {:.3} s waiting in {} readbacks",
+                p.submits,
+                p.dispatches,
+                p.encode_secs,
+                1e6 * p.encode_secs / p.dispatches.max(1) as f64,
+                p.wait_secs,
+                p.readbacks
+            );
+        }
+    }
+}
+
+/// Dispatches recorded before they are submitted without waiting for a readback, so the GPU
+/// starts on a step's first layers while the host still records the rest
+/// (DISKFORMER_SUBMIT_EVERY overrides it; 0: submit only when the host needs a result).
+const SUBMIT_EVERY: usize = 48;
 
 /// Copies `bytes` into a buffer created with `mapped_at_creation` and unmaps it.
 ///
@@ -326,6 +368,8 @@ impl Ctx {
         if pending.cmds.is_empty() {
             return;
         }
+        let started = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let n_cmds = pending.cmds.len() as u64;
         let params_buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params"),
             size: (pending.params.len().max(256) as u64).next_multiple_of(256),
@@ -378,6 +422,12 @@ impl Ctx {
             }
         }
         self.queue.submit([enc.finish()]);
+        if let (Some(p), Some(t)) = (&self.profile, started) {
+            let mut p = lock(p);
+            p.submits += 1;
+            p.dispatches += n_cmds;
+            p.encode_secs += t.elapsed().as_secs_f64();
+        }
     }
 }
 
@@ -393,6 +443,18 @@ impl std::fmt::Debug for WgpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "WgpuBackend({})", self.ctx.adapter.name)
     }
+}
+
+/// The decode kernel's shape: `DISKFORMER_MATVEC=ROWSxWG` (e.g. `4x128`) for experiments, else
+/// the default measured best on the H200 (docs/BENCHMARKS.md).
+fn default_matvec_shape() -> MatvecShape {
+    let parsed = std::env::var("DISKFORMER_MATVEC").ok().and_then(|v| {
+        let (rows, wg) = v.split_once('x')?;
+        let shape = MatvecShape { rows: rows.parse().ok()?, wg: wg.parse().ok()? };
+        (shape.rows >= 1 && shape.rows <= 16 && shape.wg.is_power_of_two() && (32..=256).contains(&shape.wg))
+            .then_some(shape)
+    });
+    parsed.unwrap_or(MatvecShape { rows: 4, wg: 128 })
 }
 
 fn env_flag(name: &str) -> bool {
@@ -457,6 +519,7 @@ impl WgpuBackend {
             adapter: summary,
             subgroups,
             unroll: !env_flag("DISKFORMER_NO_UNROLL"),
+            matvec: (!env_flag("DISKFORMER_NO_MATVEC")).then(default_matvec_shape),
             max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) & !255,
             max_buffer: limits.max_buffer_size,
             params_align: (limits.min_uniform_buffer_offset_alignment as usize).max(16),
@@ -465,6 +528,11 @@ impl WgpuBackend {
             pool: Mutex::new(HashMap::new()),
             pooling: !env_flag("DISKFORMER_NO_POOL"),
             dummy,
+            submit_every: std::env::var("DISKFORMER_SUBMIT_EVERY")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
+            profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| Mutex::new(HostProfile::default())),
         };
         Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None })
     }
@@ -576,6 +644,9 @@ impl WgpuBackend {
             params_len,
             groups,
         });
+        if p.cmds.len() >= self.ctx.submit_every {
+            self.ctx.flush_locked(&mut p);
+        }
     }
 
     fn plain(&self, k: Plain) -> Arc<wgpu::ComputePipeline> {
@@ -601,6 +672,7 @@ impl WgpuBackend {
         if n_bytes == 0 {
             return Ok(Vec::new());
         }
+        let waiting = self.ctx.profile.as_ref().map(|_| std::time::Instant::now());
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -610,6 +682,11 @@ impl WgpuBackend {
             backend: "wgpu",
             why: format!("device lost while waiting: {e}"),
         })?;
+        if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
+            let mut p = lock(p);
+            p.wait_secs += t.elapsed().as_secs_f64();
+            p.readbacks += 1;
+        }
         match rx.recv() {
             Ok(Ok(())) => {}
             other => {
@@ -680,6 +757,53 @@ impl WgpuBackend {
     /// `y[:, y_col0 + r] = x[:, x_col0..x_col0 + k] · W[w_row0 + r]ᵀ` for `r < n_rows` (an
     /// expert's or a head's rows of a stack, or the whole matrix).
     fn matmul_into(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span) -> Result<(), OpError> {
+        match self.ctx.matvec {
+            Some(shape) if x.rows() == 1 && w.k.is_multiple_of(8) && r.x_col0.is_multiple_of(4) => {
+                self.matvec_into(x, w, y, r, shape);
+                Ok(())
+            }
+            _ => self.matmul_general(x, w, y, r),
+        }
+    }
+
+    /// One token's product through `matvec.wgsl` (`shape.rows` rows per workgroup).
+    fn matvec_into(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span, shape: MatvecShape) {
+        let Span { x_col0, w_row0, n_rows, y_col0 } = r;
+        let k = w.k;
+        let l = w.layout;
+        let sg = self.ctx.subgroups;
+        let key = format!("matvec {} {}x{} sg{sg}", l.name, shape.rows, shape.wg);
+        let pipe = self.ctx.pipeline(&key, || shaders::matvec(&l, shape, sg));
+        for c in &w.chunks {
+            let lo = w_row0.max(c.row0);
+            let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);
+            if lo >= hi {
+                continue;
+            }
+            self.dispatch(
+                pipe.clone(),
+                &[&c.buffer, &x.buf.buffer, &y.buf.buffer],
+                &[
+                    k as u32,
+                    (hi - lo) as u32,
+                    1,
+                    l.row_words(k) as u32,
+                    (lo - c.row0) as u32,
+                    y.width() as u32,
+                    (y_col0 + lo - w_row0) as u32,
+                    x.width() as u32,
+                    x_col0 as u32,
+                    0,
+                    0,
+                    0,
+                ],
+                grid((hi - lo).div_ceil(shape.rows as usize)),
+            );
+        }
+    }
+
+    /// Any number of tokens through `matmul.wgsl` (one workgroup per row and token tile).
+    fn matmul_general(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span) -> Result<(), OpError> {
         let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         let n_tok = x.rows();
         let k = w.k;
@@ -777,9 +901,46 @@ impl WgpuBackend {
 
     /// Seconds per matrix-vector product `x · Wᵀ` (for `--perf`).
     #[doc(hidden)]
-    pub fn perf_matvec(&self, x: &WgpuTensor, w: &WgpuWeight, reps: usize) -> Result<f64, OpError> {
+    /// `shape`: the `matvec` kernel with that workgroup shape; `None`: the general `matmul`
+    /// kernel (the one prefill uses), for comparison.
+    #[doc(hidden)]
+    pub fn perf_matvec(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        shape: Option<MatvecShape>,
+        reps: usize,
+    ) -> Result<f64, OpError> {
         let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
-        self.time_reps(reps, || self.matmul_into(x, w, &y, Span::whole(w)))
+        match shape {
+            Some(shape) => self.time_reps(reps, || {
+                self.matvec_into(x, w, &y, Span::whole(w), shape);
+                Ok(())
+            }),
+            None => self.time_reps(reps, || self.matmul_general(x, w, &y, Span::whole(w))),
+        }
+    }
+
+    /// One token's `x · Wᵀ` through the `matvec` kernel with `shape` (tests compare every shape
+    /// with the CPU).
+    #[doc(hidden)]
+    pub fn matvec_with_shape(&self, x: &WgpuTensor, w: &WgpuWeight, shape: MatvecShape) -> Result<WgpuTensor, OpError> {
+        expect_width("matvec", x, w.k)?;
+        if x.rows() != 1 || !w.k.is_multiple_of(8) {
+            return Err(OpError::ShapeMismatch {
+                op: "matvec",
+                expected: format!("one token of a multiple of 8 values (k = {})", w.k),
+                got: x.shape.clone(),
+            });
+        }
+        let y = self.alloc("matvec", &[1, w.n_rows])?;
+        self.matvec_into(x, w, &y, Span::whole(w), shape);
+        Ok(y)
+    }
+
+    /// The decode kernel's shape in use (`None`: disabled by DISKFORMER_NO_MATVEC=1).
+    pub fn matvec_shape(&self) -> Option<MatvecShape> {
+        self.ctx.matvec
     }
 }
 

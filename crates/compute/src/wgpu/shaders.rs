@@ -6,6 +6,7 @@ use super::layout::TypeLayout;
 
 const QUANT_COMMON: &str = include_str!("shaders/quant/common.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const GET_ROWS: &str = include_str!("shaders/get_rows.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
@@ -134,6 +135,75 @@ pub fn matmul(layout: &TypeLayout, tok: u32, guard_x: bool, subgroups: bool, unr
         .replace("{{UNROLL}}", if unroll { UNROLL4 } else { "" })
 }
 
+/// Rows and invocations of one workgroup of the decode matrix-vector product (`matvec`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatvecShape {
+    /// Weight rows per workgroup (the activations are loaded once for all of them).
+    pub rows: u32,
+    /// Invocations per workgroup (a power of two, at most 256).
+    pub wg: u32,
+}
+
+impl MatvecShape {
+    /// The shapes `matvec` is compiled for in tests (every one must parse and agree with the CPU).
+    pub const TESTED: [MatvecShape; 4] = [
+        MatvecShape { rows: 1, wg: 64 },
+        MatvecShape { rows: 2, wg: 128 },
+        MatvecShape { rows: 4, wg: 64 },
+        MatvecShape { rows: 8, wg: 256 },
+    ];
+}
+
+const REDUCE_ROWS_SUBGROUP: &str = "    for (var r = 0u; r < ROWS; r++) {
+        let s = subgroupAdd(acc[r]);
+        if (sg_lane == 0u) {
+            red[r * n_sg + sg_id] = s;
+        }
+    }
+    workgroupBarrier();
+    if (lid < ROWS && row0 + lid < P.n_rows) {
+        var s = 0.0;
+        for (var i = 0u; i < n_sg; i++) {
+            s += red[lid * n_sg + i];
+        }
+        Y[P.out_col0 + row0 + lid] = s;
+    }";
+
+const REDUCE_ROWS_SHARED: &str = "    for (var r = 0u; r < ROWS; r++) {
+        red[r * WG + lid] = acc[r];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            for (var r = 0u; r < ROWS; r++) {
+                red[r * WG + lid] += red[r * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid < ROWS && row0 + lid < P.n_rows) {
+        Y[P.out_col0 + row0 + lid] = red[lid * WG];
+    }";
+
+/// The decode matrix-vector product for one weight type (one token, `k` a multiple of 8).
+pub fn matvec(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> String {
+    let (reduce, sg_args) = if subgroups {
+        (
+            REDUCE_ROWS_SUBGROUP,
+            "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,",
+        )
+    } else {
+        (REDUCE_ROWS_SHARED, "")
+    };
+    MATVEC
+        .replace("{{QUANT}}", &quant(layout))
+        .replace("{{WG}}", &shape.wg.to_string())
+        .replace("{{ROWS}}", &shape.rows.to_string())
+        .replace("{{RED_LEN}}", &(shape.rows * shape.wg).to_string())
+        .replace("{{REDUCE_ROWS}}", reduce)
+        .replace("{{SG_ARGS}}", sg_args)
+}
+
 /// Row lookup (embeddings) for one weight type.
 pub fn get_rows(layout: &TypeLayout) -> String {
     GET_ROWS.replace("{{QUANT}}", &quant(layout))
@@ -167,6 +237,11 @@ mod tests {
                             parse(&name, &matmul(&l, tok, guard, sg, unroll));
                         }
                     }
+                }
+            }
+            for shape in MatvecShape::TESTED {
+                for sg in [false, true] {
+                    parse(&format!("matvec {} {shape:?} subgroups {sg}", l.name), &matvec(&l, shape, sg));
                 }
             }
             parse(&format!("get_rows {}", l.name), &get_rows(&l));
