@@ -52,7 +52,7 @@ pub mod placement;
 mod slab;
 
 pub use error::PagerError;
-pub use placement::{GpuPlacement, MIN_SLOTS_PER_TOP_K};
+pub use placement::{DeviceSizes, GpuPlacement, StoredSizes, MIN_SLOTS_PER_TOP_K};
 
 use compute::{ExpertStore, HostExpert, HostMatrix, OpError};
 use gguf::{GgmlType, GgufModel};
@@ -944,5 +944,67 @@ impl ExpertStore for Pager {
         c.last_ids[layer].clear();
         c.last_ids[layer].extend_from_slice(ids);
         Ok(())
+    }
+}
+
+/// Experts lent straight from the model's memory map: the store behind the GPU expert tier when
+/// no RAM budget is given, so the kernel's page cache is the host tier. Nothing is allocated or
+/// counted; every call lends all the experts asked for in one group.
+pub struct MappedExperts {
+    model: Arc<GgufModel>,
+    layers: Vec<Option<LayerExperts>>,
+}
+
+impl std::fmt::Debug for MappedExperts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedExperts({})", self.model.path().display())
+    }
+}
+
+impl MappedExperts {
+    /// Indexes the expert tensors of `model`.
+    ///
+    /// # Errors
+    /// [`PagerError::NoExperts`] and [`PagerError::BadExpertTensor`] as [`Pager::open`].
+    pub fn open(model: &Arc<GgufModel>) -> Result<MappedExperts, PagerError> {
+        Ok(MappedExperts { model: model.clone(), layers: index_layers(model)? })
+    }
+}
+
+impl ExpertStore for MappedExperts {
+    fn with_host_experts(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+    ) -> Result<(), OpError> {
+        let le = self.layers.get(layer).and_then(|l| l.as_ref()).ok_or_else(|| OpError::Weight {
+            name: format!("blk.{layer}.ffn_up_exps.weight"),
+            why: format!("{} has no experts in layer {layer}", self.model.path().display()),
+        })?;
+        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= le.n_expert) {
+            return Err(OpError::ShapeMismatch {
+                op: "mapped experts",
+                expected: format!("expert ids < {}", le.n_expert),
+                got: vec![bad as usize],
+            });
+        }
+        let files = self.model.files();
+        let take = |m: &Matrix, id: u32| {
+            let at = m.expert_offset(id) as usize;
+            // Offsets and sizes were checked against the file when it was opened.
+            let bytes = &files[m.file].raw_bytes()[at..at + m.bytes_per_expert];
+            HostMatrix { dtype: m.dtype, bytes, n_out: m.n_out, k: m.k }
+        };
+        let lent: Vec<HostExpert<'_>> = ids
+            .iter()
+            .map(|&id| HostExpert {
+                id,
+                gate: le.gate.as_ref().map(|g| take(g, id)),
+                up: take(&le.up, id),
+                down: take(&le.down, id),
+            })
+            .collect();
+        compute(&lent)
     }
 }

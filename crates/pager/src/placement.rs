@@ -5,14 +5,93 @@
 //! Below [`MIN_SLOTS_PER_TOP_K`] × top-k slots a cache thrashes within a single token (each layer
 //! needs top-k slots at once, and the next layers' experts evict them before they are reused), so
 //! it is slower than no cache: such a budget is refused with the numbers, as
-//! [`PagerError::GpuBudgetTooSmall`]. No GPU is needed to plan; the GPU tier that uses the plan
-//! is not written yet (docs/PAGING.md).
+//! [`PagerError::GpuBudgetTooSmall`]. No GPU is needed to plan.
+//!
+//! Sizes are counted as a back end holds them ([`DeviceSizes`]): [`GpuPlacement::plan`] counts
+//! bytes as stored in the file, [`GpuPlacement::plan_on`] with [`WgpuSizes`] (feature `gpu`) as
+//! compute's wgpu back end lays them out (blocks padded to 4-byte fields, small vectors in
+//! power-of-two pooled buffers, one spare row per expert matrix in a slot), which is what its
+//! expert tier (`WgpuBackend::with_expert_store`) allocates.
 
 use crate::{index_layers, PagerError};
-use gguf::GgufModel;
+use gguf::{GgmlType, GgufModel};
 
 /// The smallest expert pool, in multiples of the model's top-k (experts used per token).
 pub const MIN_SLOTS_PER_TOP_K: usize = 3;
+
+/// How many bytes a back end's copy of a tensor takes in device memory.
+pub trait DeviceSizes {
+    /// Bytes of a dense tensor of `dtype`, `shape` (GGUF order, ne0 first) and `stored_bytes`
+    /// in the file.
+    fn tensor_bytes(&self, dtype: GgmlType, shape: &[u64], stored_bytes: u64) -> u64;
+    /// Bytes of a slot holding one expert whose matrices are `(dtype, n_out, k)` (gate if any,
+    /// up, down), or `None` when the back end cannot hold one.
+    fn slot_bytes(&self, matrices: &[(GgmlType, usize, usize)]) -> Option<u64>;
+}
+
+/// Sizes as stored in the file (what [`GpuPlacement::plan`] counts).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoredSizes;
+
+impl DeviceSizes for StoredSizes {
+    fn tensor_bytes(&self, _: GgmlType, _: &[u64], stored_bytes: u64) -> u64 {
+        stored_bytes
+    }
+    fn slot_bytes(&self, matrices: &[(GgmlType, usize, usize)]) -> Option<u64> {
+        matrices
+            .iter()
+            .map(|&(t, n_out, k)| {
+                (k % t.block_elems() == 0).then(|| (n_out * k / t.block_elems() * t.block_bytes()) as u64)
+            })
+            .sum()
+    }
+}
+
+/// Sizes as compute's wgpu back end holds them (see the module docs).
+#[cfg(feature = "gpu")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WgpuSizes;
+
+#[cfg(feature = "gpu")]
+impl DeviceSizes for WgpuSizes {
+    fn tensor_bytes(&self, dtype: GgmlType, shape: &[u64], stored_bytes: u64) -> u64 {
+        let k = shape.first().copied().unwrap_or(1) as usize;
+        let n_rows = (shape.iter().product::<u64>() as usize) / k.max(1);
+        let as_weight = compute::wgpu::weight_bytes(dtype, n_rows, k).unwrap_or(stored_bytes).max(16);
+        // Vectors and small tensors (norms, biases) may be loaded as f32 activations, which
+        // live in power-of-two pooled buffers: count the larger of the two.
+        let values = shape.iter().product::<u64>();
+        if shape.len() == 1 || values <= 1 << 18 {
+            as_weight.max((4 * values).next_power_of_two().max(16))
+        } else {
+            as_weight
+        }
+    }
+    fn slot_bytes(&self, matrices: &[(GgmlType, usize, usize)]) -> Option<u64> {
+        compute::wgpu::expert_slot_bytes(matrices)
+    }
+}
+
+/// Scratch that compute's wgpu back end may hold for activations while running batches of
+/// `n_batch` tokens: 8 rows of the widest hidden width (embedding, FFN, attention) and one of
+/// the vocabulary per token, doubled because the pool rounds buffers up to powers of two.
+/// An estimate: the tier's test measures device memory against the budget it is part of.
+pub fn activation_scratch_bytes(model: &GgufModel, n_batch: usize) -> u64 {
+    let mut widest = 0u64;
+    let mut n_vocab = 0u64;
+    for t in model.tensors() {
+        let shape = t.shape();
+        if t.name() == "token_embd.weight" && shape.len() == 2 {
+            n_vocab = shape[1];
+        } else if shape.len() >= 2 && !t.name().contains("_exps.") {
+            widest = widest.max(shape[0]).max(shape[1]);
+        }
+    }
+    for t in model.tensors().filter(|t| t.name().contains("_exps.") && t.shape().len() == 3) {
+        widest = widest.max(t.shape()[0]).max(t.shape()[1]);
+    }
+    2 * 4 * n_batch as u64 * (8 * widest + n_vocab)
+}
 
 /// Where a model's bytes go within a GPU budget.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,11 +131,37 @@ impl GpuPlacement {
         kv_bytes: u64,
         scratch_bytes: u64,
     ) -> Result<GpuPlacement, PagerError> {
+        GpuPlacement::plan_on(model, gpu_budget_bytes, kv_bytes, scratch_bytes, &StoredSizes)
+    }
+
+    /// As [`GpuPlacement::plan`], with dense weights and slots counted as `sizes` says a back
+    /// end holds them.
+    ///
+    /// # Errors
+    /// As [`GpuPlacement::plan`]; [`PagerError::BadExpertTensor`] also when `sizes` cannot hold
+    /// an expert's type.
+    pub fn plan_on(
+        model: &GgufModel,
+        gpu_budget_bytes: u64,
+        kv_bytes: u64,
+        scratch_bytes: u64,
+        sizes: &dyn DeviceSizes,
+    ) -> Result<GpuPlacement, PagerError> {
         let model_name = model.path().display().to_string();
         let layers = index_layers(model)?;
         let present = || layers.iter().flatten();
-        let expert_bytes_total: u64 = present().map(|l| (l.expert_bytes() * l.n_expert) as u64).sum();
-        let slot_bytes = present().map(|l| l.expert_bytes() as u64).max().unwrap_or(0);
+        let mut slot_bytes = 0;
+        for l in present() {
+            let mats: Vec<(GgmlType, usize, usize)> = l.matrices().map(|m| (m.dtype, m.n_out, m.k)).collect();
+            let b = sizes.slot_bytes(&mats).ok_or_else(|| PagerError::BadExpertTensor {
+                name: l.up.name.clone(),
+                why: format!(
+                    "the back end cannot hold experts of types {:?}",
+                    mats.iter().map(|m| m.0).collect::<Vec<_>>()
+                ),
+            })?;
+            slot_bytes = slot_bytes.max(b);
+        }
         let n_experts_total: usize = present().map(|l| l.n_expert).sum();
         let key = format!("{}.expert_used_count", model.architecture().unwrap_or("general"));
         let top_k = model
@@ -64,7 +169,11 @@ impl GpuPlacement {
             .u32(&key)
             .map_err(|_| PagerError::MissingTopK { model: model_name.clone(), key: key.clone() })?
             as usize;
-        let dense_bytes = model.tensor_bytes_total() - expert_bytes_total;
+        let dense_bytes: u64 = model
+            .tensors()
+            .filter(|t| !is_routed_expert(t.name(), t.shape()))
+            .map(|t| sizes.tensor_bytes(t.dtype(), t.shape(), t.info.size_bytes))
+            .sum();
         let min_slots = (MIN_SLOTS_PER_TOP_K * top_k).min(n_experts_total);
         let fixed_bytes = dense_bytes + kv_bytes + scratch_bytes;
         let min_pool_bytes = min_slots as u64 * slot_bytes;
@@ -101,4 +210,12 @@ impl GpuPlacement {
     pub fn total_bytes(&self) -> u64 {
         self.dense_bytes + self.kv_bytes + self.scratch_bytes + self.pool_bytes()
     }
+}
+
+/// Whether a tensor is a routed expert stack (`blk.N.ffn_{gate,up,down}_exps.weight`, 3-D), the
+/// tensors the pager indexes.
+fn is_routed_expert(name: &str, shape: &[u64]) -> bool {
+    shape.len() == 3
+        && name.starts_with("blk.")
+        && ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"].iter().any(|s| name.ends_with(s))
 }

@@ -1,0 +1,219 @@
+//! The GPU expert tier (`WgpuBackend::with_expert_store`) on the MoE fixtures, on whatever adapter
+//! wgpu finds (Mesa's lavapipe in CI): experts come from the pager's RAM tier, which reads them
+//! from the file.
+//!
+//! Per case:
+//! - a budget placed by `GpuPlacement::plan_on(.., WgpuSizes)` at exactly the planner's floor
+//!   (3 × top-k slots): the run passes the reference check (`models::refcheck`: llama.cpp /
+//!   transformers logits and greedy ids, the tolerances the GPU fixtures use); on a fresh device
+//!   its greedy ids equal the resident CPU run's and the device memory wgpu counts in buffers
+//!   (dense weights, KV cache, pool, staging, scratch) stays within the budget;
+//! - one slot, uploads only: every decode step evicts, greedy ids equal the resident CPU run's;
+//! - one slot, misses computed on the CPU (the pool never changes), and the automatic choice:
+//!   greedy ids equal the resident CPU run's.
+//!
+//! Runs one variant per MoE architecture of the full ../shared set when present, else of the
+//! compact committed subset: q4_k_m where there is one (mixed Q4_K / Q6_K experts exercise the
+//! slot padding), else q4_0.
+//! No adapter is a failure unless `DISKFORMER_NO_GPU=1`. Needs `--features gpu`.
+
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn gpu_tier_needs_the_gpu_feature() {
+    println!("gpu_tier: pager was built without the gpu feature; run with --features gpu (CI uses --all-features)");
+}
+
+#[cfg(feature = "gpu")]
+mod on_gpu {
+    use compute::wgpu::{ExpertTierOptions, MissPolicy, SlotPolicy, WgpuBackend, WgpuOptions};
+    use gguf::GgufModel;
+    use models::refcheck::{argmax, check_with, fixture_root, format_row, gguf_arch, list_cases};
+    use models::{load, load_on, LoadOptions, Outputs, Runner, SUPPORTED_ARCHITECTURES};
+    use pager::placement::{activation_scratch_bytes, WgpuSizes};
+    use pager::{CachePolicy, GpuPlacement, Pager, PagerOptions};
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    /// Decode steps compared with the resident run.
+    const N_STEPS: usize = 5;
+    /// Context of the runs (small: the KV cache is part of the budget).
+    const N_CTX: usize = 64;
+
+    fn gpu() -> Option<WgpuBackend> {
+        let index = std::env::var("DISKFORMER_GPU").ok().and_then(|v| v.parse().ok());
+        match WgpuBackend::new(WgpuOptions { adapter_index: index, prefer_discrete: true }) {
+            Ok(b) => Some(b),
+            Err(e) if std::env::var("DISKFORMER_NO_GPU").is_ok_and(|v| v == "1") => {
+                println!("gpu tier: not run: DISKFORMER_NO_GPU=1 and no adapter ({e})");
+                None
+            }
+            Err(e) => panic!("{e}\n(set DISKFORMER_NO_GPU=1 only on a machine that has no GPU or software Vulkan)"),
+        }
+    }
+
+    /// One variant per MoE architecture: q4_k_m when present, else q4_0, else the first listed.
+    fn moe_cases() -> (PathBuf, Vec<(String, String, PathBuf)>) {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let (root, full) = fixture_root(&repo);
+        println!(
+            "fixture set: {} ({})",
+            root.display(),
+            if full { "full shared set" } else { "compact committed subset" }
+        );
+        let mut by_arch: Vec<(String, Vec<String>)> = Vec::new();
+        for (arch, v) in list_cases(&root).expect("fixtures readable") {
+            match by_arch.iter_mut().find(|(a, _)| *a == arch) {
+                Some((_, vs)) => vs.push(v),
+                None => by_arch.push((arch, vec![v])),
+            }
+        }
+        let mut out = Vec::new();
+        for (arch, variants) in by_arch {
+            let ga = gguf_arch(&root, &arch).expect("ref.json readable");
+            if !SUPPORTED_ARCHITECTURES.contains(&ga.as_str()) {
+                continue;
+            }
+            let v = ["q4_k_m", "q4_0"]
+                .iter()
+                .find(|p| variants.iter().any(|v| v == *p))
+                .map_or_else(|| variants[0].clone(), |p| p.to_string());
+            let path = root.join(&arch).join(format!("model-{v}.gguf"));
+            let Ok(model) = GgufModel::open(&path) else { continue };
+            if model.tensors().any(|t| t.name().ends_with("ffn_up_exps.weight")) {
+                out.push((arch, v, path));
+            }
+        }
+        (root, out)
+    }
+
+    fn opts() -> LoadOptions {
+        LoadOptions { n_ctx: N_CTX, ..LoadOptions::default() }
+    }
+
+    /// `device` (a clone: same device and pipelines) with a tier of `n_slots` over a two-slot RAM
+    /// tier.
+    fn tiered(
+        device: &WgpuBackend,
+        model: &Arc<GgufModel>,
+        n_slots: usize,
+        slot_bytes: u64,
+        miss: MissPolicy,
+    ) -> WgpuBackend {
+        let ram = Pager::budget_for_slots(model, 2).expect("experts indexed");
+        let store = Arc::new(Pager::open(model, &PagerOptions::new(ram, CachePolicy::Lru)).expect("pager opens"));
+        let policy = if n_slots == 1 { SlotPolicy::Lru } else { SlotPolicy::Lfu };
+        let topts = ExpertTierOptions { miss, policy, ..ExpertTierOptions::new(n_slots, slot_bytes) };
+        device.clone().with_expert_store(store, topts).expect("tier builds")
+    }
+
+    /// Greedy decoding, asserting after each decode step that the tier (when given) evicted.
+    fn greedy_ids(runner: &mut dyn Runner, prompt: &[u32], tier: Option<&WgpuBackend>) -> Vec<u32> {
+        let n_vocab = runner.hparams().n_vocab;
+        let mut logits = runner.eval(prompt, Outputs::Last).expect("prompt evaluates");
+        let mut ids = Vec::new();
+        for step in 0..N_STEPS {
+            let id = argmax(&logits[logits.len() - n_vocab..]);
+            ids.push(id);
+            let before = tier.map(|t| t.expert_tier_total().unwrap_or_default().evictions);
+            logits = runner.eval(&[id], Outputs::Last).expect("step evaluates");
+            if let (Some(t), Some(before)) = (tier, before) {
+                let after = t.expert_tier_total().unwrap_or_default().evictions;
+                assert!(after > before, "decode step {step} evicted nothing");
+            }
+        }
+        ids.push(argmax(&logits[logits.len() - n_vocab..]));
+        ids
+    }
+
+    #[test]
+    fn gpu_tier_matches_references_and_cpu_within_budget() {
+        if gpu().is_none() {
+            return;
+        }
+        let (root, cases) = moe_cases();
+        assert!(!cases.is_empty(), "no MoE fixtures under {}", root.display());
+        let prompt = [1u32, 17, 42, 7, 99];
+        let mut failures = Vec::new();
+        for (arch, variant, path) in &cases {
+            let model = Arc::new(GgufModel::open(path).expect("opens"));
+            let facts = plan::describe(path).expect("describes").weights.expect("weight facts");
+            let kv = facts.kv_bytes_per_position * N_CTX as u64 + facts.recurrent_state_bytes;
+            // Scratch: activations for a prompt batch, plus the staging ring (sized from the slot).
+            let floor = GpuPlacement::plan_on(&model, u64::MAX / 4, kv, 0, &WgpuSizes).expect("plans");
+            let staging = ExpertTierOptions::new(1, floor.slot_bytes).staging_total_bytes();
+            let scratch = activation_scratch_bytes(&model, 64) + staging;
+            let at_floor = floor.dense_bytes + kv + scratch + floor.min_slots as u64 * floor.slot_bytes;
+            let placed = GpuPlacement::plan_on(&model, at_floor, kv, scratch, &WgpuSizes).expect("the floor fits");
+            assert_eq!(placed.n_slots, placed.min_slots, "{arch}: a floor budget gives the floor");
+            assert!(GpuPlacement::plan_on(&model, at_floor - 1, kv, scratch, &WgpuSizes).is_err());
+
+            // 1. The floor budget: the reference check.
+            let r = check_with(&root, arch, variant, |m| {
+                let device = gpu().expect("adapter found above");
+                Ok(load_on(tiered(&device, m, placed.n_slots, placed.slot_bytes, MissPolicy::Upload), m, &opts())?)
+            });
+            println!("{} [GPU tier at the floor: {} slots]", format_row(&r), placed.n_slots);
+            if !r.pass {
+                failures.push(format!("{arch} {variant}: floor budget: {}", format_row(&r)));
+            }
+
+            // 2. The floor budget again on a fresh device, so that its memory counts this run
+            // alone: greedy ids equal the resident CPU run's, device memory within the budget
+            // while the model is loaded.
+            let mut resident = load(&model, &opts()).expect("loads on the CPU");
+            let want = greedy_ids(resident.as_mut(), &prompt, None);
+            let device = gpu().expect("adapter found above");
+            let b = tiered(&device, &model, placed.n_slots, placed.slot_bytes, MissPolicy::Upload);
+            let mut runner = load_on(b.clone(), &model, &opts()).expect("loads on the tier");
+            let got = greedy_ids(runner.as_mut(), &prompt, None);
+            b.sync();
+            let used = b.device_buffer_bytes();
+            let t = b.expert_tier_total().unwrap_or_default();
+            println!(
+                "{arch} {variant} floor {} slots: {} hits, {} uploads, {} evictions; device memory {used} B of budget {at_floor} B; ids {}",
+                placed.n_slots,
+                t.hits,
+                t.uploads,
+                t.evictions,
+                if got == want { "== cpu" } else { "DIFFER" }
+            );
+            if got != want {
+                failures.push(format!("{arch} {variant} floor: greedy {got:?} != cpu {want:?}"));
+            }
+            if used == 0 || used > at_floor {
+                failures.push(format!("{arch} {variant}: device memory {used} B against a budget of {at_floor} B"));
+            }
+            drop(runner);
+            drop(b);
+
+            // 3-5. One slot: uploads (evicting every step), CPU, automatic.
+            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto] {
+                let b = tiered(&device, &model, 1, placed.slot_bytes, miss);
+                let mut runner = load_on(b.clone(), &model, &opts()).expect("loads on the tier");
+                let got = greedy_ids(runner.as_mut(), &prompt, (miss == MissPolicy::Upload).then_some(&b));
+                let t = b.expert_tier_total().unwrap_or_default();
+                println!(
+                    "{arch} {variant} 1 slot {miss:?}: {} selections, {} hits, {} uploads, {} cpu, {} evictions: ids {}",
+                    t.selections,
+                    t.hits,
+                    t.uploads,
+                    t.cpu_computed,
+                    t.evictions,
+                    if got == want { "== cpu" } else { "DIFFER" }
+                );
+                assert_eq!(t.hits + t.misses, t.selections, "{arch}: every selection is a hit or a miss");
+                assert_eq!(t.uploads + t.cpu_computed, t.misses, "{arch}: every miss is uploaded or computed");
+                match miss {
+                    MissPolicy::Upload => assert_eq!(t.cpu_computed, 0),
+                    MissPolicy::Cpu => assert_eq!((t.uploads, t.hits), (0, 0), "{arch}: the pool stays empty"),
+                    MissPolicy::Auto => assert!(t.cpu_computed > 0, "{arch}: the CPU cost is measured on first use"),
+                }
+                if got != want {
+                    failures.push(format!("{arch} {variant} 1 slot {miss:?}: greedy {got:?} != cpu {want:?}"));
+                }
+            }
+        }
+        println!("{} MoE cases ran on the GPU tier", cases.len());
+        assert!(failures.is_empty(), "GPU tier failures:\n{}", failures.join("\n"));
+    }
+}
