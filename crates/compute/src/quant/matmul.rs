@@ -195,7 +195,7 @@ const TOKENS_PER_TILE: usize = 16;
 /// dotted with every token by integer block sums. A kernel the CPU lacks falls back to
 /// [`Kernel::Portable`]. Decode (one token) splits output rows across threads; prefill applies
 /// each block of weight rows to tiles of tokens so a row is fetched from memory once per call.
-/// On AVX2, Q4_0, Q4_1, Q5_0 and Q8_0 use multi-row kernels (eight rows per step in decode,
+/// On AVX2, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K use multi-row kernels (eight rows per step in decode,
 /// four rows by four tokens in prefill) that give each output the same bits either way. The
 /// activation buffers are kept per thread, so repeated calls do not allocate.
 ///
@@ -221,7 +221,7 @@ pub fn matmul_quantized(
     let mut act = ACT_BUF.with(|cell| cell.take());
     act.quantize(kind, x, k);
     if let Some(tiles) = Tiles::new(dtype, kernel) {
-        matmul_tiled(tiles, &mut act, w, n_out, k, n_tok, shape.row_bytes, y);
+        matmul_tiled(tiles, kind, &mut act, w, n_out, k, n_tok, shape.row_bytes, y);
     } else {
         matmul_rows(dtype, kind, kernel, &act, w, n_out, k, n_tok, shape.row_bytes, y);
     }
@@ -239,6 +239,7 @@ thread_local! {
 #[allow(clippy::too_many_arguments)]
 fn matmul_tiled(
     tiles: Tiles,
+    kind: ActKind,
     act: &mut ActBuf,
     w: &[u8],
     n_out: usize,
@@ -247,14 +248,14 @@ fn matmul_tiled(
     row_bytes: usize,
     y: &mut [f32],
 ) {
-    let nb = k / ActKind::Q8_0.block_elems();
+    let nb = k / kind.block_elems();
     let row_at = |o: usize| w[o.min(n_out - 1) * row_bytes..].as_ptr();
     let out = SharedOut(y.as_mut_ptr());
     let n_threads = rayon::current_num_threads().max(1);
     if n_tok == 1 {
         // A few tasks per thread (balance) of whole groups of eight rows (kernel width).
         let rows_per_task = n_out.div_ceil(4 * n_threads).next_multiple_of(8).max(8);
-        let x = act.row(ActKind::Q8_0, 0, k);
+        let x = act.row(kind, 0, k);
         let task = |task_index: usize| {
             let o_end = ((task_index + 1) * rows_per_task).min(n_out);
             for o0 in (task_index * rows_per_task..o_end).step_by(8) {
@@ -271,7 +272,9 @@ fn matmul_tiled(
         run_tasks(n_out.div_ceil(rows_per_task), n_out * k, task);
         return;
     }
-    act.build_quads(n_tok, k);
+    if tiles.uses_quads() {
+        act.build_quads(n_tok, k);
+    }
     let act = &*act;
     let n_quads = n_tok.div_ceil(4);
     // Four rows (a few KiB) stay in L1 while every token quad streams past from L2, so the
@@ -282,8 +285,10 @@ fn matmul_tiled(
         for o0 in (task_index * rows_per_task..o_end).step_by(4) {
             let rows = std::array::from_fn(|i| row_at(o0 + i));
             for q in 0..n_quads {
+                let quad = tiles.uses_quads().then(|| act.quad(q, n_tok, k));
+                let xs = std::array::from_fn(|t| act.row(kind, (4 * q + t).min(n_tok - 1), k));
                 // SAFETY: as for one token.
-                let values = unsafe { tiles.tile(&rows, nb, &act.quad(q, n_tok, k)) };
+                let values = unsafe { tiles.tile(&rows, nb, quad.as_ref(), &xs) };
                 for (r, row_values) in values.iter().enumerate().take(o_end - o0) {
                     for (t, &v) in row_values.iter().enumerate().take(n_tok - 4 * q) {
                         // SAFETY: `4 q + t < n_tok` and `o0 + r < n_out`: inside `y`; this

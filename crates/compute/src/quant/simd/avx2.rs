@@ -576,7 +576,7 @@ unsafe fn dot4_q5_k(w: &[u8], xs: &[ActRow<'_>; 4]) -> [f32; 4] {
 /// `ggml_vec_dot_q4_K_q8_K`, the same values as `scale_min_k4`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales_mins_k4(packed: *const u8) -> __m256i {
+pub(super) unsafe fn scales_mins_k4(packed: *const u8) -> __m256i {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
@@ -593,7 +593,7 @@ unsafe fn scales_mins_k4(packed: *const u8) -> __m256i {
 /// `j + 1` to the high eight (a 32-value group of two 16-value sub-blocks, as `scales_2x16`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pair_broadcast_index(j: usize) -> __m256i {
+pub(super) unsafe fn pair_broadcast_index(j: usize) -> __m256i {
     let lane = |j: usize| (2 * j as i16) | ((2 * j as i16 + 1) << 8);
     _mm256_set_m128i(_mm_set1_epi16(lane(j + 1)), _mm_set1_epi16(lane(j)))
 }
@@ -601,7 +601,7 @@ unsafe fn pair_broadcast_index(j: usize) -> __m256i {
 /// Shuffle indices that broadcast i16 lane `j` (0..8) of a 128-bit half to all eight lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn broadcast_i16_index(j: usize) -> __m256i {
+pub(super) unsafe fn broadcast_i16_index(j: usize) -> __m256i {
     let pair = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
     _mm256_set1_epi16(pair)
 }

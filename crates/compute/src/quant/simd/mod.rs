@@ -9,6 +9,8 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_ktiles;
+#[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -118,12 +120,23 @@ impl RowDequantizer {
 
 /// Eight weight rows (pointers to `nb` blocks each) against one activation row.
 type RowsKernel = unsafe fn(&[*const u8; 8], usize, ActRow<'_>) -> [f32; 8];
-/// Four weight rows against four tokens: `out[row][token]`.
-type TileKernel = unsafe fn(&[*const u8; 4], usize, &TokenQuad<'_>) -> [[f32; 4]; 4];
+/// Four weight rows against four tokens laid out by quads (32-value types): `out[row][token]`.
+type QuadTileKernel = unsafe fn(&[*const u8; 4], usize, &TokenQuad<'_>) -> [[f32; 4]; 4];
+/// Four weight rows against four activation rows (k-quants): `out[row][token]`.
+type RowTileKernel = unsafe fn(&[*const u8; 4], usize, &[ActRow<'_>; 4]) -> [[f32; 4]; 4];
 
-/// Multi-row kernels of one 32-value weight type (Q4_0, Q4_1, Q5_0, Q8_0 on AVX2): decode as
-/// eight rows per call, prefill as four rows by four tokens. Both give each (row, token) the
-/// same bits.
+/// How a prefill tile takes its four tokens.
+#[derive(Clone, Copy)]
+enum TileKernel {
+    /// Scales and sums regrouped by four tokens ([`TokenQuad`]): Q8_0-style activations.
+    Quads(QuadTileKernel),
+    /// Four plain activation rows: Q8_K activations.
+    Rows(RowTileKernel),
+}
+
+/// Multi-row kernels of one weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K on AVX2):
+/// decode as eight rows per call, prefill as four rows by four tokens. Both give each
+/// (row, token) the same bits.
 #[derive(Clone, Copy)]
 pub(crate) struct Tiles {
     rows8: RowsKernel,
@@ -136,16 +149,26 @@ impl Tiles {
     pub(crate) fn new(dtype: GgmlType, kernel: Kernel) -> Option<Tiles> {
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx2 && kernel.is_available() {
+            use avx2_ktiles as k;
             use avx2_tiles as t;
+            use TileKernel::{Quads, Rows};
             return Some(match dtype {
-                GgmlType::Q4_0 => Tiles { rows8: t::rows8::<{ t::Q4_0 }>, tile: t::tile4x4::<{ t::Q4_0 }> },
-                GgmlType::Q4_1 => Tiles { rows8: t::rows8::<{ t::Q4_1 }>, tile: t::tile4x4::<{ t::Q4_1 }> },
-                GgmlType::Q5_0 => Tiles { rows8: t::rows8::<{ t::Q5_0 }>, tile: t::tile4x4::<{ t::Q5_0 }> },
-                GgmlType::Q8_0 => Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: t::tile4x4::<{ t::Q8_0 }> },
+                GgmlType::Q4_0 => Tiles { rows8: t::rows8::<{ t::Q4_0 }>, tile: Quads(t::tile4x4::<{ t::Q4_0 }>) },
+                GgmlType::Q4_1 => Tiles { rows8: t::rows8::<{ t::Q4_1 }>, tile: Quads(t::tile4x4::<{ t::Q4_1 }>) },
+                GgmlType::Q5_0 => Tiles { rows8: t::rows8::<{ t::Q5_0 }>, tile: Quads(t::tile4x4::<{ t::Q5_0 }>) },
+                GgmlType::Q8_0 => Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: Quads(t::tile4x4::<{ t::Q8_0 }>) },
+                GgmlType::Q4_K => Tiles { rows8: k::rows8::<{ k::Q4_K }>, tile: Rows(k::tile4x4::<{ k::Q4_K }>) },
+                GgmlType::Q6_K => Tiles { rows8: k::rows8::<{ k::Q6_K }>, tile: Rows(k::tile4x4::<{ k::Q6_K }>) },
                 _ => return None,
             });
         }
         None
+    }
+
+    /// True when the prefill tile reads its tokens through [`TokenQuad`]s (`ActBuf::build_quads`
+    /// must run first); false when it takes four activation rows.
+    pub(crate) fn uses_quads(&self) -> bool {
+        matches!(self.tile, TileKernel::Quads(_))
     }
 
     /// Eight rows' dot products with `x`.
@@ -159,14 +182,25 @@ impl Tiles {
         unsafe { (self.rows8)(rows, nb, x) }
     }
 
-    /// A 4 x 4 tile: `out[r][t]` is row `rows[r]` times token `t` of `x`.
+    /// A 4 x 4 tile: `out[r][t]` is row `rows[r]` times token `t`, taken from `quad` or from
+    /// `xs` as [`Tiles::uses_quads`] says (the other is not read).
     ///
     /// # Safety
     /// As [`Tiles::rows8`].
     #[inline]
-    pub(crate) unsafe fn tile(&self, rows: &[*const u8; 4], nb: usize, x: &TokenQuad<'_>) -> [[f32; 4]; 4] {
+    pub(crate) unsafe fn tile(
+        &self,
+        rows: &[*const u8; 4],
+        nb: usize,
+        quad: Option<&TokenQuad<'_>>,
+        xs: &[ActRow<'_>; 4],
+    ) -> [[f32; 4]; 4] {
         // SAFETY: as in `rows8`.
-        unsafe { (self.tile)(rows, nb, x) }
+        match (self.tile, quad) {
+            (TileKernel::Quads(f), Some(quad)) => unsafe { f(rows, nb, quad) },
+            (TileKernel::Rows(f), _) => unsafe { f(rows, nb, xs) },
+            (TileKernel::Quads(_), None) => unreachable!("a quad tile called without its quads"),
+        }
     }
 }
 

@@ -1,0 +1,269 @@
+//! AVX2 multi-row kernels for Q4_K and Q6_K (the k-quants of the common Q4_K_M files): eight
+//! weight rows against one token (decode) and tiles of four rows by four tokens (prefill),
+//! reading the GGUF super-blocks as stored, with Q8_K activations.
+//!
+//! A super-block's integer work per (row, token) is the single-row kernel's (`avx2.rs`:
+//! `maddubs` of levels with activation quants, `madd` with the sub-block scales); what the
+//! multi-row form saves is everything around it: the activation quants and their block sums
+//! are loaded and paired once for all rows, the per-pair integer totals of eight pairs are
+//! folded into one vector, and the floats (`d`, `dmin` of eight rows in one gather, one
+//! conversion and one FMA per eight pairs) are done for eight pairs at once.
+//!
+//! Bits: every (row, token) pair computes, super-block by super-block, exact integers `s` (and
+//! for Q4_K the min sum `m`), then `acc = fma(float(s), d_w * d_x, acc)` (Q4_K: also `acc_m =
+//! fma(float(m), dmin_w * d_x, acc_m)`, result `acc - acc_m`). Lanes never mix, so a pair's
+//! result does not depend on which kernel or tile position computed it: prefill equals decode
+//! bit for bit. Q6_K levels are taken unsigned (0..64) and `32 * sum(scale * bsum)` comes off
+//! the exact integer total.
+
+use std::arch::x86_64::*;
+
+use super::super::qdot::ActRow;
+use super::avx2::{broadcast_i16_index, pair_broadcast_index, scales_mins_k4};
+use super::avx2_tiles::{f16_pairs8, f16x4, prefetch_next_rows};
+
+/// Q4_K: 144-byte super-blocks (`d`, `dmin`, 12 bytes of 6-bit scales and mins, 128 of nibbles).
+pub(in crate::quant) const Q4_K: u8 = 0;
+/// Q6_K: 210-byte super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16 i8 scales, `d`).
+pub(in crate::quant) const Q6_K: u8 = 1;
+
+const fn block_bytes(t: u8) -> usize {
+    match t {
+        Q4_K => 144,
+        _ => 210,
+    }
+}
+
+/// The activation quants of super-block `ib` of `N` tokens.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn token_quants<const N: usize>(xs: &[ActRow<'_>; N], ib: usize) -> [*const i8; N] {
+    std::array::from_fn(|t| xs[t].qs.as_ptr().add(256 * ib))
+}
+
+/// Load the 32 activation quants at `p + at`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn x32(p: *const i8, at: usize) -> __m256i {
+    _mm256_loadu_si256(p.add(at) as *const __m256i)
+}
+
+/// The eight 32-value group sums of a Q8_K block (pairs of its 16 sums) as i16 lanes: exact,
+/// |sum| <= 32 * 127.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_sums(x: &ActRow<'_>, ib: usize) -> __m128i {
+    let b = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
+    _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1))
+}
+
+/// One Q4_K super-block at `b` with `N` tokens: per token, eight i32 lanes whose sum is
+/// `sum_j scale_j * dot(levels_j, x_j)`, and four i32 lanes whose sum is
+/// `sum_j min_j * sum(x_j)` (`groups[t]` from [`group_sums`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_block<const N: usize>(
+    b: *const u8,
+    xq: &[*const i8; N],
+    groups: &[__m128i; N],
+) -> ([__m256i; N], [__m128i; N]) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let scales_mins = scales_mins_k4(b.add(4));
+    let scales = _mm256_permute2x128_si256(scales_mins, scales_mins, 0x00);
+    let mins = _mm256_extracti128_si256(scales_mins, 1);
+    let mut sumi = [_mm256_setzero_si256(); N];
+    for c in 0..4 {
+        let q = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
+        let lo = _mm256_and_si256(q, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        let s_lo = _mm256_shuffle_epi8(scales, broadcast_i16_index(2 * c));
+        let s_hi = _mm256_shuffle_epi8(scales, broadcast_i16_index(2 * c + 1));
+        for t in 0..N {
+            let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x32(xq[t], 64 * c)), s_lo);
+            let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x32(xq[t], 64 * c + 32)), s_hi);
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p_lo, p_hi));
+        }
+    }
+    (sumi, std::array::from_fn(|t| _mm_madd_epi16(mins, groups[t])))
+}
+
+/// One Q6_K super-block at `b` with `N` tokens: per token, eight i32 lanes whose sum is
+/// `sum_g scale_g * dot(levels_g, x_g)` with signed levels (stored + 32; `32 * scale_g *
+/// bsum_g` is taken off exactly).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_block<const N: usize>(
+    b: *const u8,
+    xq: &[*const i8; N],
+    xs: &[ActRow<'_>; N],
+    ib: usize,
+) -> [__m256i; N] {
+    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+    let mut sumi: [__m256i; N] = std::array::from_fn(|t| {
+        // |scale| <= 128 and |bsum| <= 16 * 127: each madd lane and its times 32 fit i32.
+        let bsums = _mm256_loadu_si256(xs[t].sums.as_ptr().add(16 * ib) as *const __m256i);
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5))
+    });
+    let scales_by_half =
+        [_mm256_permute2x128_si256(scales16, scales16, 0x00), _mm256_permute2x128_si256(scales16, scales16, 0x11)];
+    for (half, half_scales) in scales_by_half.into_iter().enumerate() {
+        let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+        let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+        let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+        let high =
+            |shift: i32| _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), m3), 4);
+        let groups = [
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+        ];
+        for (gi, lv) in groups.into_iter().enumerate() {
+            // Lanes 0..8 (values 0..16) take scale 2 gi of this half, lanes 8..16 the next.
+            let s = _mm256_shuffle_epi8(half_scales, pair_broadcast_index(2 * gi));
+            for t in 0..N {
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(lv, x32(xq[t], 128 * half + 32 * gi)), s);
+                sumi[t] = _mm256_add_epi32(sumi[t], p);
+            }
+        }
+    }
+    sumi
+}
+
+/// Eight vectors of eight i32 lanes to one vector of their eight lane sums, in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold8(p: &[__m256i; 8]) -> __m256i {
+    // [r0 r1 r2 r3 | r0 r1 r2 r3] (sums of low and high halves), then the halves added.
+    let h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    let h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31))
+}
+
+/// Four vectors of four i32 lanes to one vector of their four lane sums, in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold4x128(m: &[__m128i; 4]) -> __m128i {
+    _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]))
+}
+
+/// Four vectors of eight i32 lanes to `[t0 t1 t2 t3 | t0 t1 t2 t3]`: per 128-bit half, the
+/// sums of that half of each vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold4_halves(p: &[__m256i; 4]) -> __m256i {
+    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]))
+}
+
+/// Dot products of eight weight rows (`rows[i]`, `nb` super-blocks each) with one Q8_K row.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` super-blocks of
+/// `T`; `x` must hold at least `nb` blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+    assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb && x.sums.len() >= nb * 16, "activation row too short");
+    let xs = [x];
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    for ib in 0..nb {
+        prefetch_next_rows(rows, nb, block_bytes(T), ib);
+        let at = ib * block_bytes(T);
+        let xq = token_quants(&xs, ib);
+        let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
+        if T == Q4_K {
+            let groups = [group_sums(&x, ib)];
+            let mut p = [_mm256_setzero_si256(); 8];
+            let mut m = [_mm_setzero_si128(); 8];
+            for r in 0..8 {
+                let ([s], [mr]) = q4_k_block::<1>(rows[r].add(at), &xq, &groups);
+                p[r] = s;
+                m[r] = mr;
+            }
+            let s = fold8(&p);
+            let mins = _mm256_set_m128i(fold4x128(&[m[4], m[5], m[6], m[7]]), fold4x128(&[m[0], m[1], m[2], m[3]]));
+            let (dw, dmin) = f16_pairs8(rows, at);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
+            acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, dx), acc_m);
+        } else {
+            let mut p = [_mm256_setzero_si256(); 8];
+            for r in 0..8 {
+                [p[r]] = q6_k_block::<1>(rows[r].add(at), &xq, &xs, ib);
+            }
+            // `d` is the second f16 of the word at 206 (the word at 208 would end past the block).
+            let (_, dw) = f16_pairs8(rows, at + 206);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold8(&p)), _mm256_mul_ps(dw, dx), acc);
+        }
+    }
+    if T == Q4_K {
+        acc = _mm256_sub_ps(acc, acc_m);
+    }
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// A tile of dot products: `out[r][t]` is weight row `rows[r]` times token `xs[t]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` super-blocks of
+/// `T`; every `xs[t]` must hold at least `nb` blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile4x4<const T: u8>(
+    rows: &[*const u8; 4],
+    nb: usize,
+    xs: &[ActRow<'_>; 4],
+) -> [[f32; 4]; 4] {
+    for x in xs {
+        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb && x.sums.len() >= nb * 16, "activation row too short");
+    }
+    // Lanes: acc[0] = [r0 t0..t3 | r1 t0..t3], acc[1] = [r2 .. | r3 ..].
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc_m = [_mm256_setzero_ps(); 2];
+    let row_of_lane = [_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)];
+    for ib in 0..nb {
+        let at = ib * block_bytes(T);
+        let xq = token_quants(xs, ib);
+        let groups: [__m128i; 4] =
+            std::array::from_fn(|t| if T == Q4_K { group_sums(&xs[t], ib) } else { _mm_setzero_si128() });
+        let mut h = [_mm256_setzero_si256(); 4];
+        let mut hm = [_mm_setzero_si128(); 4];
+        for r in 0..4 {
+            if T == Q4_K {
+                let (s, m) = q4_k_block::<4>(rows[r].add(at), &xq, &groups);
+                h[r] = fold4_halves(&s);
+                hm[r] = fold4x128(&m);
+            } else {
+                h[r] = fold4_halves(&q6_k_block::<4>(rows[r].add(at), &xq, xs, ib));
+            }
+        }
+        let d4 = _mm_setr_ps(xs[0].d[ib], xs[1].d[ib], xs[2].d[ib], xs[3].d[ib]);
+        let dx = _mm256_set_m128(d4, d4);
+        let (dw, dmin) = if T == Q4_K {
+            (_mm256_castps128_ps256(f16x4(rows, at)), _mm256_castps128_ps256(f16x4(rows, at + 2)))
+        } else {
+            (_mm256_castps128_ps256(f16x4(rows, at + 208)), _mm256_setzero_ps())
+        };
+        for half in 0..2 {
+            let (a, b) = (h[2 * half], h[2 * half + 1]);
+            let s = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+            let scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(dw, row_of_lane[half]), dx);
+            acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[half]);
+            if T == Q4_K {
+                let m = _mm256_set_m128i(hm[2 * half + 1], hm[2 * half]);
+                let min_scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(dmin, row_of_lane[half]), dx);
+                acc_m[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), min_scale, acc_m[half]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; 4]; 4];
+    for half in 0..2 {
+        let v = if T == Q4_K { _mm256_sub_ps(acc[half], acc_m[half]) } else { acc[half] };
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        out[2 * half].copy_from_slice(&lanes[..4]);
+        out[2 * half + 1].copy_from_slice(&lanes[4..]);
+    }
+    out
+}

@@ -1,0 +1,97 @@
+//! Decode matmul speed against this machine's streaming read, in one process (run on demand):
+//! `cargo test --release -p compute --test quant_speed -- --ignored --nocapture`
+//! with `QUANT_SPEED=TYPE:N_OUT:K[,...]` (default: Llama-1B-shaped Q4_0, Q4_K and Q8_0
+//! matrices of about 256 MiB, larger than any cache).
+//!
+//! Each round times a plain AVX2 read of the weight bytes and one-token `matmul_quantized`
+//! over them, alternating, and keeps each one's best round. Time is this thread's CPU time
+//! (`/proc/thread-self/schedstat`), not wall time, so other processes on a busy machine
+//! slow neither side by being scheduled in between; they still share caches and memory. The
+//! figure to read is the ratio: how close the kernel comes to reading the weights once.
+
+use compute::quant::{self, GgmlType, Kernel};
+
+mod quant_common;
+use quant_common::{random_rows, Rng};
+
+fn parse_type(name: &str) -> GgmlType {
+    gguf::ALL_TYPES.into_iter().find(|t| t.name() == name).unwrap_or_else(|| panic!("unknown type {name}"))
+}
+
+/// This thread's run time in nanoseconds (first field of schedstat).
+fn thread_cpu_ns() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat (Linux)");
+    s.split_whitespace().next().and_then(|v| v.parse().ok()).expect("run time field")
+}
+
+/// Reads every byte of `w` once (32 bytes per load), so the optimiser cannot drop the loop.
+fn stream_read(w: &[u8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
+        return unsafe { stream_read_avx2(w) };
+    }
+    w.chunks(8).map(|c| c.iter().fold(0u64, |a, &b| a.rotate_left(1) ^ b as u64)).fold(0, |a, b| a ^ b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn stream_read_avx2(w: &[u8]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let chunks = w.len() / 128;
+    for c in 0..chunks {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let v = _mm256_loadu_si256(w.as_ptr().add(128 * c + 32 * j) as *const __m256i);
+            *a = _mm256_xor_si256(*a, v);
+        }
+    }
+    let x = _mm256_xor_si256(_mm256_xor_si256(acc[0], acc[1]), _mm256_xor_si256(acc[2], acc[3]));
+    let mut lanes = [0u64; 4];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, x);
+    lanes.iter().fold(0, |a, b| a ^ b)
+}
+
+#[test]
+#[ignore = "speed measurement: run with --release --ignored"]
+fn decode_matmul_against_streaming_read() {
+    let spec =
+        std::env::var("QUANT_SPEED").unwrap_or_else(|_| "Q4_0:229376:2048,Q4_K:229376:2048,Q8_0:122880:2048".into());
+    let rounds: usize = std::env::var("QUANT_SPEED_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    // Everything runs on the one worker of a one-thread pool: the matmul's parallel loop then
+    // stays on the thread whose CPU time is read.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    pool.install(|| measure(&spec, rounds));
+}
+
+fn measure(spec: &str, rounds: usize) {
+    let mut rng = Rng::new(3);
+    for case in spec.split(',') {
+        let parts: Vec<&str> = case.split(':').collect();
+        let dtype = parse_type(parts[0]);
+        let [n_out, k] = [1, 2].map(|i| parts[i].parse::<usize>().expect("N_OUT:K numbers"));
+        let w = random_rows(dtype, n_out, k, &mut rng);
+        let x: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+        let mut y = vec![0f32; n_out];
+        let (mut best_read, mut best_matmul) = (u64::MAX, u64::MAX);
+        let mut sink = 0u64;
+        for _ in 0..rounds {
+            let t0 = thread_cpu_ns();
+            sink ^= stream_read(&w);
+            let t1 = thread_cpu_ns();
+            quant::matmul_quantized(dtype, &w, n_out, k, &x, &mut y, Kernel::best()).unwrap();
+            let t2 = thread_cpu_ns();
+            best_read = best_read.min(t1 - t0);
+            best_matmul = best_matmul.min(t2 - t1);
+        }
+        let gb = w.len() as f64 / 1e9;
+        println!(
+            "{case}: {:.0} MiB, read {:.2} GB/s, matmul {:.2} GB/s, matmul/read {:.2} (checksum {sink:x} {:.3})",
+            w.len() as f64 / (1 << 20) as f64,
+            gb / (best_read as f64 * 1e-9),
+            gb / (best_matmul as f64 * 1e-9),
+            best_read as f64 / best_matmul as f64,
+            y.iter().map(|&v| v as f64).sum::<f64>(),
+        );
+    }
+}
