@@ -142,6 +142,25 @@ pub trait Backend: Send + Sync + Sized + Clone {
     fn get_rows(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor, OpError>;
     /// `x [n, k] · Wᵀ` with `W [n_out, k]`: `[n, n_out]`.
     fn matmul(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor, OpError>;
+    /// `matmul(x, w)` for each of `ws` (weights read by the same activations: a layer's q/k/v
+    /// or gate/up projections), each output as `matmul` gives it. A back end may compute them
+    /// together (the CPU: one parallel region and one activation quantization per decode
+    /// token); by default each is its own `matmul`.
+    fn matmul_many<const N: usize>(
+        &self,
+        x: &Self::Tensor,
+        ws: [&Self::Weight; N],
+    ) -> Result<[Self::Tensor; N], OpError> {
+        let mut out = Vec::with_capacity(N);
+        for w in ws {
+            out.push(self.matmul(x, w)?);
+        }
+        out.try_into().map_err(|v: Vec<Self::Tensor>| OpError::ShapeMismatch {
+            op: "matmul_many",
+            expected: format!("{N} outputs"),
+            got: vec![v.len()],
+        })
+    }
 
     // ---- element-wise ----
     /// a + b (same shape, or b one row broadcast over a's rows).

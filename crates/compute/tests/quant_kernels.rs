@@ -136,3 +136,53 @@ fn float_types_have_no_quantized_activation_path() {
     quant::matmul(GgmlType::F16, &w, 1, 32, &x, &mut y, MatmulMode::QuantizedActivations).unwrap();
     assert_eq!(y[0], (0..32).sum::<i32>() as f32);
 }
+
+/// `matmul_many` gives every output the bits of its own `matmul`: fused decode (one token,
+/// tiled types sharing an activation scheme, one to four weights, odd row counts, on a
+/// two-thread pool) and the fallbacks (prefill, mixed activation schemes, untiled types, the
+/// exact mode).
+#[test]
+fn matmul_many_equals_separate_matmuls() {
+    use GgmlType::*;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let mut rng = Rng::new(0xFACE);
+    let cases: &[(&[GgmlType], usize)] = &[
+        (&[Q4_0, Q4_1, Q8_0], 512),
+        (&[Q4_K, Q4_K], 512),
+        (&[Q6_K, Q4_K, Q6_K, Q4_K], 256),
+        (&[Q5_0], 160),
+        (&[Q4_0, Q4_K], 512),
+        (&[Q5_K, Q4_K], 256),
+        (&[Q4_0, Q4_0, Q4_0, Q4_0, Q4_0], 64),
+    ];
+    let row_counts = [13, 300, 29, 7, 64];
+    for &(types, k) in cases {
+        let weights: Vec<(GgmlType, usize, Vec<u8>)> = types
+            .iter()
+            .zip(row_counts.iter().cycle())
+            .map(|(&dtype, &n_out)| (dtype, n_out, random_rows(dtype, n_out, k, &mut rng)))
+            .collect();
+        for n_tok in [1, 5] {
+            for mode in [MatmulMode::QuantizedActivations, MatmulMode::Exact] {
+                let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
+                let rows: Vec<quant::WeightRows<'_>> = weights
+                    .iter()
+                    .map(|(dtype, n_out, bytes)| quant::WeightRows { dtype: *dtype, bytes, n_out: *n_out })
+                    .collect();
+                let mut fused: Vec<Vec<f32>> = weights.iter().map(|w| vec![f32::NAN; n_tok * w.1]).collect();
+                let mut outs: Vec<&mut [f32]> = fused.iter_mut().map(|y| y.as_mut_slice()).collect();
+                pool.install(|| quant::matmul_many(&rows, k, &x, &mut outs, mode)).unwrap();
+                for (i, (dtype, n_out, bytes)) in weights.iter().enumerate() {
+                    let mut want = vec![0f32; n_tok * n_out];
+                    pool.install(|| quant::matmul(*dtype, bytes, *n_out, k, &x, &mut want, mode)).unwrap();
+                    let same = fused[i].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{types:?} weight {i} ({dtype}) n_tok={n_tok} {mode:?}");
+                }
+            }
+        }
+    }
+    let w = random_rows(Q4_0, 8, 32, &mut rng);
+    let rows = [quant::WeightRows { dtype: Q4_0, bytes: &w, n_out: 8 }];
+    let err = quant::matmul_many(&rows, 32, &[0.5; 32], &mut [], MatmulMode::QuantizedActivations).unwrap_err();
+    assert_eq!(err, QuantError::ShapeMismatch { op: "matmul_many", what: "outputs", expected: 1, got: 0 });
+}

@@ -434,6 +434,24 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::pooled(&[n, n_out], y))
     }
 
+    fn matmul_many<const N: usize>(&self, x: &CpuTensor, ws: [&HostWeight; N]) -> Result<[CpuTensor; N], OpError> {
+        for w in ws {
+            expect_2d("matmul_many", x, w.row_len())?;
+        }
+        let (n, k) = (x.rows(), x.width());
+        let mut ys: [Vec<f32>; N] = std::array::from_fn(|i| pool::zeros(n * ws[i].n_rows()));
+        let weights = ws.map(|w| quant::WeightRows { dtype: w.dtype, bytes: w.bytes(), n_out: w.n_rows() });
+        let mut outs = ys.each_mut().map(|y| y.as_mut_slice());
+        quant::matmul_many(&weights, k, &x.data, &mut outs, self.mode)
+            .map_err(|source| OpError::Quant { op: "matmul", source })?;
+        let mut i = 0;
+        Ok(ys.map(|y| {
+            let t = CpuTensor::pooled(&[n, ws[i].n_rows()], y);
+            i += 1;
+            t
+        }))
+    }
+
     fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor, OpError> {
         self.binary("add", a, b, |x, y| x + y)
     }

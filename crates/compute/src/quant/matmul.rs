@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use gguf::GgmlType;
 use rayon::prelude::*;
 
-use super::qdot::{ActBuf, ActKind};
+use super::qdot::{ActBuf, ActKind, ActRow};
 use super::simd::{Kernel, QDot, RowDequantizer, Tiles};
 use super::{check_encoded, dequantizer, QuantError};
 
@@ -253,23 +253,8 @@ fn matmul_tiled(
     let out = SharedOut(y.as_mut_ptr());
     let n_threads = rayon::current_num_threads().max(1);
     if n_tok == 1 {
-        // A few tasks per thread (balance) of whole groups of eight rows (kernel width).
-        let rows_per_task = n_out.div_ceil(4 * n_threads).next_multiple_of(8).max(8);
-        let x = act.row(kind, 0, k);
-        let task = |task_index: usize| {
-            let o_end = ((task_index + 1) * rows_per_task).min(n_out);
-            for o0 in (task_index * rows_per_task..o_end).step_by(8) {
-                let rows = std::array::from_fn(|i| row_at(o0 + i));
-                // SAFETY: every pointer is the start of a row of `row_bytes = nb` blocks
-                // inside `w` (checked by `check_shapes`).
-                let values = unsafe { tiles.rows8(&rows, nb, x) };
-                for (i, &v) in values.iter().enumerate().take(o_end - o0) {
-                    // SAFETY: `o0 + i < n_out`, token 0: inside `y`; this task owns the rows.
-                    unsafe { *out.at(o0 + i) = v };
-                }
-            }
-        };
-        run_tasks(n_out.div_ceil(rows_per_task), n_out * k, task);
+        let part = DecodePart::new(tiles, w, n_out, row_bytes, out);
+        decode_tiled(&[part], nb, act.row(kind, 0, k), k);
         return;
     }
     if tiles.uses_quads() {
@@ -300,6 +285,133 @@ fn matmul_tiled(
         }
     };
     run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);
+}
+
+/// One weight matrix of a one-token tiled product: its rows, kernels, output and task split.
+#[derive(Clone, Copy)]
+struct DecodePart<'a> {
+    tiles: Tiles,
+    w: &'a [u8],
+    n_out: usize,
+    row_bytes: usize,
+    out: SharedOut,
+    rows_per_task: usize,
+    n_tasks: usize,
+}
+
+impl<'a> DecodePart<'a> {
+    fn new(tiles: Tiles, w: &'a [u8], n_out: usize, row_bytes: usize, out: SharedOut) -> DecodePart<'a> {
+        // A few tasks per thread (balance) of whole groups of eight rows (kernel width).
+        let n_threads = rayon::current_num_threads().max(1);
+        let rows_per_task = n_out.div_ceil(4 * n_threads).next_multiple_of(8).max(8);
+        DecodePart { tiles, w, n_out, row_bytes, out, rows_per_task, n_tasks: n_out.div_ceil(rows_per_task) }
+    }
+
+    /// Rows `task_index * rows_per_task..` of this matrix times `x`, eight at a time.
+    fn run(&self, task_index: usize, nb: usize, x: ActRow<'_>) {
+        let (n_out, row_bytes) = (self.n_out, self.row_bytes);
+        let row_at = |o: usize| self.w[o.min(n_out - 1) * row_bytes..].as_ptr();
+        let o_end = ((task_index + 1) * self.rows_per_task).min(n_out);
+        for o0 in (task_index * self.rows_per_task..o_end).step_by(8) {
+            let rows = std::array::from_fn(|i| row_at(o0 + i));
+            // SAFETY: every pointer is the start of a row of `row_bytes = nb` blocks inside `w`
+            // (checked by `check_shapes`).
+            let values = unsafe { self.tiles.rows8(&rows, nb, x) };
+            for (i, &v) in values.iter().enumerate().take(o_end - o0) {
+                // SAFETY: `o0 + i < n_out`, token 0: inside this part's output; this task owns
+                // the rows.
+                unsafe { *self.out.at(o0 + i) = v };
+            }
+        }
+    }
+}
+
+/// One token through several tiled matrices in one parallel region: the tasks of every part,
+/// one after the other.
+fn decode_tiled(parts: &[DecodePart<'_>], nb: usize, x: ActRow<'_>, k: usize) {
+    let n_tasks = parts.iter().map(|p| p.n_tasks).sum();
+    let work = parts.iter().map(|p| p.n_out * k).sum();
+    let task = |task_index: usize| {
+        let (mut part, mut local) = (0, task_index);
+        while local >= parts[part].n_tasks {
+            local -= parts[part].n_tasks;
+            part += 1;
+        }
+        parts[part].run(local, nb, x);
+    };
+    run_tasks(n_tasks, work, task);
+}
+
+/// A weight matrix for [`matmul_many`]: `n_out` rows of `dtype`, stored in `bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightRows<'a> {
+    /// Stored element type.
+    pub dtype: GgmlType,
+    /// The encoded rows.
+    pub bytes: &'a [u8],
+    /// Rows (outputs).
+    pub n_out: usize,
+}
+
+/// Most weights [`matmul_many`] computes in one parallel region.
+pub const MAX_FUSED: usize = 4;
+
+/// `ys[i] = x · ws[i]ᵀ` for several weights of row length `k` read by the same activations (a
+/// layer's q/k/v or gate/up projections), each output with the same bits as its own
+/// [`matmul`].
+///
+/// One token in [`MatmulMode::QuantizedActivations`], up to [`MAX_FUSED`] weights that all have
+/// multi-row kernels and one activation scheme: `x` is quantized once and every weight's rows
+/// are split over the threads in one parallel region (a decode step's q/k/v become one region
+/// instead of three). Otherwise each weight runs its own [`matmul`].
+///
+/// # Errors
+/// As [`matmul`] for each weight; [`QuantError::ShapeMismatch`] when `ws` and `ys` differ in
+/// length.
+pub fn matmul_many(
+    ws: &[WeightRows<'_>],
+    k: usize,
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+    mode: MatmulMode,
+) -> Result<(), QuantError> {
+    if ws.len() != ys.len() {
+        return Err(QuantError::ShapeMismatch {
+            op: "matmul_many",
+            what: "outputs",
+            expected: ws.len(),
+            got: ys.len(),
+        });
+    }
+    let kernel = Kernel::best();
+    let kind = ws.first().and_then(|w| ActKind::for_weights(w.dtype));
+    let fused = mode == MatmulMode::QuantizedActivations
+        && x.len() == k
+        && ws.len() <= MAX_FUSED
+        && kind.is_some()
+        && ws.iter().all(|w| ActKind::for_weights(w.dtype) == kind && Tiles::new(w.dtype, kernel).is_some());
+    let (Some(kind), true) = (kind, fused) else {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul(w.dtype, w.bytes, w.n_out, k, x, y, mode)?;
+        }
+        return Ok(());
+    };
+    let mut slots: [Option<DecodePart<'_>>; MAX_FUSED] = [None; MAX_FUSED];
+    let mut n_parts = 0;
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        // Nothing to compute for an empty matrix (its output, if any, is already settled).
+        let Some(shape) = check_shapes(w.dtype, w.bytes, w.n_out, k, x, y)? else { continue };
+        let Some(tiles) = Tiles::new(w.dtype, kernel) else { continue };
+        slots[n_parts] = Some(DecodePart::new(tiles, w.bytes, w.n_out, shape.row_bytes, SharedOut(y.as_mut_ptr())));
+        n_parts += 1;
+    }
+    let Some(first) = slots[0] else { return Ok(()) };
+    let parts = slots.map(|p| p.unwrap_or(first));
+    let mut act = ACT_BUF.with(|cell| cell.take());
+    act.quantize(kind, x, k);
+    decode_tiled(&parts[..n_parts], k / kind.block_elems(), act.row(kind, 0, k), k);
+    ACT_BUF.with(|cell| cell.replace(act));
+    Ok(())
 }
 
 /// [`matmul_quantized`] one weight row at a time (four tokens per kernel call in prefill).
