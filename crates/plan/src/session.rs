@@ -67,6 +67,10 @@ pub struct LoadOptions {
     pub warm_up: bool,
     /// Called with each progress event, on the loading thread.
     pub progress: Option<ProgressFn>,
+    /// Experts served by this store (e.g. `pager::Pager`) instead of the memory map: the CPU
+    /// back end then asks it for each `moe_ffn`'s experts. The planner's RAM check, which
+    /// counts every expert as resident, is skipped; the store bounds what experts take.
+    pub expert_store: Option<Arc<dyn compute::ExpertStore>>,
 }
 
 impl Default for LoadOptions {
@@ -79,6 +83,7 @@ impl Default for LoadOptions {
             read_ahead: true,
             warm_up: true,
             progress: None,
+            expert_store: None,
         }
     }
 }
@@ -91,6 +96,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("matmul", &self.matmul)
             .field("read_ahead", &self.read_ahead)
             .field("warm_up", &self.warm_up)
+            .field("expert_store", &self.expert_store)
             .finish()
     }
 }
@@ -363,7 +369,16 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         measure_bandwidth: opts.measure_bandwidth && opts.backend.is_none(),
     });
     let plan = plan_with(&desc, &machine, &opts.plan);
-    let picked = plan.pick(opts.backend)?.backend;
+    let picked = match (&opts.expert_store, opts.backend) {
+        (None, want) => plan.pick(want)?.backend,
+        (Some(_), None | Some(BackendKind::Cpu)) => BackendKind::Cpu,
+        (Some(_), Some(other)) => {
+            return Err(PlanError::NoBackend {
+                model: gguf_path.display().to_string(),
+                reasons: format!("{}: paged experts (an expert store) run on the CPU back end", other.as_str()),
+            })
+        }
+    };
     let mut report = |p: Progress| {
         if let Some(cb) = opts.progress.as_mut() {
             cb(&p);
@@ -382,7 +397,13 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         _ => tensor_bytes,
     };
     report(Progress { stage: Stage::Upload, done_bytes: 0, total_bytes: upload_bytes });
-    let mut runner = build_runner(picked, &file, &model_opts, opts.plan.gpu_index)?;
+    let mut runner = match &opts.expert_store {
+        Some(store) => {
+            let b = compute::cpu::CpuBackend::new(opts.matmul).with_expert_store(Arc::clone(store));
+            models::load_on(b, &file, &model_opts)?
+        }
+        None => build_runner(picked, &file, &model_opts, opts.plan.gpu_index)?,
+    };
     report(Progress { stage: Stage::Upload, done_bytes: upload_bytes, total_bytes: upload_bytes });
     if opts.warm_up {
         let per_token = plan.backend(picked).estimate.as_ref().map_or(tensor_bytes, |e| e.bytes_per_token);

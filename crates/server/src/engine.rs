@@ -27,12 +27,53 @@ pub struct EngineOptions {
     pub read_ahead: bool,
     /// A chat template (Jinja source) replacing the models' own.
     pub chat_template: Option<String>,
+    /// Page a mixture-of-experts model's experts from disk through a host cache of at most
+    /// this many bytes, shared by the model's sessions (`None`: experts mapped in place).
+    pub ram_budget_bytes: Option<u64>,
+    /// Which cached expert a miss evicts (with a RAM budget).
+    pub cache_policy: pager::CachePolicy,
+    /// With a RAM budget: read the next layer's likely experts in the background.
+    pub prefetch: bool,
+    /// With a RAM budget: read experts with `O_DIRECT` where the filesystem allows it.
+    pub direct_io: bool,
+    /// Print the expert cache's per-layer statistics to stderr when the model is unloaded
+    /// (or the server stops).
+    pub stats: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, parallel: 1, queue_max: 16, backend: None, read_ahead: true, chat_template: None }
+        EngineOptions {
+            n_ctx: 0,
+            parallel: 1,
+            queue_max: 16,
+            backend: None,
+            read_ahead: true,
+            chat_template: None,
+            ram_budget_bytes: None,
+            // `diskformer run`'s default.
+            cache_policy: pager::CachePolicy::Lfu,
+            prefetch: false,
+            direct_io: false,
+            stats: false,
+        }
     }
+}
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The planner or the model loader refused it.
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    /// The expert cache could not be opened (no experts, budget too small, I/O).
+    #[error("{model}: the expert cache: {source}")]
+    Pager {
+        /// The GGUF.
+        model: String,
+        /// The pager's error.
+        source: pager::PagerError,
+    },
 }
 
 /// A loaded model.
@@ -60,6 +101,18 @@ pub struct Loaded {
     /// only); `Ok(None)`: a generative model; `Err`: a pooling type that is not served, with
     /// the reason (the model is still served for generation).
     embedding: Result<Option<crate::embed::Embedder>, String>,
+    /// The expert cache every session shares, when experts are paged.
+    pager: Option<Arc<pager::Pager>>,
+    /// Print the expert cache's statistics when dropped.
+    print_stats: bool,
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        if let (true, Some(p)) = (self.print_stats, &self.pager) {
+            eprint!("model {}: {}", self.name, p.format_stats());
+        }
+    }
 }
 
 /// Sampling and stopping of one request.
@@ -147,19 +200,19 @@ impl Loaded {
     ///
     /// # Errors
     /// The planner's and loader's errors.
-    pub fn load(name: &str, path: &Path, opts: &EngineOptions) -> Result<Loaded, plan::PlanError> {
+    pub fn load(name: &str, path: &Path, opts: &EngineOptions) -> Result<Loaded, LoadError> {
         let t0 = Instant::now();
         let rss0 = resident_bytes();
-        let file = gguf::GgufModel::open(path)?;
+        let file = gguf::GgufModel::open(path).map_err(plan::PlanError::from)?;
         let pooling = crate::embed::Pooling::of(file.metadata());
-        let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+        let tokenizer = Tokenizer::from_gguf(file.metadata()).map_err(plan::PlanError::from)?;
         let bos_text = tokenizer.bos().and_then(|b| tokenizer.token_text(b)).map(str::to_string);
         let template = match &opts.chat_template {
             Some(src) => {
                 let eos = tokenizer.eos().and_then(|e| tokenizer.token_text(e)).unwrap_or("");
-                Some(ChatTemplate::new(src, bos_text.as_deref().unwrap_or(""), eos)?)
+                Some(ChatTemplate::new(src, bos_text.as_deref().unwrap_or(""), eos).map_err(plan::PlanError::from)?)
             }
-            None => ChatTemplate::from_gguf(file.metadata())?,
+            None => ChatTemplate::from_gguf(file.metadata()).map_err(plan::PlanError::from)?,
         };
         drop(file);
         let mut sessions = Vec::new();
@@ -180,14 +233,35 @@ impl Loaded {
                 effective_bytes: resident_bytes().saturating_sub(rss0),
                 load_ms: t0.elapsed().as_secs_f64() * 1e3,
                 embedding: Ok(Some(e)),
+                pager: None,
+                print_stats: false,
             });
         }
+        let pager = match opts.ram_budget_bytes {
+            None => None,
+            Some(budget) => {
+                let file = Arc::new(gguf::GgufModel::open(path).map_err(plan::PlanError::from)?);
+                let popts = pager::PagerOptions {
+                    prefetch: opts.prefetch,
+                    direct_io: opts.direct_io,
+                    ..pager::PagerOptions::new(budget, opts.cache_policy)
+                };
+                let pager = pager::Pager::open(&file, &popts)
+                    .map_err(|source| LoadError::Pager { model: path.display().to_string(), source })?;
+                if let Some(why) = pager.direct_io_refused() {
+                    tracing::warn!("model {name}: {why}");
+                }
+                Some(Arc::new(pager))
+            }
+        };
         for i in 0..opts.parallel.max(1) {
             let lo = plan::LoadOptions {
                 backend: opts.backend,
                 plan: plan::PlanOptions { n_ctx: opts.n_ctx, ..Default::default() },
                 measure_bandwidth: false,
-                read_ahead: opts.read_ahead && i == 0,
+                // Reading every page ahead would pull all the experts in, which paging avoids.
+                read_ahead: opts.read_ahead && i == 0 && pager.is_none(),
+                expert_store: pager.clone().map(|p| p as Arc<dyn compute::ExpertStore>),
                 ..Default::default()
             };
             sessions.push(plan::load(path, lo)?);
@@ -210,7 +284,14 @@ impl Loaded {
             effective_bytes: resident_bytes().saturating_sub(rss0),
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             embedding: pooling.map(|_| None),
+            pager,
+            print_stats: opts.stats,
         })
+    }
+
+    /// The expert cache, when experts are paged.
+    pub fn pager(&self) -> Option<&pager::Pager> {
+        self.pager.as_deref()
     }
 
     /// The pooling of an embedding model (`None` for a generative one).

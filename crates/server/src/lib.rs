@@ -16,14 +16,18 @@
 #![deny(missing_docs)]
 
 pub mod anthropic;
+pub mod devices;
 pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod presets;
 pub mod registry;
 pub mod tools;
 
+/// Which cached expert a miss evicts, for paged experts.
+pub use pager::CachePolicy;
 /// The back ends a model can be served on (from the planner).
 pub use plan::BackendKind;
 
@@ -57,6 +61,8 @@ pub struct Config {
     pub preload: Vec<String>,
     /// Loading and serving options.
     pub engine: EngineOptions,
+    /// Per-model options replacing `engine` for the models named (from a presets file).
+    pub model_options: std::collections::BTreeMap<String, EngineOptions>,
     /// Router options.
     pub router: RouterOptions,
     /// Required on every route but `/health` (`Authorization: Bearer` or `x-api-key`).
@@ -172,7 +178,8 @@ async fn health() -> Json<Value> {
 }
 
 async fn metrics_route(State(state): State<AppState>) -> Response {
-    let body = state.metrics.render(&state.registry.in_flight(), engine::resident_bytes());
+    let body =
+        state.metrics.render(&state.registry.in_flight(), &state.registry.expert_caches(), engine::resident_bytes());
     ([("content-type", "text/plain; version=0.0.4")], body).into_response()
 }
 
@@ -249,7 +256,31 @@ pub async fn serve(
     ready: impl FnOnce(SocketAddr),
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
-    let registry = Registry::new(config.models.clone(), config.engine.clone(), config.router.clone());
+    // Listing GPU adapters blocks (a graphics-API instance is made).
+    let devices = tokio::task::spawn_blocking(devices::OsDevices::new)
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("listing devices failed: {e}")))?;
+    serve_with_devices(config, Arc::new(devices), ready, shutdown).await
+}
+
+/// As [`serve`], with the router's device memory read from `devices` (tests give fixed
+/// figures).
+///
+/// # Errors
+/// As [`serve`].
+pub async fn serve_with_devices(
+    config: Config,
+    devices: Arc<dyn devices::DeviceMemorySource>,
+    ready: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    let registry = Registry::with_devices(
+        config.models.clone(),
+        config.engine.clone(),
+        config.model_options.clone(),
+        config.router.clone(),
+        devices,
+    );
     registry.measure_all();
     for name in &config.preload {
         registry.get(name, Some(true)).await?;

@@ -34,8 +34,14 @@ impl Metrics {
         self.generate_us.fetch_add((f.generate_ms * 1e3) as u64, Ordering::Relaxed);
     }
 
-    /// The Prometheus exposition; `models` gives (name, in-flight requests) of loaded models.
-    pub fn render(&self, models: &[(String, usize)], resident_bytes: u64) -> String {
+    /// The Prometheus exposition; `models` gives (name, in-flight requests) of loaded models,
+    /// `expert_caches` the counters of the models whose experts are paged.
+    pub fn render(
+        &self,
+        models: &[(String, usize)],
+        expert_caches: &[(String, pager::LayerStats)],
+        resident_bytes: u64,
+    ) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = String::new();
         let mut counter = |name: &str, help: &str, v: u64| {
@@ -66,8 +72,27 @@ impl Metrics {
             "# HELP diskformer_requests_in_flight Requests running or queued, per model.\n# TYPE diskformer_requests_in_flight gauge"
         );
         for (name, n) in models {
-            let _ =
-                writeln!(s, "diskformer_requests_in_flight{{model=\"{}\"}} {n}", name.replace(['"', '\\', '\n'], "_"));
+            let _ = writeln!(s, "diskformer_requests_in_flight{{model=\"{}\"}} {n}", label(name));
+        }
+        let per_model: [(&str, &str, StatField); 5] = [
+            ("selections", "Experts the router selected (distinct per call), per paged model.", |t| t.selections),
+            ("hits", "Selected experts found in the expert cache, per paged model.", |t| t.hits),
+            ("misses", "Selected experts read from disk by the call that needed them, per paged model.", |t| t.misses),
+            ("evictions", "Cached experts dropped to make room, per paged model.", |t| t.evictions),
+            ("read_bytes", "Bytes of experts read from the model files, prefetch included, per paged model.", |t| {
+                t.bytes_read
+            }),
+        ];
+        if !expert_caches.is_empty() {
+            for (what, help, get) in per_model {
+                let _ = writeln!(
+                    s,
+                    "# HELP diskformer_expert_cache_{what}_total {help}\n# TYPE diskformer_expert_cache_{what}_total counter"
+                );
+                for (name, t) in expert_caches {
+                    let _ = writeln!(s, "diskformer_expert_cache_{what}_total{{model=\"{}\"}} {}", label(name), get(t));
+                }
+            }
         }
         let _ = writeln!(
             s,
@@ -76,4 +101,12 @@ impl Metrics {
         );
         s
     }
+}
+
+/// Reads one counter of an expert cache.
+type StatField = fn(&pager::LayerStats) -> u64;
+
+/// A model name as a Prometheus label value (quotes, backslashes and newlines replaced).
+fn label(name: &str) -> String {
+    name.replace(['"', '\\', '\n'], "_")
 }

@@ -5,6 +5,7 @@
 //! A model's name is only ever a key of this table, built by listing the models folder: a
 //! request can name a model but never a path, so nothing outside the folder is reachable.
 
+use crate::devices::{self, DeviceMemory, DeviceMemorySource};
 use crate::engine::{resident_bytes, EngineOptions, Loaded};
 use crate::error::{ApiError, ErrorKind};
 use serde_json::{json, Value};
@@ -35,24 +36,81 @@ impl Default for RouterOptions {
 }
 
 /// Memory of one configuration on one device.
-#[derive(Clone, Debug, Default)]
-struct DeviceBytes {
-    device: String,
-    total: u64,
-    free: u64,
-    model: u64,
-    context: u64,
-    compute: u64,
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceBytes {
+    /// [`devices::CPU`] or [`devices::gpu_key`].
+    pub device: String,
+    /// The device's total bytes when measured (`None`: the OS does not say).
+    pub total: Option<u64>,
+    /// Its free bytes when measured (`None`: the OS does not say).
+    pub free: Option<u64>,
+    /// Weights placed there.
+    pub model: u64,
+    /// KV cache and recurrent state.
+    pub context: u64,
+    /// Scratch, logits and runtime.
+    pub compute: u64,
 }
 
 impl DeviceBytes {
     fn json(&self) -> Value {
-        json!({"device": self.device, "total": self.total, "free": self.free,
+        let n = |v: Option<u64>| v.map_or(json!("unknown"), |b| json!(b));
+        json!({"device": self.device, "total": n(self.total), "free": n(self.free),
                "model": self.model, "context": self.context, "compute": self.compute})
     }
-    fn need(&self) -> u64 {
+
+    /// Bytes this configuration needs on the device.
+    pub fn need(&self) -> u64 {
         self.model + self.context + self.compute
     }
+
+    fn measured_on(mut self, snapshot: &[DeviceMemory]) -> DeviceBytes {
+        let m = snapshot.iter().find(|m| m.device == self.device);
+        self.total = m.and_then(|m| m.total_bytes);
+        self.free = m.and_then(|m| m.free_bytes);
+        self
+    }
+}
+
+/// Whether `need` plus `margin_bytes` fits on every device it uses, counting each device's
+/// free memory in `snapshot` plus the bytes `freed` there by unloading. A device whose free
+/// memory is unknown cannot be checked and is taken to fit (the planner decides at load).
+pub fn fits_everywhere(
+    need: &[DeviceBytes],
+    snapshot: &[DeviceMemory],
+    freed: &BTreeMap<String, u64>,
+    margin_bytes: u64,
+) -> bool {
+    need.iter().all(|d| match snapshot.iter().find(|m| m.device == d.device).and_then(|m| m.free_bytes) {
+        None => true,
+        Some(free) => d.need() + margin_bytes <= free + freed.get(&d.device).copied().unwrap_or(0),
+    })
+}
+
+/// How many of `idle` (least recently used first; each with the bytes unloading it frees per
+/// device) to unload before loading a model that needs `need`: while `n_loaded` reaches
+/// `models_max` (0: no limit), or while `need` plus the margin does not fit on every device.
+pub fn count_unloads(
+    idle: &[BTreeMap<String, u64>],
+    mut n_loaded: usize,
+    models_max: usize,
+    need: &[DeviceBytes],
+    snapshot: &[DeviceMemory],
+    margin_bytes: u64,
+) -> usize {
+    let mut freed: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, frees) in idle.iter().enumerate() {
+        let over_count = models_max > 0 && n_loaded >= models_max;
+        let over_memory = margin_bytes > 0 && !fits_everywhere(need, snapshot, &freed, margin_bytes);
+        if !over_count && !over_memory {
+            return i;
+        }
+        for (d, b) in frees {
+            *freed.entry(d.clone()).or_default() += b;
+        }
+        n_loaded -= 1;
+    }
+    idle.len()
 }
 
 #[derive(Clone, Debug)]
@@ -72,6 +130,8 @@ enum State {
 
 struct Entry {
     path: PathBuf,
+    /// This model's loading and serving options.
+    engine: EngineOptions,
     state: State,
     last_used: Instant,
     memory: MemStatus,
@@ -81,9 +141,9 @@ struct Entry {
 /// The table of models.
 pub struct Registry {
     entries: Mutex<BTreeMap<String, Entry>>,
-    engine: EngineOptions,
     router: RouterOptions,
     events: broadcast::Sender<String>,
+    devices: Arc<dyn DeviceMemorySource>,
     load_lock: tokio::sync::Mutex<()>,
 }
 
@@ -119,53 +179,99 @@ pub fn scan_dir(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
-fn available_ram() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let get = |key: &str| {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    (get("MemTotal:"), get("MemAvailable:"))
+/// The GPU index in a planner device string (`gpu 0: NAME`).
+fn gpu_index(device: Option<&str>) -> Option<usize> {
+    device?.strip_prefix("gpu ")?.split(':').next()?.trim().parse().ok()
 }
 
-/// `min` (context [`MIN_CTX`]) and `max` (the configured context) memory from the model's
-/// metadata and the planner, without loading it.
-fn estimate(path: &Path, engine: &EngineOptions) -> Result<(Vec<DeviceBytes>, Vec<DeviceBytes>), String> {
+/// `min` (context [`MIN_CTX`]) and `max` (the configured context) memory per device from the
+/// model's metadata and the planner, without loading it: on the back end the load will use
+/// (the configured one, else the planner's choice at the configured context). A model whose
+/// experts are paged counts its dense weights and the expert cache's budget in RAM.
+fn estimate(
+    path: &Path,
+    engine: &EngineOptions,
+    snapshot: &[DeviceMemory],
+) -> Result<(Vec<DeviceBytes>, Vec<DeviceBytes>), String> {
     let desc = plan::describe(path).map_err(|e| e.to_string())?;
     let w = desc.weights.as_ref().ok_or("no weight facts in the description")?;
     let machine = plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false });
-    let (total, free) = available_ram();
-    let at = |n_ctx: u64| -> Result<Vec<DeviceBytes>, String> {
-        let p = plan::plan_with(&desc, &machine, &plan::PlanOptions { n_ctx, ..Default::default() });
-        let chosen = p.pick(engine.backend).map_err(|e| e.to_string())?;
+    let paged = engine.ram_budget_bytes;
+    let plan_at = |n_ctx: u64| {
+        // The planner counts every expert resident; the pager's budget bounds them instead.
+        let ram_budget_bytes = paged.map(|_| u64::MAX);
+        plan::plan_with(&desc, &machine, &plan::PlanOptions { n_ctx, ram_budget_bytes, ..Default::default() })
+    };
+    let want = if paged.is_some() { Some(plan::BackendKind::Cpu) } else { engine.backend };
+    let max_plan = plan_at(engine.n_ctx);
+    let kind = max_plan.pick(want).map_err(|e| e.to_string())?.backend;
+    let at = |p: &plan::Plan| -> Result<Vec<DeviceBytes>, String> {
+        let chosen = p.pick(Some(kind)).map_err(|e| e.to_string())?;
         let est = chosen.estimate.as_ref().ok_or("no estimate")?;
         let context = w.kv_bytes_per_position * p.n_ctx + w.recurrent_state_bytes;
-        let (device, bytes) = match chosen.backend {
-            plan::BackendKind::Cpu => ("cpu".to_string(), est.ram_bytes),
-            _ => (chosen.device.clone().unwrap_or_else(|| "gpu".into()), est.gpu_bytes),
+        let list = match chosen.backend {
+            plan::BackendKind::Cpu => {
+                let model = w.tensor_bytes.min(est.ram_bytes.saturating_sub(context));
+                let compute = est.ram_bytes.saturating_sub(model + context);
+                let model = match paged {
+                    Some(budget) => model.saturating_sub(w.expert_bytes) + budget,
+                    None => model,
+                };
+                vec![DeviceBytes { device: devices::CPU.into(), model, context, compute, ..Default::default() }]
+            }
+            _ => {
+                let device = gpu_index(chosen.device.as_deref()).map_or_else(|| "gpu".to_string(), devices::gpu_key);
+                let weights = w.gpu_tensor_bytes.unwrap_or(w.tensor_bytes);
+                let model = weights.min(est.gpu_bytes.saturating_sub(context));
+                let compute = est.gpu_bytes.saturating_sub(model + context);
+                vec![
+                    DeviceBytes { device: devices::CPU.into(), compute: est.ram_bytes, ..Default::default() },
+                    DeviceBytes { device, model, context, compute, ..Default::default() },
+                ]
+            }
         };
-        let model = w.tensor_bytes.min(bytes.saturating_sub(context));
-        let compute = bytes.saturating_sub(model + context);
-        Ok(vec![DeviceBytes { device, total, free, model, context, compute }])
+        Ok(list.into_iter().map(|d| d.measured_on(snapshot)).collect())
     };
     let max_ctx = if engine.n_ctx == 0 { plan::DEFAULT_MAX_CTX } else { engine.n_ctx };
-    Ok((at(MIN_CTX.min(max_ctx))?, at(engine.n_ctx)?))
+    Ok((at(&plan_at(MIN_CTX.min(max_ctx)))?, at(&max_plan)?))
 }
 
 impl Registry {
-    /// A registry of `models` (name, path).
+    /// A registry of `models` (name, path), each loaded with `engine`.
     pub fn new(models: Vec<(String, PathBuf)>, engine: EngineOptions, router: RouterOptions) -> Arc<Registry> {
+        Registry::with_model_options(models, engine, BTreeMap::new(), router)
+    }
+
+    /// A registry of `models` (name, path), each loaded with its entry of `per_model` or else
+    /// with `engine`.
+    pub fn with_model_options(
+        models: Vec<(String, PathBuf)>,
+        engine: EngineOptions,
+        per_model: BTreeMap<String, EngineOptions>,
+        router: RouterOptions,
+    ) -> Arc<Registry> {
+        Registry::with_devices(models, engine, per_model, router, Arc::new(devices::OsDevices::new()))
+    }
+
+    /// As [`Registry::with_model_options`], with device memory read from `devices` (tests give
+    /// fixed figures).
+    pub fn with_devices(
+        models: Vec<(String, PathBuf)>,
+        engine: EngineOptions,
+        per_model: BTreeMap<String, EngineOptions>,
+        router: RouterOptions,
+        devices: Arc<dyn DeviceMemorySource>,
+    ) -> Arc<Registry> {
         let now = Instant::now();
         let entries = models
             .into_iter()
             .map(|(n, path)| {
+                let engine = per_model.get(&n).cloned().unwrap_or_else(|| engine.clone());
                 (
                     n,
                     Entry {
                         path,
+                        engine,
                         state: State::Unloaded,
                         last_used: now,
                         memory: MemStatus::Unmeasured,
@@ -177,10 +283,10 @@ impl Registry {
         let (events, _) = broadcast::channel(256);
         Arc::new(Registry {
             entries: Mutex::new(entries),
-            engine,
             router,
             events,
             load_lock: tokio::sync::Mutex::new(()),
+            devices,
         })
     }
 
@@ -213,18 +319,31 @@ impl Registry {
             .collect()
     }
 
+    /// Loaded models whose experts are paged, with their expert cache's counters summed over
+    /// layers.
+    pub fn expert_caches(&self) -> Vec<(String, pager::LayerStats)> {
+        self.lock()
+            .iter()
+            .filter_map(|(n, e)| match &e.state {
+                State::Loaded(l) => l.pager().map(|p| (n.clone(), p.total_stats())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Computes every model's memory figures in the background (blocking threads).
     pub fn measure_all(self: &Arc<Self>) {
         let this = Arc::clone(self);
         tokio::task::spawn_blocking(move || {
             for name in this.names() {
-                let path = {
+                let (path, engine) = {
                     let mut g = this.lock();
                     let Some(e) = g.get_mut(&name) else { continue };
                     e.memory = MemStatus::Measuring;
-                    e.path.clone()
+                    (e.path.clone(), e.engine.clone())
                 };
-                let m = match estimate(&path, &this.engine) {
+                let snapshot = this.devices.snapshot();
+                let m = match estimate(&path, &engine, &snapshot) {
                     Ok((min, max)) => MemStatus::Measured { min, max },
                     Err(why) => MemStatus::Failed(why),
                 };
@@ -237,7 +356,7 @@ impl Registry {
         });
     }
 
-    fn model_json_locked(name: &str, e: &Entry) -> Value {
+    fn model_json_locked(name: &str, e: &Entry, snapshot: &[DeviceMemory]) -> Value {
         let (status, in_flight) = match &e.state {
             State::Unloaded => ("unloaded".to_string(), 0),
             State::Loading(_) => ("loading".to_string(), 0),
@@ -250,30 +369,51 @@ impl Registry {
             MemStatus::Measuring => json!({"status": "measuring"}),
             MemStatus::Failed(why) => json!({"status": "failed", "error": why}),
             MemStatus::Measured { min, max } => {
+                // The measured figure is resident RAM; other devices keep the estimate.
                 let effective = e.effective.map(|b| {
-                    let mut d = max.first().cloned().unwrap_or_default();
-                    d.free = available_ram().1;
-                    let fixed = d.context + d.compute;
-                    d.model = b.saturating_sub(fixed);
-                    d.json()
+                    let now: Vec<DeviceBytes> = max
+                        .iter()
+                        .map(|d| {
+                            let mut d = d.clone().measured_on(snapshot);
+                            if d.device == devices::CPU {
+                                d.model = b.saturating_sub(d.context + d.compute);
+                            }
+                            d
+                        })
+                        .collect();
+                    list(&now)
                 });
-                json!({"status": "measured", "min": list(min), "max": list(max),
-                       "effective": effective.map(|e| vec![e])})
+                json!({"status": "measured", "min": list(min), "max": list(max), "effective": effective})
             }
         };
+        let expert_cache = match &e.state {
+            State::Loaded(l) => l.pager().map(|p| {
+                let t = p.total_stats();
+                json!({"budget_bytes": p.budget_bytes(), "accounted_bytes": p.accounted_bytes(),
+                       "slots": p.n_slots(), "slot_bytes": p.slot_bytes(),
+                       "policy": format!("{:?}", p.policy()).to_lowercase(), "prefetch": p.prefetches(),
+                       "direct_io": p.direct_io(), "selections": t.selections, "hits": t.hits,
+                       "misses": t.misses, "evictions": t.evictions, "bytes_read": t.bytes_read})
+            }),
+            _ => None,
+        };
         json!({"id": name, "object": "model", "path": e.path.file_name().and_then(|f| f.to_str()),
-               "status": {"value": status}, "in_flight": in_flight, "memory": memory})
+               "status": {"value": status}, "in_flight": in_flight, "memory": memory,
+               "expert_cache": expert_cache})
     }
 
     /// One model's state and memory as `/models` lists it.
     pub fn model_json(&self, name: &str) -> Value {
-        self.lock().get(name).map_or(Value::Null, |e| Self::model_json_locked(name, e))
+        let snapshot = self.devices.snapshot();
+        self.lock().get(name).map_or(Value::Null, |e| Self::model_json_locked(name, e, &snapshot))
     }
 
     /// Every model, as `/models` lists them.
     pub fn models_json(&self) -> Value {
+        let snapshot = self.devices.snapshot();
         let g = self.lock();
-        json!({"object": "list", "data": g.iter().map(|(n, e)| Self::model_json_locked(n, e)).collect::<Vec<_>>()})
+        let data: Vec<Value> = g.iter().map(|(n, e)| Self::model_json_locked(n, e, &snapshot)).collect();
+        json!({"object": "list", "data": data, "devices": snapshot.iter().map(DeviceMemory::json).collect::<Vec<_>>()})
     }
 
     /// The loaded model `name`, loading it when needed (and allowed).
@@ -342,10 +482,9 @@ impl Registry {
             let _ = tokio::task::spawn_blocking(move || drop(loaded)).await;
             self.emit("unload", json!({"model": v}));
         }
-        let path = self.lock().get(&name).map(|e| e.path.clone());
-        let Some(path) = path else { return };
+        let found = self.lock().get(&name).map(|e| (e.path.clone(), e.engine.clone()));
+        let Some((path, engine)) = found else { return };
         self.emit("load", json!({"model": name, "status": "loading"}));
-        let engine = self.engine.clone();
         let n2 = name.clone();
         let r = tokio::task::spawn_blocking(move || Loaded::load(&n2, &path, &engine)).await;
         let state = match r {
@@ -376,13 +515,15 @@ impl Registry {
 
     /// Idle loaded models to unload before loading `name`, least recently used first: while
     /// the count limit is reached, or while `name`'s `min` memory plus the margin does not fit
-    /// in free memory. A model serving a request is never picked; when none is idle, the
-    /// load goes ahead and its own planner decides.
+    /// on every device it uses ([`count_unloads`]). A model serving a request is never picked;
+    /// when none is idle, the load goes ahead and its own planner decides.
     fn victims(&self, name: &str) -> Vec<(String, Arc<Loaded>)> {
+        // Read before locking: nvidia-smi takes tens of milliseconds.
+        let snapshot = self.devices.snapshot();
         let mut g = self.lock();
         let need = match g.get(name).map(|e| &e.memory) {
-            Some(MemStatus::Measured { min, .. }) => min.iter().map(DeviceBytes::need).max().unwrap_or(0),
-            _ => 0,
+            Some(MemStatus::Measured { min, .. }) => min.clone(),
+            _ => Vec::new(),
         };
         let mut idle: Vec<(Instant, String)> = g
             .iter()
@@ -392,21 +533,29 @@ impl Registry {
             })
             .collect();
         idle.sort();
-        let mut n_loaded = g.values().filter(|e| matches!(e.state, State::Loaded(_))).count();
-        let mut freed = 0u64;
+        // What unloading each frees per device: the measured resident bytes in RAM, the
+        // estimate elsewhere.
+        let frees: Vec<BTreeMap<String, u64>> = idle
+            .iter()
+            .map(|(_, n)| {
+                let e = &g[n];
+                let mut f: BTreeMap<String, u64> = match &e.memory {
+                    MemStatus::Measured { max, .. } => max.iter().map(|d| (d.device.clone(), d.need())).collect(),
+                    _ => BTreeMap::new(),
+                };
+                if let Some(b) = e.effective {
+                    f.insert(devices::CPU.into(), b);
+                }
+                f
+            })
+            .collect();
+        let n_loaded = g.values().filter(|e| matches!(e.state, State::Loaded(_))).count();
+        let n = count_unloads(&frees, n_loaded, self.router.models_max, &need, &snapshot, self.router.margin_bytes);
         let mut out = Vec::new();
-        for (_, n) in idle {
-            let over_count = self.router.models_max > 0 && n_loaded >= self.router.models_max;
-            let free = available_ram().1 + freed;
-            let over_memory = self.router.margin_bytes > 0 && need + self.router.margin_bytes > free;
-            if !over_count && !over_memory {
-                break;
-            }
-            if let Some(e) = g.get_mut(&n) {
+        for (_, v) in idle.into_iter().take(n) {
+            if let Some(e) = g.get_mut(&v) {
                 if let State::Loaded(l) = std::mem::replace(&mut e.state, State::Unloaded) {
-                    freed += e.effective.unwrap_or(0);
-                    out.push((n, l));
-                    n_loaded -= 1;
+                    out.push((v, l));
                 }
             }
         }
@@ -430,5 +579,80 @@ impl Registry {
         let _ = tokio::task::spawn_blocking(move || drop(l)).await;
         self.emit("unload", json!({"model": name}));
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn dev(device: &str, free: Option<u64>) -> DeviceMemory {
+        DeviceMemory {
+            device: device.into(),
+            name: device.into(),
+            total_bytes: free.map(|f| f * 2),
+            free_bytes: free,
+            source: "test".into(),
+        }
+    }
+
+    fn on(device: &str, model: u64) -> DeviceBytes {
+        DeviceBytes { device: device.into(), model, context: GIB / 2, compute: GIB / 2, ..Default::default() }
+    }
+
+    fn frees(list: &[(&str, u64)]) -> BTreeMap<String, u64> {
+        list.iter().map(|(d, b)| (d.to_string(), *b)).collect()
+    }
+
+    #[test]
+    fn unloads_until_min_fits_on_every_device_with_the_margin() {
+        // RAM has room; the GPU has 3 GiB free and the new model needs 6 GiB there + 1 margin.
+        let snapshot = vec![dev("cpu", Some(64 * GIB)), dev("gpu0", Some(3 * GIB))];
+        let need = vec![on("cpu", 0), on("gpu0", 5 * GIB)];
+        let idle = vec![
+            frees(&[("cpu", GIB)]),                    // a CPU model: frees nothing on the GPU
+            frees(&[("cpu", GIB), ("gpu0", 2 * GIB)]), // 5 GiB free then: still short
+            frees(&[("cpu", GIB), ("gpu0", 2 * GIB)]), // 7 GiB free: fits with the margin
+            frees(&[("gpu0", 8 * GIB)]),
+        ];
+        assert_eq!(count_unloads(&idle, 4, 0, &need, &snapshot, GIB), 3);
+        // No margin asked: memory is not checked, nothing is unloaded.
+        assert_eq!(count_unloads(&idle, 4, 0, &need, &snapshot, 0), 0);
+        // Enough GPU memory already: nothing to unload.
+        let roomy = vec![dev("cpu", Some(64 * GIB)), dev("gpu0", Some(40 * GIB))];
+        assert_eq!(count_unloads(&idle, 4, 0, &need, &roomy, GIB), 0);
+        // Short on RAM too: the first model that frees enough of both.
+        let tight = vec![dev("cpu", Some(GIB)), dev("gpu0", Some(3 * GIB))];
+        let need_both = vec![on("cpu", 2 * GIB), on("gpu0", 5 * GIB)];
+        assert_eq!(count_unloads(&idle, 4, 0, &need_both, &tight, GIB), 3);
+    }
+
+    #[test]
+    fn never_fitting_unloads_every_idle_model_and_the_count_limit_still_applies() {
+        let snapshot = vec![dev("cpu", Some(GIB))];
+        let idle = vec![frees(&[("cpu", GIB)]), frees(&[("cpu", GIB)])];
+        assert_eq!(count_unloads(&idle, 2, 0, &[on("cpu", 100 * GIB)], &snapshot, GIB), 2);
+        // Fits in memory, but two of at most two are loaded: one goes.
+        let roomy = vec![dev("cpu", Some(64 * GIB))];
+        assert_eq!(count_unloads(&idle, 2, 2, &[on("cpu", GIB)], &roomy, GIB), 1);
+        assert_eq!(count_unloads(&idle, 1, 2, &[on("cpu", GIB)], &roomy, GIB), 0);
+    }
+
+    #[test]
+    fn a_device_of_unknown_memory_is_not_checked() {
+        let snapshot = vec![dev("cpu", Some(64 * GIB)), dev("gpu0", None)];
+        let idle = vec![frees(&[("gpu0", 8 * GIB)])];
+        assert_eq!(count_unloads(&idle, 1, 0, &[on("gpu0", 80 * GIB)], &snapshot, GIB), 0);
+        // A device the snapshot does not list at all is unknown too.
+        assert_eq!(count_unloads(&idle, 1, 0, &[on("gpu1", 80 * GIB)], &snapshot, GIB), 0);
+    }
+
+    #[test]
+    fn gpu_index_is_read_from_the_planner_device_string() {
+        assert_eq!(gpu_index(Some("gpu 3: NVIDIA H200")), Some(3));
+        assert_eq!(gpu_index(Some("cpu: AMD EPYC")), None);
+        assert_eq!(gpu_index(None), None);
     }
 }

@@ -127,6 +127,7 @@ fn embeddings_match_llama_cpp() {
             ..Default::default()
         },
         router: RouterOptions::default(),
+        model_options: Default::default(),
         api_key: None,
     };
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();

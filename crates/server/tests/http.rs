@@ -8,11 +8,13 @@
 
 use gguf::{GgufModel, GgufWriter, Value as GValue};
 use serde_json::{json, Value};
+use server::devices::{DeviceMemory, DeviceMemorySource, FixedDevices};
 use server::engine::EngineOptions;
 use server::registry::RouterOptions;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
@@ -56,6 +58,18 @@ struct Server {
 }
 
 fn start(names: &[&str], preload: bool, engine: EngineOptions, router: RouterOptions, api_key: Option<&str>) -> Server {
+    start_with_devices(names, preload, engine, router, api_key, None)
+}
+
+/// As `start`, with the router's device memory from `devices` when given.
+fn start_with_devices(
+    names: &[&str],
+    preload: bool,
+    engine: EngineOptions,
+    router: RouterOptions,
+    api_key: Option<&str>,
+    devices: Option<Arc<dyn DeviceMemorySource>>,
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let models: Vec<(String, PathBuf)> = names.iter().map(|n| (n.to_string(), chat_model(dir.path(), n))).collect();
     let config = server::Config {
@@ -69,6 +83,7 @@ fn start(names: &[&str], preload: bool, engine: EngineOptions, router: RouterOpt
             ..engine
         },
         router,
+        model_options: Default::default(),
         api_key: api_key.map(str::to_string),
     };
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -79,7 +94,11 @@ fn start(names: &[&str], preload: bool, engine: EngineOptions, router: RouterOpt
             let shutdown = async move {
                 let _ = stop_rx.await;
             };
-            server::serve(config, move |a| addr_tx.send(a).unwrap(), shutdown).await.unwrap();
+            match devices {
+                Some(d) => server::serve_with_devices(config, d, move |a| addr_tx.send(a).unwrap(), shutdown).await,
+                None => server::serve(config, move |a| addr_tx.send(a).unwrap(), shutdown).await,
+            }
+            .unwrap();
         });
     });
     let addr = addr_rx.recv_timeout(Duration::from_secs(120)).expect("server started");
@@ -477,4 +496,80 @@ fn a_busy_model_is_never_unloaded() {
     assert_eq!(v["data"][0]["status"]["value"], "loaded", "the busy model stays: {v}");
     assert_eq!(v["data"][1]["status"]["value"], "loaded", "{v}");
     drop(c);
+}
+
+#[test]
+fn the_margin_is_checked_on_each_device_the_source_reports() {
+    let memory = |cpu_free: u64| {
+        vec![
+            DeviceMemory {
+                device: "cpu".into(),
+                name: "RAM".into(),
+                total_bytes: Some(cpu_free * 2),
+                free_bytes: Some(cpu_free),
+                source: "test".into(),
+            },
+            DeviceMemory {
+                device: "gpu0".into(),
+                name: "an integrated GPU".into(),
+                total_bytes: None,
+                free_bytes: None,
+                source: "unknown".into(),
+            },
+        ]
+    };
+    let margin: u64 = 1 << 20;
+    let fake = FixedDevices::new(memory(u64::MAX / 4));
+    let s = start_with_devices(
+        &["a", "b"],
+        false,
+        EngineOptions::default(),
+        RouterOptions { margin_bytes: margin, ..Default::default() },
+        None,
+        Some(Arc::new(fake.clone())),
+    );
+    let models = || -> Value { serde_json::from_str(&request(s.addr, "GET", "/models", &[], None).2).unwrap() };
+    let t0 = std::time::Instant::now();
+    let need_b = loop {
+        let v = models();
+        if v["data"].as_array().unwrap().iter().all(|m| m["memory"]["status"] == "measured") {
+            let min = &v["data"][1]["memory"]["min"][0];
+            assert_eq!(min["device"], "cpu", "{v}");
+            break min["model"].as_u64().unwrap() + min["context"].as_u64().unwrap() + min["compute"].as_u64().unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "memory never measured: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let v = models();
+    assert_eq!(v["devices"][1]["free"], "unknown", "{v}");
+    assert_eq!(v["devices"][0]["free"], u64::MAX / 4, "{v}");
+    let chat = |m: &str| {
+        post(
+            s.addr,
+            "/v1/chat/completions",
+            json!({"model": m, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+        )
+        .0
+    };
+    // Plenty of RAM: both stay loaded.
+    assert_eq!(chat("a"), 200);
+    assert_eq!(chat("b"), 200);
+    let state = |v: &Value, i: usize| v["data"][i]["status"]["value"].as_str().unwrap().to_string();
+    let v = models();
+    assert_eq!((state(&v, 0), state(&v, 1)), ("loaded".into(), "loaded".into()), "{v}");
+    // One byte short of b's min plus the margin: loading b again unloads idle a first.
+    assert!(request(s.addr, "POST", "/models/b/unload", &[], None).2.contains("true"));
+    fake.set(memory(need_b + margin - 1));
+    assert_eq!(chat("b"), 200);
+    let v = models();
+    assert_eq!((state(&v, 0), state(&v, 1)), ("unloaded".into(), "loaded".into()), "{v}");
+    // Exactly enough: a loads beside b.
+    let v = models();
+    let min_a = &v["data"][0]["memory"]["min"][0];
+    let need_a =
+        min_a["model"].as_u64().unwrap() + min_a["context"].as_u64().unwrap() + min_a["compute"].as_u64().unwrap();
+    fake.set(memory(need_a + margin));
+    assert_eq!(chat("a"), 200);
+    let v = models();
+    assert_eq!((state(&v, 0), state(&v, 1)), ("loaded".into(), "loaded".into()), "{v}");
 }

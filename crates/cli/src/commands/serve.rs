@@ -63,6 +63,31 @@ pub struct Args {
     /// Skip reading the weights into the page cache at load.
     #[arg(long)]
     pub no_read_ahead: bool,
+    /// Page mixture-of-experts models' experts from disk through a host cache of at most this
+    /// many bytes per model (e.g. 8G), shared by its sessions, instead of mapping them.
+    #[arg(long, value_parser = parse_size)]
+    pub ram_budget: Option<u64>,
+    /// Which cached expert a miss evicts (with --ram-budget).
+    #[arg(long, value_enum, default_value_t = crate::commands::load::CachePolicyFlag::Lfu)]
+    pub cache_policy: crate::commands::load::CachePolicyFlag,
+    /// With --ram-budget: read the next layer's likely experts in the background.
+    #[arg(long)]
+    pub prefetch: bool,
+    /// With --ram-budget: read experts with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    pub direct_io: bool,
+    /// Print each paged model's per-layer expert-cache statistics to stderr when it is
+    /// unloaded or the server stops (/metrics has the totals either way).
+    #[arg(long)]
+    pub stats: bool,
+    /// Per-model options (INI: a `[*]` section for every model, `[NAME]` for one; keys are
+    /// this command's long flag names, e.g. `ram-budget = 8G`); see docs/SERVER.md.
+    #[arg(long)]
+    pub models_preset: Option<PathBuf>,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    plan::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 /// Runs the server until Ctrl-C.
@@ -93,21 +118,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         DeviceFlag::Cpu => Some(server::BackendKind::Cpu),
         DeviceFlag::Gpu => Some(server::BackendKind::Gpu),
     };
+    let engine = server::engine::EngineOptions {
+        n_ctx: args.ctx_size,
+        parallel: args.parallel.max(1),
+        queue_max: args.queue.max(1),
+        backend,
+        read_ahead: !args.no_read_ahead,
+        chat_template: match &args.chat_template_file {
+            Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+            None => None,
+        },
+        ram_budget_bytes: args.ram_budget,
+        cache_policy: match args.cache_policy {
+            crate::commands::load::CachePolicyFlag::Lru => server::CachePolicy::Lru,
+            crate::commands::load::CachePolicyFlag::Lfu => server::CachePolicy::Lfu,
+        },
+        prefetch: args.prefetch,
+        direct_io: args.direct_io,
+        stats: args.stats,
+    };
+    let names: Vec<String> = models.iter().map(|m| m.0.clone()).collect();
+    let model_options = match &args.models_preset {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            server::presets::resolve(&text, &engine, &names).with_context(|| format!("{}", p.display()))?
+        }
+        None => Default::default(),
+    };
     let config = server::Config {
         addr: SocketAddr::new(args.host, args.port),
         models,
         preload,
-        engine: server::engine::EngineOptions {
-            n_ctx: args.ctx_size,
-            parallel: args.parallel.max(1),
-            queue_max: args.queue.max(1),
-            backend,
-            read_ahead: !args.no_read_ahead,
-            chat_template: match &args.chat_template_file {
-                Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
-                None => None,
-            },
-        },
+        engine,
+        model_options,
         router: server::registry::RouterOptions {
             models_max: args.models_max,
             margin_bytes: args.models_memory_margin << 20,

@@ -1,0 +1,126 @@
+//! A mixture-of-experts model served with its experts paged through a small RAM budget
+//! (`--ram-budget`, here per model as a presets file gives it) answers the same greedy
+//! completion as the same model with its experts mapped, and `/metrics` shows the pager's
+//! counters for it.
+//!
+//! The budget holds one expert, fewer than one token routes to, so every step evicts: the
+//! paged path is exercised, not merely opened. Paged and resident add the same terms in the
+//! same order (the pager's design), so the texts must be equal, not merely close.
+
+use serde_json::{json, Value};
+use server::engine::EngineOptions;
+use server::registry::RouterOptions;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn moe_fixture() -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let full = repo.join("../shared/fixtures/qwen3_moe/model-q4_0.gguf");
+    if full.exists() {
+        eprintln!("fixtures: full set ({})", full.display());
+        full
+    } else {
+        eprintln!("fixtures: compact subset (tests/fixtures)");
+        repo.join("tests/fixtures/qwen3_moe/model-q4_0.gguf")
+    }
+}
+
+fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").expect("a response head");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, rest.to_string())
+}
+
+/// The value of the metric line starting with `prefix` (name and labels).
+fn metric(text: &str, prefix: &str) -> Option<u64> {
+    text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn paged_experts_answer_like_mapped_ones_and_metrics_count_the_cache() {
+    let path = moe_fixture();
+    let file = Arc::new(gguf::GgufModel::open(&path).unwrap());
+    let budget = pager::Pager::budget_for_slots(&file, 1).unwrap();
+    let top_k = file.metadata().u32("qwen3moe.expert_used_count").unwrap();
+    assert!(top_k > 1, "the budget must hold fewer experts than a token uses (top-k {top_k})");
+    let models = vec![("mapped".to_string(), path.clone()), ("paged".to_string(), path)];
+    let names: Vec<String> = models.iter().map(|m| m.0.clone()).collect();
+    let engine =
+        EngineOptions { backend: Some(server::BackendKind::Cpu), read_ahead: false, n_ctx: 128, ..Default::default() };
+    let presets = format!("[paged]\nram-budget = {budget}\ncache-policy = lru\n");
+    let model_options: BTreeMap<String, EngineOptions> = server::presets::resolve(&presets, &engine, &names).unwrap();
+    assert_eq!(model_options["paged"].ram_budget_bytes, Some(budget));
+    assert_eq!(model_options["mapped"].ram_budget_bytes, None);
+    let config = server::Config {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        models,
+        preload: names.clone(),
+        engine,
+        model_options,
+        router: RouterOptions::default(),
+        api_key: None,
+    };
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (_stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let shutdown = async move {
+                let _ = stop_rx.await;
+            };
+            server::serve(config, move |a| addr_tx.send(a).unwrap(), shutdown).await.unwrap();
+        });
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(120)).expect("server started");
+
+    let complete = |model: &str| -> (String, Value) {
+        let body = json!({"model": model, "prompt": "The quick brown fox jumps over the la",
+                          "max_tokens": 16, "temperature": 0.0});
+        let (status, text) = request(addr, "POST", "/v1/completions", Some(&body));
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        (v["choices"][0]["text"].as_str().unwrap().to_string(), v["usage"].clone())
+    };
+    let (mapped, mapped_usage) = complete("mapped");
+    let (paged, paged_usage) = complete("paged");
+    assert_eq!(mapped_usage["completion_tokens"], 16, "{mapped_usage}");
+    assert_eq!(paged, mapped, "paged experts changed the greedy completion");
+    assert_eq!(paged_usage, mapped_usage);
+
+    let (status, m) = request(addr, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let misses =
+        metric(&m, "diskformer_expert_cache_misses_total{model=\"paged\"}").expect("misses of the paged model");
+    let hits = metric(&m, "diskformer_expert_cache_hits_total{model=\"paged\"}").expect("hits of the paged model");
+    let read = metric(&m, "diskformer_expert_cache_read_bytes_total{model=\"paged\"}").expect("bytes read");
+    let evictions = metric(&m, "diskformer_expert_cache_evictions_total{model=\"paged\"}").expect("evictions");
+    let selections = metric(&m, "diskformer_expert_cache_selections_total{model=\"paged\"}").expect("selections");
+    // 24 prompt tokens + 16 generated, each layer routing top-k distinct experts per call.
+    assert!(misses > 0 && evictions > 0, "{m}");
+    assert_eq!(hits + misses, selections, "{m}");
+    let slot_expert_bytes = read / misses;
+    assert!(slot_expert_bytes > 0 && read.is_multiple_of(misses), "bytes read {read} over {misses} misses");
+    assert!(
+        !m.contains("diskformer_expert_cache_misses_total{model=\"mapped\"}"),
+        "a mapped model has no expert cache: {m}"
+    );
+    let (_, models) = request(addr, "GET", "/models", None);
+    let v: Value = serde_json::from_str(&models).unwrap();
+    let paged_entry = v["data"].as_array().unwrap().iter().find(|e| e["id"] == "paged").unwrap().clone();
+    assert_eq!(paged_entry["expert_cache"]["budget_bytes"], budget, "{paged_entry}");
+}
