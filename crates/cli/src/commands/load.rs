@@ -25,6 +25,17 @@ pub enum CachePolicyFlag {
     Lfu,
 }
 
+/// What the GPU expert tier does with a picked expert that holds no GPU slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MoeMissFlag {
+    /// Upload it into a slot (evicting another) and compute it there.
+    Upload,
+    /// Compute it on the CPU from the host copy.
+    Cpu,
+    /// Whichever is cheaper by measured costs (upload bandwidth, CPU time per expert).
+    Auto,
+}
+
 /// Element type of the CPU back end's attention KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvTypeFlag {
@@ -91,6 +102,14 @@ pub struct ModelArgs {
     /// buffered reads, with a note, where the filesystem refuses).
     #[arg(long)]
     pub direct_io: bool,
+    /// Page a mixture-of-experts model's experts through a pool of GPU slots so that the GPU
+    /// holds at most this many bytes (dense weights, KV cache, scratch and the pool; e.g. 4G).
+    /// Implies --device gpu; misses come from --ram-budget's cache when given, else the memory map.
+    #[arg(long, value_parser = parse_size)]
+    pub gpu_budget: Option<u64>,
+    /// With --gpu-budget: what a picked expert that is not on the GPU does.
+    #[arg(long, value_enum, default_value_t = MoeMissFlag::Auto)]
+    pub moe_miss: MoeMissFlag,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -107,6 +126,8 @@ pub struct Loaded {
     pub tokenizer: tokenizer::Tokenizer,
     /// The expert cache, when experts are paged (`--ram-budget`).
     pub pager: Option<Arc<pager::Pager>>,
+    /// The GPU expert tier's statistics table, when experts are paged on the GPU (`--gpu-budget`).
+    pub gpu_tier_stats: Option<Box<dyn Fn() -> String>>,
 }
 
 /// Prints the expert cache's per-layer statistics to stderr when `--stats` asked for them.
@@ -114,9 +135,14 @@ pub fn report_stats(args: &ModelArgs, m: &Loaded) {
     if !args.stats {
         return;
     }
-    match &m.pager {
-        Some(p) => eprint!("{}", p.format_stats()),
-        None => eprintln!("expert cache: none (experts used in place from the memory map; --ram-budget pages them)"),
+    if let Some(p) = &m.pager {
+        eprint!("{}", p.format_stats());
+    }
+    if let Some(tier) = &m.gpu_tier_stats {
+        eprint!("{}", tier());
+    }
+    if m.pager.is_none() && m.gpu_tier_stats.is_none() {
+        eprintln!("expert cache: none (experts used in place from the memory map; --ram-budget pages them)");
     }
 }
 
@@ -180,43 +206,146 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
         Some(MatmulFlag::Q8) => MatmulMode::QuantizedActivations,
     };
     let device = match (args.device, args.ram_budget) {
+        _ if args.gpu_budget.is_some() => DeviceFlag::Gpu,
         (Some(d), _) => d,
-        // Paged experts run on the CPU back end today; no plan to ask for.
+        // Experts paged into RAM alone run on the CPU back end; no plan to ask for.
         (None, Some(_)) => DeviceFlag::Cpu,
         (None, None) if ask_planner => planned_device(args, &path),
         (None, None) => DeviceFlag::Cpu,
     };
     let opts = LoadOptions { n_ctx: args.ctx_size, matmul };
+    if matches!(args.device, Some(DeviceFlag::Cpu)) && args.gpu_budget.is_some() {
+        anyhow::bail!("--gpu-budget pages experts into GPU memory; it cannot run with --device cpu");
+    }
+    let mut gpu_tier_stats = None;
     let (runner, pager) = match args.ram_budget {
+        _ if args.gpu_budget.is_some() => {
+            let (runner, pager, stats) = load_gpu_tier(args, &file, &path, &opts)
+                .with_context(|| format!("{}: loading the model on the GPU expert tier", args.model.display()))?;
+            gpu_tier_stats = Some(stats);
+            (runner, pager)
+        }
         None => (
             load_runner(args, device, &file, &opts)
                 .with_context(|| format!("{}: loading the model", args.model.display()))?,
             None,
         ),
         Some(_) if device != DeviceFlag::Cpu => {
-            anyhow::bail!("--ram-budget pages experts for the CPU back end; use it with --device cpu")
+            anyhow::bail!("--ram-budget alone pages experts for the CPU back end; use it with --device cpu, or add --gpu-budget for the GPU")
         }
-        Some(budget) => {
-            let policy = match args.cache_policy {
-                CachePolicyFlag::Lru => pager::CachePolicy::Lru,
-                CachePolicyFlag::Lfu => pager::CachePolicy::Lfu,
-            };
-            let popts = pager::PagerOptions {
-                prefetch: args.prefetch,
-                direct_io: args.direct_io,
-                ..pager::PagerOptions::new(budget, policy)
-            };
-            let p = Arc::new(pager::Pager::open(&file, &popts)?);
-            if let Some(why) = p.direct_io_refused() {
-                eprintln!("note: {why}");
-            }
+        Some(_) => {
+            let p = open_pager(args, &file)?.context("--ram-budget given")?;
             let b = cpu_backend(args, matmul).with_expert_store(p.clone());
             let runner = models::load_on(b, &file, &opts)
                 .with_context(|| format!("{}: loading the model", args.model.display()))?;
             (runner, Some(p))
         }
     };
-    Ok(Loaded { file, runner, tokenizer, pager })
+    Ok(Loaded { file, runner, tokenizer, pager, gpu_tier_stats })
+}
+
+/// The expert cache `--ram-budget` asks for, if it does.
+fn open_pager(args: &ModelArgs, file: &Arc<GgufModel>) -> anyhow::Result<Option<Arc<pager::Pager>>> {
+    let Some(budget) = args.ram_budget else { return Ok(None) };
+    let policy = match args.cache_policy {
+        CachePolicyFlag::Lru => pager::CachePolicy::Lru,
+        CachePolicyFlag::Lfu => pager::CachePolicy::Lfu,
+    };
+    let popts = pager::PagerOptions {
+        prefetch: args.prefetch,
+        direct_io: args.direct_io,
+        ..pager::PagerOptions::new(budget, policy)
+    };
+    let p = Arc::new(pager::Pager::open(file, &popts)?);
+    if let Some(why) = p.direct_io_refused() {
+        eprintln!("note: {why}");
+    }
+    Ok(Some(p))
+}
+
+/// Tokens of one prompt batch the GPU scratch is sized for.
+#[cfg(feature = "gpu")]
+const GPU_TIER_BATCH: usize = 512;
+
+/// Types of the runner, the RAM tier and the tier's statistics table.
+type TierLoad = (Box<dyn Runner>, Option<Arc<pager::Pager>>, Box<dyn Fn() -> String>);
+
+/// `--gpu-budget`: places dense weights, KV cache and scratch within the budget, gives the rest
+/// to a pool of expert slots, and loads the model on a GPU back end whose misses come from the
+/// RAM tier (`--ram-budget`) or the memory map.
+#[cfg(feature = "gpu")]
+fn load_gpu_tier(
+    args: &ModelArgs,
+    file: &Arc<GgufModel>,
+    path: &std::path::Path,
+    opts: &LoadOptions,
+) -> anyhow::Result<TierLoad> {
+    use compute::wgpu::{ExpertTierOptions, MissPolicy, SlotPolicy, WgpuBackend, WgpuOptions};
+    use pager::placement::{activation_scratch_bytes, WgpuSizes};
+    let budget = args.gpu_budget.unwrap_or(0);
+    let desc = plan::describe(path)?;
+    let w = desc.weights.as_ref().context("the planner found no weight facts in the model")?;
+    let n_ctx = match opts.n_ctx {
+        0 => desc.context_length.unwrap_or(4096).clamp(1, 4096),
+        n => n as u64,
+    };
+    let kv_bytes = w.kv_bytes_per_position * n_ctx + w.recurrent_state_bytes;
+    let slot_bytes = pager::GpuPlacement::plan_on(file, u64::MAX / 4, kv_bytes, 0, &WgpuSizes)?.slot_bytes;
+    let staging_bytes = ExpertTierOptions::new(1, slot_bytes).staging_total_bytes();
+    let scratch_bytes = activation_scratch_bytes(file, GPU_TIER_BATCH.min(n_ctx as usize)) + staging_bytes;
+    let placed = pager::GpuPlacement::plan_on(file, budget, kv_bytes, scratch_bytes, &WgpuSizes)?;
+    let pager = open_pager(args, file)?;
+    let store: Arc<dyn compute::ExpertStore> = match &pager {
+        Some(p) => p.clone(),
+        None => Arc::new(pager::MappedExperts::open(file)?),
+    };
+    let topts = ExpertTierOptions {
+        miss: match args.moe_miss {
+            MoeMissFlag::Upload => MissPolicy::Upload,
+            MoeMissFlag::Cpu => MissPolicy::Cpu,
+            MoeMissFlag::Auto => MissPolicy::Auto,
+        },
+        policy: match args.cache_policy {
+            CachePolicyFlag::Lru => SlotPolicy::Lru,
+            CachePolicyFlag::Lfu => SlotPolicy::Lfu,
+        },
+        cpu_matmul: opts.matmul,
+        ..ExpertTierOptions::new(placed.n_slots, placed.slot_bytes)
+    };
+    let b = WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true })?
+        .with_expert_store(store, topts)?;
+    // Decimal units as GPU memory is quoted; MB below 0.1 GB so small models do not read as 0.
+    let gb = |x: u64| {
+        if x >= 100_000_000 {
+            format!("{:.2} GB", x as f64 / 1e9)
+        } else {
+            format!("{:.2} MB", x as f64 / 1e6)
+        }
+    };
+    eprintln!(
+        "GPU placement: budget {} = dense {} + KV {} + scratch {} + {} expert slots of {} ({:.1}% of {} experts); upload {:.1} GB/s measured",
+        gb(budget),
+        gb(placed.dense_bytes),
+        gb(placed.kv_bytes),
+        gb(placed.scratch_bytes),
+        placed.n_slots,
+        gb(placed.slot_bytes),
+        100.0 * placed.n_slots as f64 / placed.n_experts_total.max(1) as f64,
+        placed.n_experts_total,
+        b.expert_upload_bytes_per_s().unwrap_or(0.0) / 1e9,
+    );
+    let runner = models::load_on(b.clone(), file, opts)?;
+    Ok((runner, pager, Box::new(move || b.format_expert_tier_stats().unwrap_or_default())))
+}
+
+#[cfg(not(feature = "gpu"))]
+fn load_gpu_tier(
+    _args: &ModelArgs,
+    _file: &Arc<GgufModel>,
+    _path: &std::path::Path,
+    _opts: &LoadOptions,
+) -> anyhow::Result<TierLoad> {
+    anyhow::bail!("--gpu-budget needs a diskformer built with the gpu feature")
 }
 
 #[cfg(feature = "gpu")]

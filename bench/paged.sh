@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The GPU expert tier on a mixture-of-experts model larger than its GPU budget: diskformer with
+# --gpu-budget (dense weights, KV cache, scratch and a pool of expert slots in GPU memory, misses
+# uploaded through staging buffers or computed on the CPU) against llama.cpp with its experts
+# kept on the CPU (-ot exps=CPU), same file; prefill and decode tok/s, the GPU pool's hit rate,
+# bytes uploaded per decoded token, and the decode limit those bytes and the measured upload
+# bandwidth allow.
+#
+# Two halves:
+#   bench/paged.sh build   (here, with a Rust toolchain) builds diskformer --release with the gpu
+#                          feature into $BIN (default .gpubin/paged, ignored by git), stripped.
+#   bench/paged.sh [run]   (on the GPU machine, no toolchain, no network) unpacks the Vulkan loader
+#                          from .gl/*.deb when the system has none, synthesizes the model on the
+#                          local disk (`diskformer synth`), runs the benchmark, prints the table.
+#
+# Environment (defaults in brackets):
+#   BIN [.gpubin/paged]     folder holding `diskformer`; `llama-bench` and its .so files beside it
+#                           (or in PEER_BIN) are the peer, when present
+#   SHAPE [qwen3-30b-a3b]   TYPE [Q4_K]   PARAMS [] (`synth --params`, e.g. small dims)  SKEW [0]
+#   GPU_BUDGET [4G]  MISS [auto] (--moe-miss)  POLICY [lfu] (--cache-policy)
+#   RAM_BUDGET []           empty: misses read from the memory map (the page cache is the host
+#                           tier); a size: through the pager's RAM cache of that size
+#   P [512]  N [128]  REPS [2]  THREADS [0: every core]
+#   MODELS_DIR [/tmp/diskformer-paged]   where the model is written (needs ~18 GB for the default)
+#   PEER [1]  PEER_BIN [$BIN]  LB_FLAGS [-ngl 99 -ot exps=CPU]
+#   OUT [$OUT or /tmp]      raw results: paged-<date>.jsonl and the --stats tables
+#
+# Example on a small model (proves the script on lavapipe in a minute):
+#   PARAMS=n_layer=4,n_embd=256,n_expert=32,n_expert_used=4,n_ff_exp=256,n_ff=512 VOCAB=2048 \
+#   GPU_BUDGET=24M P=16 N=8 REPS=1 PEER=0 bench/paged.sh
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+mode=${1:-run}
+BIN=${BIN:-$repo/.gpubin/paged}
+
+if [ "$mode" = build ]; then
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+  cargo build --release -p cli --features gpu >&2
+  mkdir -p "$BIN"
+  objcopy --strip-debug "$CARGO_TARGET_DIR/release/diskformer" "$BIN/diskformer"
+  du -sh "$BIN"
+  exit 0
+fi
+
+SHAPE=${SHAPE:-qwen3-30b-a3b}
+TYPE=${TYPE:-Q4_K}
+PARAMS=${PARAMS:-}
+VOCAB=${VOCAB:-}
+SKEW=${SKEW:-0}
+GPU_BUDGET=${GPU_BUDGET:-4G}
+MISS=${MISS:-auto}
+POLICY=${POLICY:-lfu}
+RAM_BUDGET=${RAM_BUDGET:-}
+P=${P:-512}
+N=${N:-128}
+REPS=${REPS:-2}
+THREADS=${THREADS:-0}
+MODELS_DIR=${MODELS_DIR:-/tmp/diskformer-paged}
+PEER=${PEER:-1}
+PEER_BIN=${PEER_BIN:-$BIN}
+LB_FLAGS=${LB_FLAGS:--ngl 99 -ot exps=CPU}
+out_dir=${OUT:-/tmp}
+DF="$BIN/diskformer"
+[ -x "$DF" ] || { echo "no diskformer at $DF (run bench/paged.sh build first, or set BIN)" >&2; exit 1; }
+
+# The Vulkan loader and the NVIDIA ICD, as bench/gpu.sh finds them on the device machine.
+if ! ldconfig -p | grep -q libvulkan.so.1; then
+  for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
+  ldconfig
+fi
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+
+mkdir -p "$MODELS_DIR" "$out_dir"
+tag=""
+[ -n "$PARAMS" ] && tag="-$(echo "$PARAMS" | tr ',=' '-_')"
+[ -n "$VOCAB" ] && tag="$tag-v$VOCAB"
+model="$MODELS_DIR/synth-$SHAPE$tag-$(echo "$TYPE" | tr A-Z a-z)-skew$SKEW.gguf"
+if [ ! -f "$model" ]; then
+  vocab=()
+  [ -n "$VOCAB" ] && vocab=(--vocab "$VOCAB")
+  t0=$(date +%s.%N)
+  "$DF" synth --shape "$SHAPE" --params "$PARAMS" --type "$TYPE" --seed 1 --routing-skew "$SKEW" "${vocab[@]}" \
+    -t "$THREADS" --out "$model.tmp" >&2
+  mv "$model.tmp" "$model"
+  echo "synth: $(stat -c %s "$model") B in $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s" >&2
+fi
+size_bytes=$(stat -c %s "$model")
+
+flags=(--gpu-budget "$GPU_BUDGET" --moe-miss "$MISS" --cache-policy "$POLICY" -t "$THREADS" -r "$REPS")
+[ -n "$RAM_BUDGET" ] && flags+=(--ram-budget "$RAM_BUDGET")
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+raw="$out_dir/paged-$stamp.jsonl"
+pp_stats="$out_dir/paged-$stamp-pp.stats.txt"
+tg_stats="$out_dir/paged-$stamp-tg.stats.txt"
+# Prefill and decode in separate processes, so the decode statistics count decode only.
+df_pp='{"pp_tok_s": null}'
+if [ "$P" -gt 0 ]; then
+  df_pp=$("$DF" bench -m "$model" -p "$P" -n 0 "${flags[@]}" --stats --json 2>"$pp_stats") \
+    || { cat "$pp_stats" >&2; exit 1; }
+fi
+df_tg=$("$DF" bench -m "$model" -p 0 -n "$N" "${flags[@]}" --stats --json 2>"$tg_stats") \
+  || { cat "$tg_stats" >&2; exit 1; }
+lb_json="[]"
+LB="$PEER_BIN/llama-bench"
+if [ "$PEER" = 1 ] && [ -x "$LB" ]; then
+  # shellcheck disable=SC2086 # LB_FLAGS is a list of flags
+  lb_json=$(LD_LIBRARY_PATH="$PEER_BIN:${LD_LIBRARY_PATH:-}" "$LB" -m "$model" -p "$P" -n "$N" -r "$REPS" \
+    $LB_FLAGS -o json 2>"$out_dir/paged-$stamp-llama-bench.err") || { tail -5 "$out_dir/paged-$stamp-llama-bench.err" >&2; lb_json="[]"; }
+elif [ "$PEER" = 1 ]; then
+  echo "note: no llama-bench at $LB: diskformer only" >&2
+fi
+
+python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "$MISS" \
+  "$LB_FLAGS" "$raw" <<'PY'
+import json, re, sys
+pp, tg, lb = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+stats_path, n_gen, reps, model, size_bytes = sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], int(sys.argv[8])
+budget, miss, lb_flags, raw = sys.argv[9], sys.argv[10], sys.argv[11], sys.argv[12]
+lines = open(stats_path).read().splitlines()
+# The GPU tier's table: its header line, then rows up to "all":
+# layer selected hits misses uploads uploadMiB cpu evicted hit%
+head = next(i for i, l in enumerate(lines) if l.startswith("GPU expert tier:"))
+upload_bps = float(re.search(r"upload ([0-9.]+) GB/s measured", lines[head]).group(1)) * 1e9
+row = next(l.split() for l in lines[head:] if l.split()[:1] == ["all"])
+selected, hits, misses, uploads, up_mib, cpu = int(row[1]), int(row[2]), int(row[3]), int(row[4]), float(row[5]), int(row[6])
+placement = next((l for l in lines if l.startswith("GPU placement:")), "")
+tokens = 1 + reps * n_gen  # bench's warm-up token is decoded too
+bytes_per_token = up_mib * 2**20 / tokens
+lb_pp = next((x["avg_ts"] for x in lb if x["n_prompt"] > 0 and x["n_gen"] == 0), None)
+lb_tg = next((x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0), None)
+rec = {"model": model, "size_bytes": size_bytes, "gpu_budget": budget, "moe_miss": miss,
+       "df_pp": pp.get("pp_tok_s"), "df_tg": tg["tg_tok_s"], "lb_pp": lb_pp, "lb_tg": lb_tg, "lb_flags": lb_flags,
+       "hit_rate": hits / max(selected, 1), "uploads_per_token": uploads / tokens, "cpu_experts_per_token": cpu / tokens,
+       "bytes_uploaded_per_token": bytes_per_token, "upload_bps": upload_bps,
+       "tg_limit_upload": upload_bps / bytes_per_token if bytes_per_token else None, "placement": placement}
+with open(raw, "a") as f:
+    f.write(json.dumps(rec) + "\n")
+fmt = lambda v: "-" if v is None else f"{v:.2f}"
+ratio = lambda a, b: f"{a / b:.3f}" if a and b else "-"
+print(f"{model}: {size_bytes / 2**30:.2f} GiB; diskformer --gpu-budget {budget} --moe-miss {miss} "
+      f"vs llama.cpp {lb_flags}; raw: {raw}")
+print(placement)
+print()
+print("| test | diskformer t/s | llama.cpp t/s | diskformer / llama.cpp |")
+print("|---|---|---|---|")
+print(f"| pp | {fmt(rec['df_pp'])} | {fmt(lb_pp)} | {ratio(rec['df_pp'], lb_pp)} |")
+print(f"| tg | {fmt(rec['df_tg'])} | {fmt(lb_tg)} | {ratio(rec['df_tg'], lb_tg)} |")
+limit = rec["tg_limit_upload"]
+print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_per_token']:.1f} experts uploaded and "
+      f"{rec['cpu_experts_per_token']:.1f} computed on the CPU per token, {bytes_per_token / 2**20:.1f} MiB uploaded "
+      f"per token; upload {upload_bps / 1e9:.2f} GB/s (measured by the tier) -> at most "
+      f"{'inf' if limit is None else f'{limit:.1f}'} tok/s from uploads alone at this hit rate")
+PY
