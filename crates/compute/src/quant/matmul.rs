@@ -528,6 +528,7 @@ fn check_shapes(
 
 #[cfg(test)]
 mod tests {
+    #[cfg(target_arch = "x86_64")]
     use super::*;
 
     /// The AVX2 reference dot product computes the portable one's bits, tails included.
