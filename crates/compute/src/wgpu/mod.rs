@@ -254,7 +254,26 @@ enum Cmd {
 struct Pending {
     cmds: Vec<Cmd>,
     params: Vec<u8>,
+    /// Where the next flush's parameters start in the ring (reset at each step boundary, so
+    /// the same step layout gets the same offsets).
+    params_base: u64,
+    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
 }
+
+/// A bind group is reusable when the pipeline, the buffers and the parameter slot repeat.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    /// Address of the pipeline in the pipeline cache (which keeps it alive).
+    pipeline: usize,
+    buffers: Vec<wgpu::Buffer>,
+    params_at: u64,
+    params_len: u64,
+}
+
+/// Size of the persistent parameter ring (4096 dispatches at the usual 256-byte alignment).
+const PARAMS_RING_BYTES: u64 = 1 << 20;
+/// Bind groups kept; past it the cache starts over (they hold their buffers alive).
+const BIND_GROUP_CACHE_MAX: usize = 8192;
 
 /// Shared state of a back end and its clones.
 struct Ctx {
@@ -274,6 +293,7 @@ struct Ctx {
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pooling: bool,
     dummy: wgpu::Buffer,
+    params_ring: wgpu::Buffer,
     /// Dispatches per early submit (see [`SUBMIT_EVERY`]).
     submit_every: usize,
     /// Host-side time per phase when DISKFORMER_GPU_PROFILE=1 (printed when the back end drops).
@@ -370,13 +390,33 @@ impl Ctx {
         }
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let n_cmds = pending.cmds.len() as u64;
-        let params_buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("params"),
-            size: (pending.params.len().max(256) as u64).next_multiple_of(256),
-            usage: wgpu::BufferUsages::UNIFORM,
-            mapped_at_creation: true,
-        });
-        write_mapped(&params_buf, &pending.params);
+        // Parameters go to the persistent ring when they fit, so that a decode step, which
+        // repeats the previous step's dispatches at the same ring offsets, finds its bind groups
+        // in the cache instead of creating ~500 of them. `write_buffer` is ordered after the
+        // reads of earlier submissions, so rewriting the ring is safe.
+        let n_params = pending.params.len() as u64;
+        if pending.params_base + n_params > PARAMS_RING_BYTES {
+            pending.params_base = 0;
+        }
+        let in_ring = n_params <= PARAMS_RING_BYTES && self.pooling;
+        let (params_buf, base) = if in_ring {
+            self.queue.write_buffer(&self.params_ring, pending.params_base, &pending.params);
+            let base = pending.params_base;
+            pending.params_base = (base + n_params).next_multiple_of(self.params_align as u64);
+            (self.params_ring.clone(), base)
+        } else {
+            let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: (pending.params.len().max(256) as u64).next_multiple_of(256),
+                usage: wgpu::BufferUsages::UNIFORM,
+                mapped_at_creation: true,
+            });
+            write_mapped(&buf, &pending.params);
+            (buf, 0)
+        };
+        if pending.bind_groups.len() > BIND_GROUP_CACHE_MAX {
+            pending.bind_groups.clear();
+        }
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         let cmds = std::mem::take(&mut pending.cmds);
         pending.params.clear();
@@ -391,28 +431,42 @@ impl Ctx {
                     let mut pass =
                         enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
                     while let Some(Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.get(i) {
-                        let layout = pipeline.get_bind_group_layout(0);
-                        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
-                            .iter()
-                            .enumerate()
-                            .map(|(b, buf)| wgpu::BindGroupEntry {
-                                binding: b as u32,
-                                resource: buf.as_entire_binding(),
+                        let params_at = base + params_at;
+                        let create = || {
+                            let layout = pipeline.get_bind_group_layout(0);
+                            let mut entries: Vec<wgpu::BindGroupEntry> = buffers
+                                .iter()
+                                .enumerate()
+                                .map(|(b, buf)| wgpu::BindGroupEntry {
+                                    binding: b as u32,
+                                    resource: buf.as_entire_binding(),
+                                })
+                                .collect();
+                            entries.push(wgpu::BindGroupEntry {
+                                binding: buffers.len() as u32,
+                                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                    buffer: &params_buf,
+                                    offset: params_at,
+                                    size: wgpu::BufferSize::new(*params_len),
+                                }),
+                            });
+                            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                                label: None,
+                                layout: &layout,
+                                entries: &entries,
                             })
-                            .collect();
-                        entries.push(wgpu::BindGroupEntry {
-                            binding: buffers.len() as u32,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: &params_buf,
-                                offset: *params_at,
-                                size: wgpu::BufferSize::new(*params_len),
-                            }),
-                        });
-                        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                            label: None,
-                            layout: &layout,
-                            entries: &entries,
-                        });
+                        };
+                        let bg = if in_ring {
+                            let key = BindKey {
+                                pipeline: Arc::as_ptr(pipeline) as usize,
+                                buffers: buffers.clone(),
+                                params_at,
+                                params_len: *params_len,
+                            };
+                            pending.bind_groups.entry(key).or_insert_with(create).clone()
+                        } else {
+                            create()
+                        };
                         pass.set_pipeline(pipeline);
                         pass.set_bind_group(0, &bg, &[]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
@@ -513,6 +567,12 @@ impl WgpuBackend {
             usage: STORAGE,
             mapped_at_creation: false,
         });
+        let params_ring = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params ring"),
+            size: PARAMS_RING_BYTES,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let ctx = Ctx {
             device,
             queue,
@@ -528,6 +588,7 @@ impl WgpuBackend {
             pool: Mutex::new(HashMap::new()),
             pooling: !env_flag("DISKFORMER_NO_POOL"),
             dummy,
+            params_ring,
             submit_every: std::env::var("DISKFORMER_SUBMIT_EVERY")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -668,6 +729,8 @@ impl WgpuBackend {
                 p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: staging.clone(), dst_at: 0, size });
             }
             self.ctx.flush_locked(&mut p);
+            // The host waits for this result: the next step starts at the ring's start again.
+            p.params_base = 0;
         }
         if n_bytes == 0 {
             return Ok(Vec::new());
