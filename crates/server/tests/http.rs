@@ -558,7 +558,12 @@ fn the_margin_is_checked_on_each_device_the_source_reports() {
     let v = models();
     assert_eq!((state(&v, 0), state(&v, 1)), ("loaded".into(), "loaded".into()), "{v}");
     // One byte short of b's min plus the margin: loading b again unloads idle a first.
-    assert!(request(s.addr, "POST", "/models/b/unload", &[], None).2.contains("true"));
+    // The finished request's relay thread lets go of the model just after the answer is sent.
+    let t0 = std::time::Instant::now();
+    while !request(s.addr, "POST", "/models/b/unload", &[], None).2.contains("true") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "idle b was never unloaded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     fake.set(memory(need_b + margin - 1));
     assert_eq!(chat("b"), 200);
     let v = models();
