@@ -150,7 +150,7 @@ mod on_gpu {
             // 1. The floor budget: the reference check.
             let r = check_with(&root, arch, variant, |m| {
                 let device = gpu().expect("adapter found above");
-                Ok(load_on(tiered(&device, m, placed.n_slots, placed.slot_bytes, MissPolicy::Upload), m, &opts())?)
+                load_on(tiered(&device, m, placed.n_slots, placed.slot_bytes, MissPolicy::Upload), m, &opts())
             });
             println!("{} [GPU tier at the floor: {} slots]", format_row(&r), placed.n_slots);
             if !r.pass {

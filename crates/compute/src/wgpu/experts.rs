@@ -292,12 +292,12 @@ impl TierState {
             return Some(s);
         }
         let mut best: Option<(usize, f32, u64)> = None;
-        for s in 0..self.owner.len() {
-            if busy[s] {
+        for (s, (owner, &is_busy)) in self.owner.iter().zip(busy).enumerate() {
+            if is_busy {
                 continue;
             }
-            let score = match (policy, self.owner[s]) {
-                (SlotPolicy::Lfu, Some((l, e))) => self.score[l as usize][e as usize],
+            let score = match (policy, owner) {
+                (SlotPolicy::Lfu, Some((l, e))) => self.score[*l as usize][*e as usize],
                 _ => 0.0,
             };
             let lu = self.last_use[s];
@@ -747,6 +747,7 @@ impl WgpuBackend {
     /// `moe_ffn` through the expert tier: hits in place, misses uploaded or computed on the CPU
     /// (see the module docs). `by_expert[e]` lists (token, routing index) of expert e; results
     /// are added into `out`. Returns the CPU-computed part, to be added by the caller, if any.
+    #[allow(clippy::too_many_arguments)] // moe_ffn's inputs, the tier, the grouping and the output
     pub(super) fn moe_ffn_tiered(
         &self,
         tier: &ExpertTier,
@@ -822,7 +823,7 @@ impl WgpuBackend {
         // Repacked bytes of types whose GPU layout differs from the file's (the mapped view is
         // write-only, so they are assembled here and copied once).
         let mut scratch: Vec<u8> = Vec::new();
-        let mut compute = |group: &[HostExpert<'_>]| -> Result<(), OpError> {
+        let compute = &mut |group: &[HostExpert<'_>]| -> Result<(), OpError> {
             for ex in group {
                 let e = ex.id as usize;
                 let toks = by_expert.get(e).ok_or_else(|| OpError::ShapeMismatch {
@@ -917,8 +918,7 @@ impl WgpuBackend {
             }
             Ok(())
         };
-        tier.store.with_host_experts(layer, &misses, &mut compute)?;
-        drop(compute);
+        tier.store.with_host_experts(layer, &misses, compute)?;
         self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out)?;
         match host {
             Some((_, _, _, cpu_out)) => Ok(Some(self.from_host(&cpu_out, &[n, n_embd])?)),
