@@ -58,18 +58,24 @@ fn paged_experts_answer_like_mapped_ones_and_metrics_count_the_cache() {
     let budget = pager::Pager::budget_for_slots(&file, 1).unwrap();
     let top_k = file.metadata().u32("qwen3moe.expert_used_count").unwrap();
     assert!(top_k > 1, "the budget must hold fewer experts than a token uses (top-k {top_k})");
-    let models = vec![("mapped".to_string(), path.clone()), ("paged".to_string(), path)];
+    let models = vec![
+        ("mapped".to_string(), path.clone()),
+        ("paged".to_string(), path.clone()),
+        ("paged-gpu".to_string(), path),
+    ];
     let names: Vec<String> = models.iter().map(|m| m.0.clone()).collect();
     let engine =
         EngineOptions { backend: Some(server::BackendKind::Cpu), read_ahead: false, n_ctx: 128, ..Default::default() };
-    let presets = format!("[paged]\nram-budget = {budget}\ncache-policy = lru\n");
+    let presets = format!(
+        "[paged]\nram-budget = {budget}\ncache-policy = lru\n[paged-gpu]\nram-budget = {budget}\ndevice = gpu\n"
+    );
     let model_options: BTreeMap<String, EngineOptions> = server::presets::resolve(&presets, &engine, &names).unwrap();
     assert_eq!(model_options["paged"].ram_budget_bytes, Some(budget));
     assert_eq!(model_options["mapped"].ram_budget_bytes, None);
     let config = server::Config {
         addr: "127.0.0.1:0".parse().unwrap(),
         models,
-        preload: names.clone(),
+        preload: names[..2].to_vec(),
         engine,
         model_options,
         router: RouterOptions::default(),
@@ -123,4 +129,10 @@ fn paged_experts_answer_like_mapped_ones_and_metrics_count_the_cache() {
     let v: Value = serde_json::from_str(&models).unwrap();
     let paged_entry = v["data"].as_array().unwrap().iter().find(|e| e["id"] == "paged").unwrap().clone();
     assert_eq!(paged_entry["expert_cache"]["budget_bytes"], budget, "{paged_entry}");
+    // Paged experts run on the CPU back end: asking for the GPU with a budget is refused with
+    // the reason, not served on the CPU behind the user's back.
+    let body = json!({"model": "paged-gpu", "prompt": "x", "max_tokens": 1});
+    let (status, text) = request(addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("paged experts (an expert store) run on the CPU back end"), "{text}");
 }
