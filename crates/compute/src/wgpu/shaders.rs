@@ -195,8 +195,17 @@ pub fn matvec(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> Strin
     } else {
         (REDUCE_ROWS_SHARED, "")
     };
+    // Types without their own `dot8` (scale folded out of the inner loop) get it from `dq8`.
+    let dot8 = if layout.shader.contains("fn dot8(") {
+        ""
+    } else {
+        "fn dot8(b: u32, j: u32, xa: vec4<f32>, xc: vec4<f32>, xsum: f32) -> f32 {
+    let v = dq8(b, j);
+    return dot(v.a, xa) + dot(v.b, xc);
+}"
+    };
     MATVEC
-        .replace("{{QUANT}}", &quant(layout))
+        .replace("{{QUANT}}", &format!("{}\n{dot8}", quant(layout)))
         .replace("{{WG}}", &shape.wg.to_string())
         .replace("{{ROWS}}", &shape.rows.to_string())
         .replace("{{RED_LEN}}", &(shape.rows * shape.wg).to_string())

@@ -6,7 +6,8 @@
 // are a fraction of the weight reads (from memory) instead of twice their bytes, and the cost of the
 // closing reduction is shared by ROWS rows. Neighbouring invocations read neighbouring groups, so
 // every load of a subgroup is one contiguous span of the row.
-// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW, dq8), WG, ROWS, REDUCE_ROWS.
+// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW, dq8 and dot8), WG, ROWS,
+// REDUCE_ROWS.
 // Needs k a multiple of 8 and x_col0 a multiple of 4 (the caller falls back to matmul.wgsl).
 struct Params {
     k: u32,
@@ -59,11 +60,11 @@ fn main(
     for (var g = lid; g < n_groups; g += WG) {
         let xa = X[xb + 2u * g];
         let xc = X[xb + 2u * g + 1u];
+        let xsum = dot(xa, vec4<f32>(1.0)) + dot(xc, vec4<f32>(1.0));
         let bo = (g / gpb) * BW;
         let j = g % gpb;
         for (var r = 0u; r < ROWS; r++) {
-            let v = dq8(rb[r] + bo, j);
-            acc[r] += dot(v.a, xa) + dot(v.b, xc);
+            acc[r] += dot8(rb[r] + bo, j, xa, xc, xsum);
         }
     }
 {{REDUCE_ROWS}}

@@ -11,3 +11,13 @@ fn dq8(b: u32, j: u32) -> V8 {
     let q1 = (W[w + 1u] >> sh) & 0x0f0f0f0fu;
     return V8(d * (ubytes4(q0) - 8.0), d * (ubytes4(q1) - 8.0));
 }
+
+// The dot product of the 8 values of group j with (xa, xc), whose sum is xsum (the decode kernel's
+// inner loop): the scale and the -8 offset are applied once per group instead of per value.
+fn dot8(b: u32, j: u32, xa: vec4<f32>, xc: vec4<f32>, xsum: f32) -> f32 {
+    let d = f16lo(W[b]);
+    let w = b + 1u + (j & 1u) * 2u;
+    let sh = (j >> 1u) * 4u;
+    let biased = dot(nib4(W[w] >> sh), xa) + dot(nib4(W[w + 1u] >> sh), xc);
+    return d * (16.0 * biased - 24.0 * xsum);
+}

@@ -24,3 +24,14 @@ fn dq8(b: u32, j: u32) -> V8 {
     let q1 = (W[w + 1u] >> sh) & 0x0f0f0f0fu;
     return V8(dl * ubytes4(q0) - ml, dl * ubytes4(q1) - ml);
 }
+
+// The dot product of the 8 values of group j with (xa, xc), whose sum is xsum (the decode kernel's
+// inner loop): scale and min applied once per group instead of per value.
+fn dot8(b: u32, j: u32, xa: vec4<f32>, xc: vec4<f32>, xsum: f32) -> f32 {
+    let dm = W[b];
+    let sm = scale_min_k4(b + 1u, j / 4u);
+    let w = b + 4u + 8u * (j / 8u) + 2u * (j % 4u);
+    let sh = 4u * ((j % 8u) / 4u);
+    let biased = dot(nib4(W[w] >> sh), xa) + dot(nib4(W[w + 1u] >> sh), xc);
+    return f16lo(dm) * sm.x * 16.0 * (biased - xsum) - f16hi(dm) * sm.y * xsum;
+}
