@@ -86,16 +86,16 @@ impl<B: Backend> Attention<B> {
         positions: &[u32],
     ) -> Result<B::Tensor> {
         let n = positions.len();
-        let proj = |w: &B::Weight, bias: &Option<B::Tensor>| -> Result<B::Tensor> {
-            let y = b.matmul(x, w)?;
+        let [q, k, v] = b.matmul_many(x, [&self.q, &self.k, &self.v])?;
+        let with_bias = |y: B::Tensor, bias: &Option<B::Tensor>| -> Result<B::Tensor> {
             Ok(match bias {
                 Some(bb) => b.add(&y, bb)?,
                 None => y,
             })
         };
-        let mut q = proj(&self.q, &self.q_bias)?;
-        let mut k = proj(&self.k, &self.k_bias)?;
-        let v = proj(&self.v, &self.v_bias)?;
+        let mut q = with_bias(q, &self.q_bias)?;
+        let mut k = with_bias(k, &self.k_bias)?;
+        let v = with_bias(v, &self.v_bias)?;
         q = self.qk_norm(b, q, self.q_norm.as_ref(), self.spec.n_head, n)?;
         k = self.qk_norm(b, k, self.k_norm.as_ref(), self.spec.n_head_kv, n)?;
         if let Some(r) = &self.rope {
@@ -158,16 +158,20 @@ impl<B: Backend> Ffn<B> {
                 None => y,
             })
         };
-        let up = with_bias(b.matmul(x, &self.up)?, &self.up_bias)?;
         let h = match &self.gate {
             Some(g) => {
-                let gate = with_bias(b.matmul(x, g)?, &self.gate_bias)?;
+                let [gate, up] = b.matmul_many(x, [g, &self.up])?;
+                let up = with_bias(up, &self.up_bias)?;
+                let gate = with_bias(gate, &self.gate_bias)?;
                 b.glu(&gate, &up, self.glu)?
             }
-            None => match self.glu {
-                Glu::Plain(a) => b.act(&up, a)?,
-                Glu::SwiGluOai { .. } => b.act(&up, compute::spec::Act::Silu)?,
-            },
+            None => {
+                let up = with_bias(b.matmul(x, &self.up)?, &self.up_bias)?;
+                match self.glu {
+                    Glu::Plain(a) => b.act(&up, a)?,
+                    Glu::SwiGluOai { .. } => b.act(&up, compute::spec::Act::Silu)?,
+                }
+            }
         };
         with_bias(b.matmul(&h, &self.down)?, &self.down_bias)
     }
