@@ -30,7 +30,9 @@
 //!   product reads is safe.
 //! - **Hybrid.** Under [`MissPolicy::Auto`] a miss is computed on the CPU when that is measured
 //!   to be cheaper than uploading it: upload bandwidth is measured when the tier is built, the
-//!   CPU's time per expert and token on the first expert it computes.
+//!   CPU's time per expert and token on the first expert it computes, and an upload's cost is
+//!   shared by the uses a slot has had so far (selections per upload). Without that sharing the
+//!   H200 run computed 383 misses per token on the CPU and the pool never filled (0.2% hits).
 
 use super::layout::TypeLayout;
 use super::shaders::Plain;
@@ -790,6 +792,13 @@ impl WgpuBackend {
         // Which misses the CPU computes.
         let expert_bytes_est = tier.opts.slot_bytes as f64;
         let upload_secs = expert_bytes_est / tier.upload_bytes_per_s.max(1.0);
+        // An upload serves this call and every later hit on its slot; the CPU serves this call
+        // only. So the upload's cost is divided by the selections per upload seen so far (all
+        // layers): high while the pool holds what the router picks, near 1 when it thrashes.
+        // Before any upload it is the selection count itself, so a cold pool fills first.
+        let (selections, uploads) =
+            st.stats.iter().fold((0u64, 0u64), |(sel, up), s| (sel + s.selections, up + s.uploads));
+        let uses_per_upload = selections as f64 / uploads.max(1) as f64;
         let mut on_cpu = vec![false; spec.n_expert];
         let mut first_unmeasured = st.cpu_secs_per_expert_token.is_none();
         for &e in &misses {
@@ -799,7 +808,9 @@ impl WgpuBackend {
                 MissPolicy::Auto => match st.cpu_secs_per_expert_token {
                     // Measured on first use: the first miss goes to the CPU.
                     None => std::mem::take(&mut first_unmeasured),
-                    Some(per_token) => per_token * (by_expert[e as usize].len() as f64) < upload_secs,
+                    Some(per_token) => {
+                        per_token * (by_expert[e as usize].len() as f64) * uses_per_upload.max(1.0) < upload_secs
+                    }
                 },
             };
         }
