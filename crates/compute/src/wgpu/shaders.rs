@@ -7,6 +7,7 @@ use super::layout::TypeLayout;
 const QUANT_COMMON: &str = include_str!("shaders/quant/common.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
+const MATMUL_PARAMS: &str = include_str!("shaders/matmul_params.wgsl");
 const GET_ROWS: &str = include_str!("shaders/get_rows.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
@@ -126,6 +127,7 @@ pub fn matmul(layout: &TypeLayout, tok: u32, guard_x: bool, subgroups: bool, unr
         (REDUCE_SHARED, "", "")
     };
     MATMUL
+        .replace("{{PARAMS}}", MATMUL_PARAMS)
         .replace("{{QUANT}}", &quant(layout))
         .replace("{{TOK}}", &tok.to_string())
         .replace("{{X_GUARD}}", guard)
@@ -205,6 +207,7 @@ pub fn matvec(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> Strin
 }"
     };
     MATVEC
+        .replace("{{PARAMS}}", MATMUL_PARAMS)
         .replace("{{QUANT}}", &format!("{}\n{dot8}", quant(layout)))
         .replace("{{WG}}", &shape.wg.to_string())
         .replace("{{ROWS}}", &shape.rows.to_string())

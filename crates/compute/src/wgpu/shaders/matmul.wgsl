@@ -1,22 +1,9 @@
 // y[t, col0 + r] = sum_c x[t, x_col0 + c] * W[row0 + r, c] for rows r of one weight chunk and up to TOK
 // tokens per workgroup. One workgroup per output row streams the row once and dots it with each
 // token of its tile, so decode (one token) reads the weights exactly once.
-// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW, dq8), TOK, X_GUARD, REDUCE,
+// Template parameters (see shaders.rs): PARAMS, QUANT (a weight type's BV, BW, dq8), TOK, X_GUARD, REDUCE,
 // UNROLL (a first loop taking four groups per iteration, so four independent loads are in flight).
-struct Params {
-    k: u32,
-    n_rows: u32,
-    n_tok: u32,
-    row_words: u32,
-    w_row0: u32,
-    out_stride: u32,
-    out_col0: u32,
-    x_stride: u32,
-    x_col0: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<f32>;

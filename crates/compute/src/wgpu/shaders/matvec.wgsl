@@ -6,23 +6,10 @@
 // are a fraction of the weight reads (from memory) instead of twice their bytes, and the cost of the
 // closing reduction is shared by ROWS rows. Neighbouring invocations read neighbouring groups, so
 // every load of a subgroup is one contiguous span of the row.
-// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW, dq8 and dot8), WG, ROWS,
+// Template parameters (see shaders.rs): PARAMS, QUANT (a weight type's BV, BW, dq8 and dot8), WG, ROWS,
 // REDUCE_ROWS.
 // Needs k a multiple of 8 and x_col0 a multiple of 4 (the caller falls back to matmul.wgsl).
-struct Params {
-    k: u32,
-    n_rows: u32,
-    n_tok: u32,
-    row_words: u32,
-    w_row0: u32,
-    out_stride: u32,
-    out_col0: u32,
-    x_stride: u32,
-    x_col0: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
