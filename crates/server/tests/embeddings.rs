@@ -4,6 +4,8 @@
 //! make_reference.py there). Also: base64 encoding, token-id inputs, usage, and the errors
 //! (a generative model, a bad token id, an empty list, a wrong `dimensions`, an unknown field).
 
+mod common;
+
 use gguf::{GgufModel, GgufWriter, Value as GValue};
 use serde_json::{json, Value};
 use server::engine::EngineOptions;
@@ -130,18 +132,8 @@ fn embeddings_match_llama_cpp() {
         model_options: Default::default(),
         api_key: None,
     };
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (_stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let shutdown = async move {
-                let _ = stop_rx.await;
-            };
-            server::serve(config, move |a| addr_tx.send(a).unwrap(), shutdown).await.unwrap();
-        });
-    });
-    let addr = addr_rx.recv_timeout(Duration::from_secs(120)).expect("server started");
+    let server = common::start(config);
+    let addr = server.addr;
 
     let tokenizer =
         tokenizer::Tokenizer::from_gguf(GgufModel::open(fixtures.join("model-q4_0.gguf")).unwrap().metadata()).unwrap();

@@ -7,6 +7,8 @@
 //! paged path is exercised, not merely opened. Paged and resident add the same terms in the
 //! same order (the pager's design), so the texts must be equal, not merely close.
 
+mod common;
+
 use serde_json::{json, Value};
 use server::engine::EngineOptions;
 use server::registry::RouterOptions;
@@ -81,18 +83,8 @@ fn paged_experts_answer_like_mapped_ones_and_metrics_count_the_cache() {
         router: RouterOptions::default(),
         api_key: None,
     };
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (_stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let shutdown = async move {
-                let _ = stop_rx.await;
-            };
-            server::serve(config, move |a| addr_tx.send(a).unwrap(), shutdown).await.unwrap();
-        });
-    });
-    let addr = addr_rx.recv_timeout(Duration::from_secs(120)).expect("server started");
+    let server = common::start(config);
+    let addr = server.addr;
 
     let complete = |model: &str| -> (String, Value) {
         let body = json!({"model": model, "prompt": "The quick brown fox jumps over the la",
