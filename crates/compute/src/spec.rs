@@ -29,6 +29,17 @@ pub enum Glu {
     },
 }
 
+impl Glu {
+    /// The activation an expert without a gate projection applies to its up projection (models
+    /// whose experts have no gate; gpt-oss's gated form falls back to SiLU).
+    pub fn ungated_act(self) -> Act {
+        match self {
+            Glu::Plain(a) => a,
+            Glu::SwiGluOai { .. } => Act::Silu,
+        }
+    }
+}
+
 /// YaRN context extension (arXiv 2309.00071), as transformers' `_compute_yarn_parameters`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Yarn {

@@ -197,10 +197,7 @@ impl CpuBackend {
                 gate.iter().zip(&up).map(|(&g, &u)| kernels::glu(g, u, spec.glu)).collect()
             }
             None => {
-                let act = match spec.glu {
-                    Glu::Plain(a) => a,
-                    Glu::SwiGluOai { .. } => Act::Silu,
-                };
+                let act = spec.glu.ungated_act();
                 up.iter().map(|&u| kernels::act(u, act)).collect()
             }
         };

@@ -41,7 +41,7 @@ use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Rout
 use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
-use crate::spec::{Act, Glu, MoeSpec};
+use crate::spec::MoeSpec;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -422,10 +422,7 @@ fn host_expert_ffn(
             gate.iter().zip(&up).map(|(&g, &u)| kernels::glu(g, u, spec.glu)).collect()
         }
         None => {
-            let act = match spec.glu {
-                Glu::Plain(a) => a,
-                Glu::SwiGluOai { .. } => Act::Silu,
-            };
+            let act = spec.glu.ungated_act();
             up.iter().map(|&u| kernels::act(u, act)).collect()
         }
     };
@@ -719,10 +716,7 @@ impl WgpuBackend {
                 self.glu(&gate, &up, spec.glu)?
             }
             (None, None) => {
-                let a = match spec.glu {
-                    Glu::Plain(a) => a,
-                    Glu::SwiGluOai { .. } => Act::Silu,
-                };
+                let a = spec.glu.ungated_act();
                 self.act(&up, a)?
             }
             _ => {
