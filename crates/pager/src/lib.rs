@@ -828,6 +828,29 @@ fn matrix(model: &GgufModel, name: &str) -> Result<Option<(Matrix, usize)>, Page
     )))
 }
 
+/// The experts of `layer`, after checking that the layer has experts and every id is one of them
+/// (both expert stores answer a back end's request through this).
+fn layer_experts<'a>(
+    layers: &'a [Option<LayerExperts>],
+    layer: usize,
+    ids: &[u32],
+    op: &'static str,
+    model: &dyn std::fmt::Display,
+) -> Result<&'a LayerExperts, OpError> {
+    let le = layers.get(layer).and_then(|l| l.as_ref()).ok_or_else(|| OpError::Weight {
+        name: format!("blk.{layer}.ffn_up_exps.weight"),
+        why: format!("{model} has no experts in layer {layer}"),
+    })?;
+    if let Some(&bad) = ids.iter().find(|&&e| e as usize >= le.n_expert) {
+        return Err(OpError::ShapeMismatch {
+            op,
+            expected: format!("expert ids < {}", le.n_expert),
+            got: vec![bad as usize],
+        });
+    }
+    Ok(le)
+}
+
 impl ExpertStore for Pager {
     fn with_host_experts(
         &self,
@@ -836,17 +859,7 @@ impl ExpertStore for Pager {
         compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
     ) -> Result<(), OpError> {
         let s = &*self.shared;
-        let le = s.layers.get(layer).and_then(|l| l.as_ref()).ok_or_else(|| OpError::Weight {
-            name: format!("blk.{layer}.ffn_up_exps.weight"),
-            why: format!("{} has no experts in layer {layer}", s.model_name),
-        })?;
-        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= le.n_expert) {
-            return Err(OpError::ShapeMismatch {
-                op: "pager",
-                expected: format!("expert ids < {}", le.n_expert),
-                got: vec![bad as usize],
-            });
-        }
+        let le = layer_experts(&s.layers, layer, ids, "pager", &s.model_name)?;
         let mut c = s.lock();
         c.tick += 1;
         let tick = c.tick;
@@ -978,17 +991,7 @@ impl ExpertStore for MappedExperts {
         ids: &[u32],
         compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
     ) -> Result<(), OpError> {
-        let le = self.layers.get(layer).and_then(|l| l.as_ref()).ok_or_else(|| OpError::Weight {
-            name: format!("blk.{layer}.ffn_up_exps.weight"),
-            why: format!("{} has no experts in layer {layer}", self.model.path().display()),
-        })?;
-        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= le.n_expert) {
-            return Err(OpError::ShapeMismatch {
-                op: "mapped experts",
-                expected: format!("expert ids < {}", le.n_expert),
-                got: vec![bad as usize],
-            });
-        }
+        let le = layer_experts(&self.layers, layer, ids, "mapped experts", &self.model.path().display())?;
         let files = self.model.files();
         let take = |m: &Matrix, id: u32| {
             let at = m.expert_offset(id) as usize;
