@@ -270,6 +270,13 @@ mod gpu_ops {
                 let want = c.matmul(&x, &cw).expect("cpu matmul");
                 let got = host(g, g.matmul(&up(g, &x), &gw));
                 r.check(&format!("matmul({}, {n_out}x{k}, n={n})", type_name(t)), got, &want.data, DEFAULT_MAX_NMSE);
+                // y0 + x · Wᵀ through the accumulate option (one token: the decode kernel).
+                let y0 = tensor(rng, &[n, n_out], 1.0);
+                let want_acc = c.add(&want, &y0).expect("cpu add");
+                let gy = up(g, &y0);
+                let got = g.matvec_accumulate_into(&up(g, &x), &gw, &gy).and_then(|()| g.to_host(&gy));
+                let case = format!("matvec_accumulate_into({}, {n_out}x{k}, n={n})", type_name(t));
+                r.check(&case, got, &want_acc.data, DEFAULT_MAX_NMSE);
                 if n == 1 && k % 8 == 0 {
                     for shape in MatvecShape::TESTED {
                         let got = host(g, g.matvec_with_shape(&up(g, &x), &gw, shape));

@@ -823,17 +823,56 @@ impl WgpuBackend {
     /// `y[:, y_col0 + r] = x[:, x_col0..x_col0 + k] · W[w_row0 + r]ᵀ` for `r < n_rows` (an
     /// expert's or a head's rows of a stack, or the whole matrix).
     fn matmul_into(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span) -> Result<(), OpError> {
+        self.product_into(x, w, y, r, false)
+    }
+
+    /// `matmul_into`, adding to `y` instead of replacing it when `accumulate` is set.
+    fn product_into(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        y: &WgpuTensor,
+        r: Span,
+        accumulate: bool,
+    ) -> Result<(), OpError> {
         match self.ctx.matvec {
             Some(shape) if x.rows() == 1 && w.k.is_multiple_of(8) && r.x_col0.is_multiple_of(4) => {
-                self.matvec_into(x, w, y, r, shape);
+                self.matvec_into(x, w, y, r, shape, accumulate);
                 Ok(())
             }
-            _ => self.matmul_general(x, w, y, r),
+            _ => self.matmul_general(x, w, y, r, accumulate),
         }
     }
 
+    /// `y += x · Wᵀ` for `x` [n, k] and `y` [n, n_rows] (any number of tokens; one token takes
+    /// the decode kernel): the residual add fused into the product that feeds it, so it costs no
+    /// dispatch of its own. `y` must be a different tensor from `x` (one buffer cannot be bound
+    /// for reading and writing in one dispatch).
+    ///
+    /// # Errors
+    /// [`OpError::ShapeMismatch`] when `x` is not `k` wide or `y` is not `[x rows, n_rows]`.
+    pub fn matvec_accumulate_into(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor) -> Result<(), OpError> {
+        expect_width("matvec_accumulate_into x", x, w.k)?;
+        if y.width() != w.n_rows || y.rows() != x.rows() {
+            return Err(OpError::ShapeMismatch {
+                op: "matvec_accumulate_into y",
+                expected: format!("[{}, {}]", x.rows(), w.n_rows),
+                got: y.shape.clone(),
+            });
+        }
+        self.product_into(x, w, y, Span::whole(w), true)
+    }
+
     /// One token's product through `matvec.wgsl` (`shape.rows` rows per workgroup).
-    fn matvec_into(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span, shape: MatvecShape) {
+    fn matvec_into(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        y: &WgpuTensor,
+        r: Span,
+        shape: MatvecShape,
+        accumulate: bool,
+    ) {
         let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         let k = w.k;
         let l = w.layout;
@@ -859,7 +898,7 @@ impl WgpuBackend {
                     (y_col0 + lo - w_row0) as u32,
                     x.width() as u32,
                     x_col0 as u32,
-                    0,
+                    accumulate as u32,
                     0,
                     0,
                 ],
@@ -869,7 +908,14 @@ impl WgpuBackend {
     }
 
     /// Any number of tokens through `matmul.wgsl` (one workgroup per row and token tile).
-    fn matmul_general(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span) -> Result<(), OpError> {
+    fn matmul_general(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        y: &WgpuTensor,
+        r: Span,
+        accumulate: bool,
+    ) -> Result<(), OpError> {
         let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         let n_tok = x.rows();
         let k = w.k;
@@ -902,7 +948,7 @@ impl WgpuBackend {
                     (y_col0 + lo - w_row0) as u32,
                     x.width() as u32,
                     x_col0 as u32,
-                    0,
+                    accumulate as u32,
                     0,
                     0,
                 ],
@@ -980,10 +1026,10 @@ impl WgpuBackend {
         let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
         match shape {
             Some(shape) => self.time_reps(reps, || {
-                self.matvec_into(x, w, &y, Span::whole(w), shape);
+                self.matvec_into(x, w, &y, Span::whole(w), shape, false);
                 Ok(())
             }),
-            None => self.time_reps(reps, || self.matmul_general(x, w, &y, Span::whole(w))),
+            None => self.time_reps(reps, || self.matmul_general(x, w, &y, Span::whole(w), false)),
         }
     }
 
@@ -1000,7 +1046,7 @@ impl WgpuBackend {
             });
         }
         let y = self.alloc("matvec", &[1, w.n_rows])?;
-        self.matvec_into(x, w, &y, Span::whole(w), shape);
+        self.matvec_into(x, w, &y, Span::whole(w), shape, false);
         Ok(y)
     }
 

@@ -168,7 +168,7 @@ const REDUCE_ROWS_SUBGROUP: &str = "    for (var r = 0u; r < ROWS; r++) {
         for (var i = 0u; i < n_sg; i++) {
             s += red[lid * n_sg + i];
         }
-        Y[P.out_col0 + row0 + lid] = s;
+        store_y(P.out_col0 + row0 + lid, s);
     }";
 
 const REDUCE_ROWS_SHARED: &str = "    for (var r = 0u; r < ROWS; r++) {
@@ -184,7 +184,7 @@ const REDUCE_ROWS_SHARED: &str = "    for (var r = 0u; r < ROWS; r++) {
         workgroupBarrier();
     }
     if (lid < ROWS && row0 + lid < P.n_rows) {
-        Y[P.out_col0 + row0 + lid] = red[lid * WG];
+        store_y(P.out_col0 + row0 + lid, red[lid * WG]);
     }";
 
 /// The decode matrix-vector product for one weight type (one token, `k` a multiple of 8).

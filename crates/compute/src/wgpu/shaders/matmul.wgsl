@@ -59,7 +59,7 @@ fn main(
     for (var t = 0u; t < TOK; t++) {
         let s = reduce_sum(acc[t], lid{{SG_CALL}});
         if (lid == 0u && t0 + t < P.n_tok) {
-            Y[(t0 + t) * P.out_stride + P.out_col0 + row] = s;
+            store_y((t0 + t) * P.out_stride + P.out_col0 + row, s);
         }
     }
 }
