@@ -106,6 +106,27 @@ pub struct SsmScan<'a, B: Backend> {
     pub n_group: usize,
 }
 
+/// One attention step before rotary embedding, for [`Backend::rope_attention`]: the layer's
+/// projections of `n` tokens at positions `pos0..pos0 + n`.
+pub struct AttnStep<'a, B: Backend> {
+    /// Queries `[n, n_head * head_dim_k]`, not yet rotated.
+    pub q: &'a B::Tensor,
+    /// Keys `[n, n_head_kv * head_dim_k]`, not yet rotated.
+    pub k: &'a B::Tensor,
+    /// Values `[n, n_head_kv * head_dim_v]`.
+    pub v: &'a B::Tensor,
+    /// Cache position of the first token.
+    pub pos0: usize,
+    /// Rotary position of each token (`n` of them).
+    pub positions: &'a [u32],
+    /// Rotary embedding of q and k (`None`: NoPE layer).
+    pub rope: Option<&'a RopeSpec>,
+    /// Heads, dims, scale, window, soft-cap.
+    pub spec: &'a AttnSpec,
+    /// One extra softmax logit per head (`[n_head]`, gpt-oss).
+    pub sinks: Option<&'a B::Tensor>,
+}
+
 /// A compute back end. `Tensor` holds f32 activations; `Weight` a matrix in its stored type;
 /// `Cache` one layer's attention KV cache.
 pub trait Backend: Send + Sync + Sized + Clone {
@@ -162,6 +183,14 @@ pub trait Backend: Send + Sync + Sized + Clone {
         })
     }
 
+    /// `residual + x · Wᵀ` (a residual connection after an output projection), consuming
+    /// `residual` so that a back end can add into its storage (the GPU: the product's kernel
+    /// accumulates, no separate add). By default `add(residual, matmul(x, w))`.
+    fn matmul_add(&self, x: &Self::Tensor, w: &Self::Weight, residual: Self::Tensor) -> Result<Self::Tensor, OpError> {
+        let y = self.matmul(x, w)?;
+        self.add(&residual, &y)
+    }
+
     // ---- element-wise ----
     /// a + b (same shape, or b one row broadcast over a's rows).
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, OpError>;
@@ -216,6 +245,22 @@ pub trait Backend: Send + Sync + Sized + Clone {
         spec: &AttnSpec,
         sinks: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor, OpError>;
+
+    /// Rotary embedding of `step.q` and `step.k`, then [`Backend::attention`]: the part of an
+    /// attention layer between its projections. One op so that a back end can rotate and write
+    /// the cache in one pass (the GPU: one dispatch instead of two ropes and two cache copies);
+    /// by default it is exactly those ops.
+    fn rope_attention(&self, step: &AttnStep<'_, Self>, cache: &mut Self::Cache) -> Result<Self::Tensor, OpError> {
+        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
+        match rope {
+            Some(r) => {
+                let q = self.rope(q, positions, r)?;
+                let k = self.rope(k, positions, r)?;
+                self.attention(&q, &k, v, cache, pos0, spec, sinks)
+            }
+            None => self.attention(q, k, v, cache, pos0, spec, sinks),
+        }
+    }
 
     // ---- mixture of experts ----
     /// Routing from router logits `[n, n_expert]`; `selection_bias` (`[n_expert]`) shifts only

@@ -16,6 +16,6 @@ mod weight;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
-pub use backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
+pub use backend::{AttnStep, Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
 pub use error::OpError;
 pub use weight::HostWeight;

@@ -27,7 +27,7 @@ mod gpu_ops {
     use compute::quant::{self, GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
     use compute::wgpu::{MatvecShape, WgpuBackend, WgpuOptions};
-    use compute::{Backend, Experts, HostWeight};
+    use compute::{AttnStep, Backend, Experts, HostWeight};
     use gguf::{GgufModel, GgufWriter};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -230,6 +230,7 @@ mod gpu_ops {
         norm_rope_cases(&g, &c, &mut rng, &mut r);
         shape_cases(&g, &c, &mut rng, &mut r);
         attention_cases(&g, &c, &mut rng, &mut r);
+        fused_cases(&g, &c, &mut rng, &mut r);
         moe_cases(&g, &c, &mut rng, &mut r);
         recurrent_cases(&g, &c, &mut rng, &mut r);
         r.finish();
@@ -517,6 +518,137 @@ mod gpu_ops {
                 r.check(&format!("attention({name}, pos0={pos}, n={n})"), host(g, got), &want.data, DEFAULT_MAX_NMSE);
                 pos += n;
             }
+        }
+    }
+
+    /// The fused ops against the CPU's default composition of the plain ops.
+    fn fused_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        // rope_attention: two layers per step with different rope specs at the same positions (the
+        // step's cos/sin table is shared per spec, never across specs), a prefill past one key
+        // tile, then single-token steps; norm and neox pairs, partial rotation, NoPE, sinks.
+        let gqa = AttnSpec {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim_k: 64,
+            head_dim_v: 64,
+            scale: 0.125,
+            window: None,
+            softcap: None,
+        };
+        let sinks_spec = AttnSpec {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim_k: 48,
+            head_dim_v: 24,
+            scale: 0.144,
+            window: Some(9),
+            softcap: None,
+        };
+        let layers: Vec<(&str, AttnSpec, Option<RopeSpec>, bool)> = vec![
+            ("norm rope, gqa 4/2 hd 64", gqa.clone(), Some(RopeSpec::new(64, 10000.0, false)), false),
+            ("neox rope, gqa 4/2 hd 64", gqa.clone(), Some(RopeSpec::new(64, 1_000_000.0, true)), false),
+            (
+                "neox n_rot 32 of 48, window 9, sinks",
+                sinks_spec,
+                Some(RopeSpec { n_rot: 32, ..RopeSpec::new(48, 10000.0, true) }),
+                true,
+            ),
+            ("NoPE, gqa 4/2 hd 64", gqa, None, false),
+        ];
+        for pair in layers.chunks(2) {
+            let n_ctx = 100;
+            let mut caches: Vec<_> = pair
+                .iter()
+                .map(|(_, spec, _, _)| {
+                    let (kw, vw) = (spec.n_head_kv * spec.head_dim_k, spec.n_head_kv * spec.head_dim_v);
+                    (c.new_cache(n_ctx, kw, vw).unwrap(), g.new_cache(n_ctx, kw, vw).unwrap())
+                })
+                .collect();
+            let mut pos0 = 0;
+            for n in [70usize, 1, 1, 5, 1] {
+                let positions: Vec<u32> = (pos0 as u32..(pos0 + n) as u32).collect();
+                for ((name, spec, rope, with_sinks), (cc, gc)) in pair.iter().zip(caches.iter_mut()) {
+                    let q = tensor(rng, &[n, spec.n_head * spec.head_dim_k], 2.0);
+                    let k = tensor(rng, &[n, spec.n_head_kv * spec.head_dim_k], 2.0);
+                    let v = tensor(rng, &[n, spec.n_head_kv * spec.head_dim_v], 2.0);
+                    let sinks = tensor(rng, &[spec.n_head], 2.0);
+                    let (gq, gk, gv, gsinks) = (up(g, &q), up(g, &k), up(g, &v), up(g, &sinks));
+                    let want = c
+                        .rope_attention(
+                            &AttnStep {
+                                q: &q,
+                                k: &k,
+                                v: &v,
+                                pos0,
+                                positions: &positions,
+                                rope: rope.as_ref(),
+                                spec,
+                                sinks: with_sinks.then_some(&sinks),
+                            },
+                            cc,
+                        )
+                        .unwrap();
+                    let step = AttnStep {
+                        q: &gq,
+                        k: &gk,
+                        v: &gv,
+                        pos0,
+                        positions: &positions,
+                        rope: rope.as_ref(),
+                        spec,
+                        sinks: with_sinks.then_some(&gsinks),
+                    };
+                    let got = host(g, g.rope_attention(&step, gc));
+                    r.check(&format!("rope_attention({name}, pos0={pos0}, n={n})"), got, &want.data, DEFAULT_MAX_NMSE);
+                }
+                pos0 += n;
+            }
+        }
+        // A step past the cache is refused, not written out of bounds.
+        let spec =
+            AttnSpec { n_head: 2, n_head_kv: 1, head_dim_k: 8, head_dim_v: 8, scale: 0.3, window: None, softcap: None };
+        let mut gc = g.new_cache(4, 8, 8).unwrap();
+        let (q, kv) = (up(g, &tensor(rng, &[2, 16], 1.0)), up(g, &tensor(rng, &[2, 8], 1.0)));
+        let rope = RopeSpec::new(8, 10000.0, false);
+        let step = AttnStep {
+            q: &q,
+            k: &kv,
+            v: &kv,
+            pos0: 3,
+            positions: &[3, 4],
+            rope: Some(&rope),
+            spec: &spec,
+            sinks: None,
+        };
+        let refused = matches!(g.rope_attention(&step, &mut gc), Err(compute::OpError::ContextFull { .. }));
+        r.exact("rope_attention(past the cache) refused", Ok(refused), &true);
+
+        // matmul_add: the residual added by the product's kernel, one token (decode kernel) and
+        // several (general kernel), a k that is not a multiple of 8.
+        let shapes = [(GgmlType::Q4_0, 37usize, 512usize), (GgmlType::Q6_K, 19, 256), (GgmlType::F16, 13, 67)];
+        let tensors: Vec<_> = shapes
+            .iter()
+            .map(|&(t, n_out, k)| (format!("add_{}", type_name(t)), t, vec![n_out, k], rand_vec(rng, n_out * k, 1.0)))
+            .collect();
+        let file = WeightFile::new("matmul_add", &tensors);
+        for (t, n_out, k) in shapes {
+            let hw = file.get(&format!("add_{}", type_name(t)));
+            let (cw, gw) = (c.weight(&hw).unwrap(), g.weight(&hw).unwrap());
+            for n in [1usize, 5] {
+                let x = tensor(rng, &[n, k], 1.0);
+                let residual = tensor(rng, &[n, n_out], 3.0);
+                let want = c.matmul_add(&x, &cw, residual.clone()).unwrap();
+                let got = host(g, g.matmul_add(&up(g, &x), &gw, up(g, &residual)));
+                r.check(
+                    &format!("matmul_add({}, {n_out}x{k}, n={n})", type_name(t)),
+                    got,
+                    &want.data,
+                    DEFAULT_MAX_NMSE,
+                );
+            }
+            let wrong = up(g, &tensor(rng, &[1, n_out + 1], 1.0));
+            let refused = g.matmul_add(&up(g, &tensor(rng, &[1, k], 1.0)), &gw, wrong).is_err();
+            r.exact(&format!("matmul_add({}, residual of the wrong width) refused", type_name(t)), Ok(refused), &true);
         }
     }
 

@@ -5,7 +5,7 @@
 use crate::error::Result;
 use crate::loader::Loader;
 use compute::spec::{AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
-use compute::{Backend, Experts};
+use compute::{AttnStep, Backend, Experts};
 use gguf::names::blk;
 
 /// Attention weights of one layer: projections, optional biases and q/k norms, optional sinks.
@@ -76,6 +76,34 @@ impl<B: Backend> Attention<B> {
         (self.spec.n_head_kv * self.spec.head_dim_k, self.spec.n_head_kv * self.spec.head_dim_v)
     }
 
+    /// Attention of `x` (`[n, n_embd]`) up to the output projection: `[n, n_head * head_dim_v]`.
+    fn attend(&self, b: &B, x: &B::Tensor, cache: &mut B::Cache, pos0: usize, positions: &[u32]) -> Result<B::Tensor> {
+        let n = positions.len();
+        let [q, k, v] = b.matmul_many(x, [&self.q, &self.k, &self.v])?;
+        let with_bias = |y: B::Tensor, bias: &Option<B::Tensor>| -> Result<B::Tensor> {
+            Ok(match bias {
+                Some(bb) => b.add(&y, bb)?,
+                None => y,
+            })
+        };
+        let q = with_bias(q, &self.q_bias)?;
+        let k = with_bias(k, &self.k_bias)?;
+        let v = with_bias(v, &self.v_bias)?;
+        let q = self.qk_norm(b, q, self.q_norm.as_ref(), self.spec.n_head, n)?;
+        let k = self.qk_norm(b, k, self.k_norm.as_ref(), self.spec.n_head_kv, n)?;
+        let step = AttnStep {
+            q: &q,
+            k: &k,
+            v: &v,
+            pos0,
+            positions,
+            rope: self.rope.as_ref(),
+            spec: &self.spec,
+            sinks: self.sinks.as_ref(),
+        };
+        Ok(b.rope_attention(&step, cache)?)
+    }
+
     /// Self-attention of `x` (`[n, n_embd]`) at positions `pos0..`, updating `cache`.
     pub fn forward(
         &self,
@@ -85,29 +113,30 @@ impl<B: Backend> Attention<B> {
         pos0: usize,
         positions: &[u32],
     ) -> Result<B::Tensor> {
-        let n = positions.len();
-        let [q, k, v] = b.matmul_many(x, [&self.q, &self.k, &self.v])?;
-        let with_bias = |y: B::Tensor, bias: &Option<B::Tensor>| -> Result<B::Tensor> {
-            Ok(match bias {
-                Some(bb) => b.add(&y, bb)?,
-                None => y,
-            })
-        };
-        let mut q = with_bias(q, &self.q_bias)?;
-        let mut k = with_bias(k, &self.k_bias)?;
-        let v = with_bias(v, &self.v_bias)?;
-        q = self.qk_norm(b, q, self.q_norm.as_ref(), self.spec.n_head, n)?;
-        k = self.qk_norm(b, k, self.k_norm.as_ref(), self.spec.n_head_kv, n)?;
-        if let Some(r) = &self.rope {
-            q = b.rope(&q, positions, r)?;
-            k = b.rope(&k, positions, r)?;
-        }
-        let a = b.attention(&q, &k, &v, cache, pos0, &self.spec, self.sinks.as_ref())?;
+        let a = self.attend(b, x, cache, pos0, positions)?;
         let y = b.matmul(&a, &self.o)?;
         Ok(match &self.o_bias {
             Some(bb) => b.add(&y, bb)?,
             None => y,
         })
+    }
+
+    /// `residual + forward(x, ..)`: the residual connection around the attention, added by the
+    /// output projection itself when it has no bias ([`Backend::matmul_add`]).
+    pub fn forward_residual(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        residual: B::Tensor,
+        cache: &mut B::Cache,
+        pos0: usize,
+        positions: &[u32],
+    ) -> Result<B::Tensor> {
+        let a = self.attend(b, x, cache, pos0, positions)?;
+        match &self.o_bias {
+            None => Ok(b.matmul_add(&a, &self.o, residual)?),
+            Some(bb) => Ok(b.add(&residual, &b.add(&b.matmul(&a, &self.o)?, bb)?)?),
+        }
     }
 
     fn qk_norm(&self, b: &B, t: B::Tensor, w: Option<&B::Tensor>, heads: usize, n: usize) -> Result<B::Tensor> {
@@ -152,6 +181,25 @@ impl<B: Backend> Ffn<B> {
 
     /// The block's output for `x` (`[n, n_embd]`).
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        let y = b.matmul(&self.hidden(b, x)?, &self.down)?;
+        Ok(match &self.down_bias {
+            Some(bb) => b.add(&y, bb)?,
+            None => y,
+        })
+    }
+
+    /// `residual + forward(x)`: the residual connection around the block, added by the down
+    /// projection itself when it has no bias ([`Backend::matmul_add`]).
+    pub fn forward_residual(&self, b: &B, x: &B::Tensor, residual: B::Tensor) -> Result<B::Tensor> {
+        let h = self.hidden(b, x)?;
+        match &self.down_bias {
+            None => Ok(b.matmul_add(&h, &self.down, residual)?),
+            Some(bb) => Ok(b.add(&residual, &b.add(&b.matmul(&h, &self.down)?, bb)?)?),
+        }
+    }
+
+    /// The activations the down projection reads: `glu(gate(x), up(x))` or `act(up(x))`.
+    fn hidden(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let with_bias = |y: B::Tensor, bias: &Option<B::Tensor>| -> Result<B::Tensor> {
             Ok(match bias {
                 Some(bb) => b.add(&y, bb)?,
@@ -173,7 +221,7 @@ impl<B: Backend> Ffn<B> {
                 }
             }
         };
-        with_bias(b.matmul(&h, &self.down)?, &self.down_bias)
+        Ok(h)
     }
 }
 
@@ -257,6 +305,14 @@ impl<B: Backend> FfnOrMoe<B> {
         match self {
             FfnOrMoe::Dense(f) => f.forward(b, x),
             FfnOrMoe::Moe(m) => m.forward(b, x),
+        }
+    }
+
+    /// `residual + forward(x)` (the dense block adds in its down projection).
+    pub fn forward_residual(&self, b: &B, x: &B::Tensor, residual: B::Tensor) -> Result<B::Tensor> {
+        match self {
+            FfnOrMoe::Dense(f) => f.forward_residual(b, x, residual),
+            FfnOrMoe::Moe(m) => Ok(b.add(&residual, &m.forward(b, x)?)?),
         }
     }
 }

@@ -129,11 +129,9 @@ impl<B: Backend> Llama<B> {
         for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
             let LayerState::Attention(cache) = st else { unreachable!("llama layers all have attention") };
             let h = b.rms_norm(&x, Some(&layer.attn_norm), self.hp.rms_eps)?;
-            let a = layer.attn.forward(b, &h, cache, state.n_past, &pos)?;
-            x = b.add(&x, &a)?;
+            x = layer.attn.forward_residual(b, &h, x, cache, state.n_past, &pos)?;
             let h = b.rms_norm(&x, Some(&layer.ffn_norm), self.hp.rms_eps)?;
-            let f = layer.ffn.forward(b, &h)?;
-            x = b.add(&x, &f)?;
+            x = layer.ffn.forward_residual(b, &h, x)?;
         }
         state.n_past += n;
         let x = output_rows(b, &x, n, outputs)?;

@@ -31,6 +31,7 @@
 //! Tests compare the two op by op (`tests/backend_ops.rs`) and model by model.
 
 mod experts;
+mod fused;
 pub mod layout;
 mod shaders;
 
@@ -39,7 +40,7 @@ pub use experts::{
     STAGING_BUFFERS,
 };
 
-use crate::backend::{Backend, Experts, Routing, SsmScan};
+use crate::backend::{AttnStep, Backend, Experts, Routing, SsmScan};
 use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
@@ -298,6 +299,8 @@ struct Ctx {
     submit_every: usize,
     /// Host-side time per phase when DISKFORMER_GPU_PROFILE=1 (printed when the back end drops).
     profile: Option<Mutex<HostProfile>>,
+    /// The current step's rope cos/sin tables (shared by the layers).
+    rope_tables: Mutex<fused::RopeTables>,
 }
 
 /// Where the host's time goes around the GPU (DISKFORMER_GPU_PROFILE=1): a decode step is
@@ -597,6 +600,7 @@ impl WgpuBackend {
                 .and_then(|v| v.parse().ok())
                 .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
             profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| Mutex::new(HostProfile::default())),
+            rope_tables: Mutex::new(fused::RopeTables::default()),
         };
         Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None })
     }
@@ -1278,36 +1282,9 @@ impl Backend for WgpuBackend {
     }
 
     fn rope(&self, x: &WgpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<WgpuTensor, OpError> {
+        Self::check_rope(x, positions, spec)?;
         let w = x.width();
-        if positions.len() != x.rows()
-            || spec.head_dim == 0
-            || !w.is_multiple_of(spec.head_dim)
-            || spec.n_rot > spec.head_dim
-        {
-            return Err(OpError::ShapeMismatch {
-                op: "rope",
-                expected: format!(
-                    "[{} positions, heads * {}] with n_rot {}",
-                    positions.len(),
-                    spec.head_dim,
-                    spec.n_rot
-                ),
-                got: x.shape.clone(),
-            });
-        }
-        // cos/sin on the host, exactly as the CPU reference computes them: GPU trigonometry of
-        // large angles (position * frequency) is not accurate enough.
-        let table = kernels::RopeTable::new(spec);
-        let half = spec.n_rot / 2;
-        let mut cs = Vec::with_capacity(positions.len() * half * 2);
-        for &p in positions {
-            let (c, s) = table.cos_sin(p);
-            for i in 0..half {
-                cs.push(c[i]);
-                cs.push(s[i]);
-            }
-        }
-        let csb = self.upload("rope table", bytemuck::cast_slice(&cs))?;
+        let csb = self.rope_table(positions, spec)?;
         let y = self.alloc("rope", &x.shape)?;
         let n = x.len();
         self.dispatch(
@@ -1398,67 +1375,13 @@ impl Backend for WgpuBackend {
         spec: &AttnSpec,
         sinks: Option<&WgpuTensor>,
     ) -> Result<WgpuTensor, OpError> {
-        let n = q.rows();
-        expect_width("attention q", q, spec.n_head * spec.head_dim_k)?;
-        expect_width("attention k", k, cache.k_width)?;
-        expect_width("attention v", v, cache.v_width)?;
-        if cache.k_width != spec.n_head_kv * spec.head_dim_k
-            || cache.v_width != spec.n_head_kv * spec.head_dim_v
-            || k.rows() != n
-            || v.rows() != n
-            || spec.n_head_kv == 0
-            || !spec.n_head.is_multiple_of(spec.n_head_kv)
-            || spec.head_dim_k > 512
-            || spec.head_dim_v > 512
-        {
-            return Err(OpError::ShapeMismatch {
-                op: "attention",
-                expected: format!(
-                    "{n} rows of k [{}] and v [{}], n_head {} divisible by n_head_kv {}, head dims up to 512",
-                    spec.n_head_kv * spec.head_dim_k,
-                    spec.n_head_kv * spec.head_dim_v,
-                    spec.n_head,
-                    spec.n_head_kv
-                ),
-                got: vec![k.rows(), cache.k_width, v.rows(), cache.v_width],
-            });
-        }
-        if pos0 + n > cache.n_ctx {
-            return Err(OpError::ContextFull { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
-        }
-        if let Some(s) = sinks {
-            if s.len() != spec.n_head {
-                return Err(OpError::ShapeMismatch {
-                    op: "attention sinks",
-                    expected: format!("[{}]", spec.n_head),
-                    got: s.shape.clone(),
-                });
-            }
-        }
-        self.copy(&k.buf.buffer, 0, &cache.k, 4 * (pos0 * cache.k_width) as u64, 4 * (n * cache.k_width) as u64);
-        self.copy(&v.buf.buffer, 0, &cache.v, 4 * (pos0 * cache.v_width) as u64, 4 * (n * cache.v_width) as u64);
-        let y = self.alloc("attention", &[n, spec.n_head * spec.head_dim_v])?;
-        let sink_buf = sinks.map_or(&self.ctx.dummy, |s| &s.buf.buffer);
-        self.dispatch(
-            self.plain(Plain::Attention),
-            &[&q.buf.buffer, &cache.k, &cache.v, sink_buf, &y.buf.buffer],
-            &[
-                n as u32,
-                spec.n_head as u32,
-                spec.n_head_kv as u32,
-                spec.head_dim_k as u32,
-                spec.head_dim_v as u32,
-                pos0 as u32,
-                spec.window.unwrap_or(0) as u32,
-                sinks.is_some() as u32,
-                spec.scale.to_bits(),
-                spec.softcap.unwrap_or(0.0).to_bits(),
-                0,
-                0,
-            ],
-            grid(n * spec.n_head),
-        );
-        Ok(y)
+        Self::check_attention(q, k, v, cache, pos0, spec, sinks)?;
+        self.store_kv(k, v, cache, pos0);
+        self.attend(q, cache, pos0, spec, sinks)
+    }
+
+    fn rope_attention(&self, step: &AttnStep<'_, Self>, cache: &mut WgpuCache) -> Result<WgpuTensor, OpError> {
+        self.rope_attention_fused(step, cache)
     }
 
     fn route(

@@ -1,0 +1,208 @@
+//! Fused ops of the GPU back end: work that the op-by-op graph spreads over several dispatches
+//! done in one, to cut a decode step's dispatch count (each costs host time to record and encode,
+//! ~8 us on the H200, docs/NOTES.md).
+//!
+//! - [`Backend::rope_attention`]: q and k rotated and k, v written to the cache in one dispatch
+//!   (`rope_store.wgsl`), then the attention kernel: two dispatches where the op-by-op path had
+//!   two rope table uploads, two ropes, two cache copies and the attention.
+//! - The rope cos/sin table of a step is uploaded once and shared by every layer (they all rotate
+//!   the same positions with the same spec), instead of once per `rope` call.
+
+use super::{expect_width, grid, lock, OpError, PooledBuffer, WgpuBackend, WgpuCache, WgpuTensor};
+use crate::backend::AttnStep;
+use crate::cpu::kernels;
+use crate::spec::{AttnSpec, RopeSpec};
+use std::sync::Arc;
+
+/// Tables kept: enough for models that alternate two rope specs (local and global layers) with
+/// room to spare; past it the oldest goes.
+const ROPE_TABLES_KEPT: usize = 4;
+
+/// The rope cos/sin tables of the current step, keyed by what they were computed from.
+#[derive(Default)]
+pub(super) struct RopeTables {
+    entries: Vec<(RopeSpec, Vec<u32>, Arc<PooledBuffer>)>,
+}
+
+impl WgpuBackend {
+    /// The cos/sin table (`[positions, n_rot / 2]` pairs) of `positions` under `spec`, computed on
+    /// the host exactly as the CPU reference computes it (GPU trigonometry of large angles is not
+    /// accurate enough) and uploaded once per step.
+    pub(super) fn rope_table(&self, positions: &[u32], spec: &RopeSpec) -> Result<Arc<PooledBuffer>, OpError> {
+        let mut tables = lock(&self.ctx.rope_tables);
+        if let Some((_, _, buf)) = tables.entries.iter().find(|(s, p, _)| p == positions && s == spec) {
+            return Ok(buf.clone());
+        }
+        if tables.entries.len() >= ROPE_TABLES_KEPT {
+            // Dropped before the upload below so its buffer goes back to the pool first and the
+            // next step's table lands in the same buffer (its bind groups stay cached).
+            tables.entries.remove(0);
+        }
+        let table = kernels::RopeTable::new(spec);
+        let half = spec.n_rot / 2;
+        let mut cs = Vec::with_capacity(positions.len() * half * 2);
+        for &p in positions {
+            let (c, s) = table.cos_sin(p);
+            for i in 0..half {
+                cs.push(c[i]);
+                cs.push(s[i]);
+            }
+        }
+        let buf = Arc::new(self.upload("rope table", bytemuck::cast_slice(&cs))?);
+        tables.entries.push((spec.clone(), positions.to_vec(), buf.clone()));
+        Ok(buf)
+    }
+
+    /// The shape checks of `rope`: one position per row, whole heads, `n_rot` within a head.
+    pub(super) fn check_rope(x: &WgpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<(), OpError> {
+        let w = x.width();
+        if positions.len() != x.rows()
+            || spec.head_dim == 0
+            || !w.is_multiple_of(spec.head_dim)
+            || spec.n_rot > spec.head_dim
+        {
+            return Err(OpError::ShapeMismatch {
+                op: "rope",
+                expected: format!(
+                    "[{} positions, heads * {}] with n_rot {}",
+                    positions.len(),
+                    spec.head_dim,
+                    spec.n_rot
+                ),
+                got: x.shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The shape checks of `attention`.
+    #[allow(clippy::too_many_arguments)] // attention's own parameters, checked together
+    pub(super) fn check_attention(
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        cache: &WgpuCache,
+        pos0: usize,
+        spec: &AttnSpec,
+        sinks: Option<&WgpuTensor>,
+    ) -> Result<(), OpError> {
+        let n = q.rows();
+        expect_width("attention q", q, spec.n_head * spec.head_dim_k)?;
+        expect_width("attention k", k, cache.k_width)?;
+        expect_width("attention v", v, cache.v_width)?;
+        if cache.k_width != spec.n_head_kv * spec.head_dim_k
+            || cache.v_width != spec.n_head_kv * spec.head_dim_v
+            || k.rows() != n
+            || v.rows() != n
+            || spec.n_head_kv == 0
+            || !spec.n_head.is_multiple_of(spec.n_head_kv)
+            || spec.head_dim_k > 512
+            || spec.head_dim_v > 512
+        {
+            return Err(OpError::ShapeMismatch {
+                op: "attention",
+                expected: format!(
+                    "{n} rows of k [{}] and v [{}], n_head {} divisible by n_head_kv {}, head dims up to 512",
+                    spec.n_head_kv * spec.head_dim_k,
+                    spec.n_head_kv * spec.head_dim_v,
+                    spec.n_head,
+                    spec.n_head_kv
+                ),
+                got: vec![k.rows(), cache.k_width, v.rows(), cache.v_width],
+            });
+        }
+        if pos0 + n > cache.n_ctx {
+            return Err(OpError::ContextFull { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
+        }
+        if let Some(s) = sinks {
+            if s.len() != spec.n_head {
+                return Err(OpError::ShapeMismatch {
+                    op: "attention sinks",
+                    expected: format!("[{}]", spec.n_head),
+                    got: s.shape.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The attention kernel over cache rows `0..pos0 + n` for `n` queries, the current tokens'
+    /// keys and values already in the cache.
+    pub(super) fn attend(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuCache,
+        pos0: usize,
+        spec: &AttnSpec,
+        sinks: Option<&WgpuTensor>,
+    ) -> Result<WgpuTensor, OpError> {
+        let n = q.rows();
+        let y = self.alloc("attention", &[n, spec.n_head * spec.head_dim_v])?;
+        let sink_buf = sinks.map_or(&self.ctx.dummy, |s| &s.buf.buffer);
+        self.dispatch(
+            self.plain(super::Plain::Attention),
+            &[&q.buf.buffer, &cache.k, &cache.v, sink_buf, &y.buf.buffer],
+            &[
+                n as u32,
+                spec.n_head as u32,
+                spec.n_head_kv as u32,
+                spec.head_dim_k as u32,
+                spec.head_dim_v as u32,
+                pos0 as u32,
+                spec.window.unwrap_or(0) as u32,
+                sinks.is_some() as u32,
+                spec.scale.to_bits(),
+                spec.softcap.unwrap_or(0.0).to_bits(),
+                0,
+                0,
+            ],
+            grid(n * spec.n_head),
+        );
+        Ok(y)
+    }
+
+    /// [`Backend::rope_attention`] in two dispatches: `rope_store.wgsl`, then the attention kernel.
+    pub(super) fn rope_attention_fused(
+        &self,
+        step: &AttnStep<'_, WgpuBackend>,
+        cache: &mut WgpuCache,
+    ) -> Result<WgpuTensor, OpError> {
+        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
+        Self::check_attention(q, k, v, cache, pos0, spec, sinks)?;
+        let Some(rope) = rope else {
+            self.store_kv(k, v, cache, pos0);
+            return self.attend(q, cache, pos0, spec, sinks);
+        };
+        Self::check_rope(q, positions, rope)?;
+        Self::check_rope(k, positions, rope)?;
+        let table = self.rope_table(positions, rope)?;
+        let n = q.rows();
+        let q_rot = self.alloc("rope_attention q", &q.shape)?;
+        let pipe = self.ctx.pipeline("rope_store", || include_str!("shaders/rope_store.wgsl").to_string());
+        let n_values = n * (q.width() + k.width() + v.width());
+        self.dispatch(
+            pipe,
+            &[&q.buf.buffer, &k.buf.buffer, &v.buf.buffer, &table.buffer, &q_rot.buf.buffer, &cache.k, &cache.v],
+            &[
+                n as u32,
+                q.width() as u32,
+                k.width() as u32,
+                v.width() as u32,
+                rope.head_dim as u32,
+                rope.n_rot as u32,
+                rope.neox as u32,
+                pos0 as u32,
+            ],
+            grid(n_values.div_ceil(256)),
+        );
+        self.attend(&q_rot, cache, pos0, spec, sinks)
+    }
+
+    /// Copies `k` and `v` (`[n, width]`) into cache rows `pos0..pos0 + n`.
+    pub(super) fn store_kv(&self, k: &WgpuTensor, v: &WgpuTensor, cache: &WgpuCache, pos0: usize) {
+        let n = k.rows() as u64;
+        let (kw, vw) = (cache.k_width as u64, cache.v_width as u64);
+        self.copy(&k.buf.buffer, 0, &cache.k, 4 * pos0 as u64 * kw, 4 * n * kw);
+        self.copy(&v.buf.buffer, 0, &cache.v, 4 * pos0 as u64 * vw, 4 * n * vw);
+    }
+}
