@@ -35,9 +35,10 @@
 //!   H200 run computed 383 misses per token on the CPU and the pool never filled (0.2% hits).
 
 use super::layout::TypeLayout;
+use super::moe::{self, RouteView};
 use super::shaders::Plain;
 use super::{lock, Cmd, Span, WeightChunk, WgpuBackend, WgpuTensor, WgpuWeight};
-use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing};
+use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix};
 use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
@@ -92,6 +93,9 @@ pub struct ExpertTierOptions {
     pub policy: SlotPolicy,
     /// How the CPU computes the experts it is given.
     pub cpu_matmul: MatmulMode,
+    /// At most this many slots per pool buffer (`None`: as many as the storage-binding limit
+    /// allows). Tests lower it to exercise pools of several buffers on a small GPU.
+    pub max_slots_per_buffer: Option<usize>,
 }
 
 impl ExpertTierOptions {
@@ -105,6 +109,7 @@ impl ExpertTierOptions {
             miss: MissPolicy::Auto,
             policy: SlotPolicy::Lfu,
             cpu_matmul: MatmulMode::Exact,
+            max_slots_per_buffer: None,
         }
     }
 
@@ -211,6 +216,10 @@ struct TierState {
     next_staging: usize,
     /// Seconds the CPU took per expert and token (an exponential average), once measured.
     cpu_secs_per_expert_token: Option<f64>,
+    /// Per layer, the pool buffer (region) its experts live in, given on first use.
+    region_of: Vec<Option<usize>>,
+    /// Layers given to each region so far.
+    region_layers: Vec<usize>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -222,6 +231,9 @@ pub(super) struct ExpertTier {
     slot_words: usize,
     slots_per_buffer: usize,
     pool: Vec<wgpu::Buffer>,
+    /// The slots of each pool buffer. A layer's experts all live in one buffer, so the per-pair
+    /// kernels bind one weight buffer whatever the pool's size (see `TierState::region`).
+    regions: Vec<std::ops::Range<usize>>,
     staging: Vec<Staging>,
     upload_bytes_per_s: f64,
     state: Mutex<TierState>,
@@ -288,13 +300,38 @@ impl TierState {
         }
     }
 
-    /// The slot an upload takes: a free one, else the policy's lowest among those not `busy`.
-    fn victim(&self, policy: SlotPolicy, busy: &[bool]) -> Option<usize> {
-        if let Some(s) = (0..self.owner.len()).find(|&s| self.owner[s].is_none() && !busy[s]) {
+    /// The pool buffer of `layer`'s experts: on first use, the region with the most slots per
+    /// layer already given to it (round robin over equal buffers). Partitioning costs little hit
+    /// rate (every layer selects the same number of experts per token) and lets the per-pair
+    /// kernels bind a single buffer.
+    fn region(&mut self, layer: usize, regions: &[std::ops::Range<usize>]) -> usize {
+        if self.region_of.len() <= layer {
+            self.region_of.resize(layer + 1, None);
+        }
+        if let Some(r) = self.region_of[layer] {
+            return r;
+        }
+        self.region_layers.resize(regions.len(), 0);
+        let r = (0..regions.len())
+            .max_by(|&a, &b| {
+                let room = |r: usize| regions[r].len() as f64 / (self.region_layers[r] + 1) as f64;
+                room(a).total_cmp(&room(b)).then(b.cmp(&a))
+            })
+            .unwrap_or(0);
+        self.region_layers[r] += 1;
+        self.region_of[layer] = Some(r);
+        r
+    }
+
+    /// The slot an upload takes within `range`: a free one, else the policy's lowest among those
+    /// not `busy`.
+    fn victim(&self, policy: SlotPolicy, busy: &[bool], range: std::ops::Range<usize>) -> Option<usize> {
+        if let Some(s) = range.clone().find(|&s| self.owner[s].is_none() && !busy[s]) {
             return Some(s);
         }
         let mut best: Option<(usize, f32, u64)> = None;
-        for (s, (owner, &is_busy)) in self.owner.iter().zip(busy).enumerate() {
+        for s in range {
+            let (owner, is_busy) = (&self.owner[s], busy[s]);
             if is_busy {
                 continue;
             }
@@ -475,7 +512,12 @@ impl WgpuBackend {
                 self.ctx.max_buffer
             )));
         }
-        let slots_per_buffer = ((max_binding / slot_bytes) as usize).min(opts.n_slots);
+        let slots_per_buffer = ((max_binding / slot_bytes) as usize)
+            .min(opts.n_slots)
+            .min(opts.max_slots_per_buffer.unwrap_or(usize::MAX));
+        if slots_per_buffer == 0 {
+            return Err(unsupported("max_slots_per_buffer is 0".into()));
+        }
         let device = &self.ctx.device;
         let mut pool = Vec::new();
         let mut left = opts.n_slots;
@@ -501,12 +543,15 @@ impl WgpuBackend {
             })
             .collect();
         let n_slots = opts.n_slots;
+        let regions =
+            (0..pool.len()).map(|b| b * slots_per_buffer..((b + 1) * slots_per_buffer).min(n_slots)).collect();
         let mut tier = ExpertTier {
             store,
             opts: ExpertTierOptions { slot_bytes, staging_bytes, ..opts },
             slot_words: (slot_bytes / 4) as usize,
             slots_per_buffer,
             pool,
+            regions,
             staging,
             upload_bytes_per_s: 0.0,
             state: Mutex::new(TierState {
@@ -519,6 +564,8 @@ impl WgpuBackend {
                 stats: Vec::new(),
                 next_staging: 0,
                 cpu_secs_per_expert_token: None,
+                region_of: Vec::new(),
+                region_layers: Vec::new(),
             }),
         };
         tier.upload_bytes_per_s = self.measure_upload(&tier)?;
@@ -683,7 +730,7 @@ impl WgpuBackend {
         mats: &ExpertMats<'_>,
         experts: &Experts<Self>,
         spec: &MoeSpec,
-        routing: &Routing<Self>,
+        routing: &RouteView<'_>,
         out: &WgpuTensor,
     ) -> Result<(), OpError> {
         let n_embd = x.width();
@@ -741,25 +788,27 @@ impl WgpuBackend {
     }
 
     /// `moe_ffn` through the expert tier: hits in place, misses uploaded or computed on the CPU
-    /// (see the module docs). `by_expert[e]` lists (token, routing index) of expert e; results
-    /// are added into `out`. Returns the CPU-computed part, to be added by the caller, if any.
-    #[allow(clippy::too_many_arguments)] // moe_ffn's inputs, the tier, the grouping and the output
+    /// (see the module docs). `by_expert[e]` lists (token, routing index) of expert e.
+    ///
+    /// A decode step whose GPU experts all fit the layer's pool buffer at once is computed by
+    /// the per-pair kernels (two dispatches) after its uploads; otherwise each expert is its own
+    /// set of dispatches, hits first, misses as their uploads land.
     pub(super) fn moe_ffn_tiered(
         &self,
         tier: &ExpertTier,
         x: &WgpuTensor,
-        routing: &Routing<Self>,
+        routing: &RouteView<'_>,
         experts: &Experts<Self>,
         spec: &MoeSpec,
         by_expert: &[Vec<(u32, u32)>],
-        out: &WgpuTensor,
-    ) -> Result<Option<WgpuTensor>, OpError> {
+    ) -> Result<WgpuTensor, OpError> {
         let layer = experts.layer;
         let n = x.rows();
         let n_embd = x.width();
         let mut st = lock(&tier.state);
         let st = &mut *st;
         st.ensure_layer(layer, spec.n_expert);
+        let range = tier.regions[st.region(layer, &tier.regions)].clone();
         st.tick += 1;
         let tick = st.tick;
         let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
@@ -774,14 +823,6 @@ impl WgpuBackend {
             s.selections += used.len() as u64;
             s.hits += hits.len() as u64;
             s.misses += misses.len() as u64;
-        }
-        for &e in &hits {
-            let slot = st.slot_of[layer][e as usize] as usize;
-            st.last_use[slot] = tick;
-            self.expert_from_slot(tier, st, slot, x, e as usize, &by_expert[e as usize], experts, spec, routing, out)?;
-        }
-        if misses.is_empty() {
-            return Ok(None);
         }
         // Which misses the CPU computes.
         let expert_bytes_est = tier.opts.slot_bytes as f64;
@@ -808,6 +849,32 @@ impl WgpuBackend {
                 },
             };
         }
+        let n_gpu = hits.len() + misses.iter().filter(|&&e| !on_cpu[e as usize]).count();
+        let pairs = moe::pairs_fit(n, routing.k, n_embd, spec.n_ff) && n_gpu <= range.len();
+        // The grouped path adds each expert into `out` as it goes; the per-pair kernels write
+        // their own output at the end.
+        let out = if pairs { None } else { Some(self.from_host(&vec![0f32; n * n_embd], &[n, n_embd])?) };
+        let mut busy = vec![false; tier.opts.n_slots];
+        for &e in &hits {
+            let slot = st.slot_of[layer][e as usize] as usize;
+            st.last_use[slot] = tick;
+            match &out {
+                // Computed at the end: no upload of this call may take its slot.
+                None => busy[slot] = true,
+                Some(out) => self.expert_from_slot(
+                    tier,
+                    st,
+                    slot,
+                    x,
+                    e as usize,
+                    &by_expert[e as usize],
+                    experts,
+                    spec,
+                    routing,
+                    out,
+                )?,
+            }
+        }
         let any_cpu = misses.iter().any(|&e| on_cpu[e as usize]);
         let host = if any_cpu {
             let x_host = self.to_host(x)?;
@@ -823,7 +890,7 @@ impl WgpuBackend {
             None
         };
         let mut host = host;
-        let mut busy = vec![false; tier.opts.n_slots];
+        let out_ref = out.as_ref();
         let mut batch = Batch { experts: Vec::new(), copies: Vec::new(), used_bytes: 0 };
         // Repacked bytes of types whose GPU layout differs from the file's (the mapped view is
         // write-only, so they are assembled here and copied once).
@@ -861,11 +928,13 @@ impl WgpuBackend {
                     continue;
                 }
                 // Upload: a victim among the slots this call does not still need.
-                let slot = match st.victim(tier.opts.policy, &busy) {
+                let slot = match st.victim(tier.opts.policy, &busy, range.clone()) {
                     Some(s) => s,
                     None => {
-                        self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out)?;
-                        st.victim(tier.opts.policy, &busy).ok_or_else(|| OpError::Unsupported {
+                        self.finish_batch(
+                            tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out_ref,
+                        )?;
+                        st.victim(tier.opts.policy, &busy, range.clone()).ok_or_else(|| OpError::Unsupported {
                             op: "moe_ffn",
                             backend: "wgpu",
                             why: "no GPU expert slot is free".into(),
@@ -879,7 +948,7 @@ impl WgpuBackend {
                     .map(|p| (4 * p.n_out * p.layout.row_words(p.k)) as u64)
                     .sum();
                 if batch.used_bytes + expert_gpu_bytes > tier.opts.staging_bytes {
-                    self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out)?;
+                    self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out_ref)?;
                 }
                 if let Some((ol, oe)) = st.owner[slot].take() {
                     st.slot_of[ol as usize][oe as usize] = NO_SLOT;
@@ -923,16 +992,76 @@ impl WgpuBackend {
             }
             Ok(())
         };
-        tier.store.with_host_experts(layer, &misses, compute)?;
-        self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out)?;
+        if !misses.is_empty() {
+            tier.store.with_host_experts(layer, &misses, compute)?;
+        }
+        self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out_ref)?;
+        let y = match out {
+            Some(out) => out,
+            None => self.tier_pairs(tier, st, x, routing, experts, spec, &on_cpu)?,
+        };
         match host {
-            Some((_, _, _, cpu_out)) => Ok(Some(self.from_host(&cpu_out, &[n, n_embd])?)),
-            None => Ok(None),
+            Some((_, _, _, cpu_out)) => self.add(&y, &self.from_host(&cpu_out, &[n, n_embd])?),
+            None => Ok(y),
         }
     }
 
+    /// The per-pair kernels over the experts of this call that hold a slot (all of them but
+    /// those `on_cpu`, which the table skips). Every one is in the layer's pool buffer.
+    fn tier_pairs(
+        &self,
+        tier: &ExpertTier,
+        st: &TierState,
+        x: &WgpuTensor,
+        routing: &RouteView<'_>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        on_cpu: &[bool],
+    ) -> Result<WgpuTensor, OpError> {
+        let layer = experts.layer;
+        let mut table = Vec::with_capacity(routing.ids.len());
+        let mut placed: Option<(SlotMats, usize)> = None;
+        for &e in routing.ids {
+            if on_cpu[e as usize] {
+                table.push([moe::SKIP, 0, 0, 0]);
+                continue;
+            }
+            let slot = st.slot_of[layer][e as usize];
+            let mats =
+                (slot != NO_SLOT).then(|| st.mats[slot as usize]).flatten().ok_or_else(|| OpError::Unsupported {
+                    op: "moe_ffn",
+                    backend: "wgpu",
+                    why: format!("expert {e} of layer {layer} was to be in a GPU slot but is not"),
+                })?;
+            table.push([e, mats.gate.map_or(0, |g| g.word0 as u32), mats.up.word0 as u32, mats.down.word0 as u32]);
+            placed.get_or_insert((mats, tier.slot_base(slot as usize).0));
+        }
+        let n = x.rows();
+        let Some((mats, buf)) = placed else {
+            // Every expert on the CPU: the GPU part is zero.
+            return self.from_host(&vec![0f32; n * x.width()], &[n, x.width()]);
+        };
+        let pool = &tier.pool[buf];
+        let fused = moe::FusedMats {
+            gate: mats.gate.map(|g| (pool, g.layout)),
+            up: (pool, mats.up.layout),
+            down: (pool, mats.down.layout),
+        };
+        let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
+        self.moe_pairs(
+            x,
+            routing.k,
+            &moe::PairTable::Host(table),
+            (&routing.weights.buf.buffer, 0),
+            &fused,
+            biases,
+            spec,
+        )
+    }
+
     /// Submits the batch's copies from its staging buffer, re-maps that buffer for later, and
-    /// records the products of the batch's experts from their slots.
+    /// records the products of the batch's experts from their slots into `out` (with `None`, the
+    /// per-pair kernels compute them later: their slots stay busy).
     #[allow(clippy::too_many_arguments)]
     fn finish_batch(
         &self,
@@ -944,8 +1073,8 @@ impl WgpuBackend {
         by_expert: &[Vec<(u32, u32)>],
         experts: &Experts<Self>,
         spec: &MoeSpec,
-        routing: &Routing<Self>,
-        out: &WgpuTensor,
+        routing: &RouteView<'_>,
+        out: Option<&WgpuTensor>,
     ) -> Result<(), OpError> {
         if batch.copies.is_empty() {
             return Ok(());
@@ -968,6 +1097,7 @@ impl WgpuBackend {
         self.remap_staging(staging);
         st.next_staging = (st.next_staging + 1) % STAGING_BUFFERS;
         for (id, slot) in std::mem::take(&mut batch.experts) {
+            let Some(out) = out else { continue };
             self.expert_from_slot(
                 tier,
                 st,
@@ -999,7 +1129,7 @@ impl WgpuBackend {
         toks: &[(u32, u32)],
         experts: &Experts<Self>,
         spec: &MoeSpec,
-        routing: &Routing<Self>,
+        routing: &RouteView<'_>,
         out: &WgpuTensor,
     ) -> Result<(), OpError> {
         let mats = st.mats[slot].ok_or_else(|| OpError::Unsupported {

@@ -23,8 +23,9 @@
 //!   (the CPU reference's).
 //! - The matrix product loads four weight groups per loop iteration so more loads are in flight
 //!   (`DISKFORMER_NO_UNROLL=1` turns it off, for comparison in `--perf`).
-//! - Routing (`route`) reads the router logits back and routes on the host with the CPU
-//!   reference, because the executor needs the expert ids on the host anyway.
+//! - Routing (`route`) runs on the GPU (`moe_route.wgsl`). A resident model's decode step keeps
+//!   the expert ids there for the per-pair MoE kernels (no readback); the expert tier and prefill
+//!   read the k ids and weights back (one small readback), to find misses or group by expert.
 //!
 //! # When to use which back end
 //! The CPU back end is the reference and needs no device; this one is for machines with a GPU.
@@ -33,6 +34,7 @@
 mod experts;
 mod fused;
 pub mod layout;
+mod moe;
 mod shaders;
 
 pub use experts::{
@@ -1398,19 +1400,22 @@ impl Backend for WgpuBackend {
                 got: logits.shape.clone(),
             });
         }
-        let bias = match selection_bias {
-            Some(b) if b.len() != n_expert => {
-                return Err(OpError::ShapeMismatch {
-                    op: "route bias",
-                    expected: format!("[{n_expert}]"),
-                    got: b.shape.clone(),
-                });
-            }
-            Some(b) => Some(self.to_host(b)?),
-            None => None,
-        };
-        // The executor needs the ids on the host (to resolve experts), so routing reads the
-        // logits back and runs the CPU reference: exact, and one small readback per MoE layer.
+        if let Some(b) = selection_bias.filter(|b| b.len() != n_expert) {
+            return Err(OpError::ShapeMismatch {
+                op: "route bias",
+                expected: format!("[{n_expert}]"),
+                got: b.shape.clone(),
+            });
+        }
+        // On the GPU. The ids come back (one small readback) when the host needs them: to find
+        // the expert pool's misses, or to group a prefill batch by expert. A resident model's
+        // decode step leaves them on the GPU, where the per-pair MoE kernels read them: no sync.
+        let ids_on_gpu = self.experts.is_none() && logits.rows() <= moe::MAX_FUSED_TOKENS;
+        if let Some(r) = self.route_gpu(logits, selection_bias, spec, ids_on_gpu)? {
+            return Ok(r);
+        }
+        // Past the kernel's limits: the CPU reference on the logits read back.
+        let bias = selection_bias.map(|b| self.to_host(b)).transpose()?;
         let host = self.to_host(logits)?;
         let n = logits.rows();
         let mut ids = vec![0u32; n * spec.k];
@@ -1438,7 +1443,10 @@ impl Backend for WgpuBackend {
         let n = x.rows();
         let k = routing.k;
         let ff = spec.n_ff;
-        if routing.ids.len() != n * k
+        // The GPU router may have left the ids on the GPU (`routing_ids`).
+        let ids_on_gpu = routing.ids.is_empty() && n * k > 0;
+        if (!ids_on_gpu && routing.ids.len() != n * k)
+            || routing.weights.len() != n * k
             || experts.up.n_rows != spec.n_expert * ff
             || experts.up.k != n_embd
             || experts.down.n_rows != spec.n_expert * n_embd
@@ -1447,33 +1455,73 @@ impl Backend for WgpuBackend {
             return Err(OpError::ShapeMismatch {
                 op: "moe_ffn",
                 expected: format!(
-                    "{n} tokens x {k} ids, up [{}, {ff}, {n_embd}], down [{}, {n_embd}, {ff}]",
+                    "{n} tokens x {k} ids and weights, up [{}, {ff}, {n_embd}], down [{}, {n_embd}, {ff}]",
                     spec.n_expert, spec.n_expert
                 ),
                 got: experts.up.shape.clone(),
             });
         }
-        let mut by_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); spec.n_expert];
-        for t in 0..n {
-            for j in 0..k {
-                let e = routing.ids[t * k + j] as usize;
-                if e >= spec.n_expert {
-                    return Err(OpError::ShapeMismatch {
-                        op: "moe_ffn ids",
-                        expected: format!("ids < {}", spec.n_expert),
-                        got: vec![e],
-                    });
-                }
-                by_expert[e].push((t as u32, (t * k + j) as u32));
+        if let Some(&e) = routing.ids.iter().find(|&&e| e as usize >= spec.n_expert) {
+            return Err(OpError::ShapeMismatch {
+                op: "moe_ffn ids",
+                expected: format!("ids < {}", spec.n_expert),
+                got: vec![e as usize],
+            });
+        }
+        // Decode on resident experts: every (token, expert) pair in two dispatches, when each
+        // stacked matrix is one buffer (a stack over the storage-binding limit is split into
+        // chunks, and takes the grouped path).
+        fn whole(w: &WgpuWeight) -> Option<(&wgpu::Buffer, TypeLayout)> {
+            match &w.chunks[..] {
+                [c] if c.row0 == 0 => Some((&c.buffer, w.layout)),
+                _ => None,
             }
         }
-        let out = self.from_host(&vec![0f32; n * n_embd], &[n, n_embd])?;
-        if let Some(tier) = &self.experts {
-            return match self.moe_ffn_tiered(tier, x, routing, experts, spec, &by_expert, &out)? {
-                Some(on_cpu) => self.add(&out, &on_cpu),
-                None => Ok(out),
+        let gate = experts.gate.as_ref().map(|g| whole(g).ok_or(())).transpose();
+        if let (None, true, Ok(gate), Some(up), Some(down)) =
+            (&self.experts, moe::pairs_fit(n, k, n_embd, ff), gate, whole(&experts.up), whole(&experts.down))
+        {
+            let strides = [
+                ff * gate.map_or(0, |g| g.1.row_words(n_embd)),
+                ff * up.1.row_words(n_embd),
+                n_embd * down.1.row_words(ff),
+            ]
+            .map(|v| v as u32);
+            let table = if ids_on_gpu {
+                moe::PairTable::Gpu { buffer: &routing.weights.buf.buffer, at: (n * k) as u32, strides }
+            } else {
+                moe::PairTable::Host(
+                    routing.ids.iter().map(|&e| [e, e * strides[0], e * strides[1], e * strides[2]]).collect(),
+                )
             };
+            let mats = moe::FusedMats { gate, up, down };
+            let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
+            return self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &mats, biases, spec);
         }
+        let ids_back;
+        let ids: &[u32] = if ids_on_gpu {
+            ids_back = self.routing_ids(routing)?;
+            &ids_back
+        } else {
+            &routing.ids
+        };
+        let view = moe::RouteView { ids, weights: &routing.weights, k };
+        let mut by_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); spec.n_expert];
+        for (i, &e) in ids.iter().enumerate() {
+            let e = e as usize;
+            if e >= spec.n_expert {
+                return Err(OpError::ShapeMismatch {
+                    op: "moe_ffn ids",
+                    expected: format!("ids < {}", spec.n_expert),
+                    got: vec![e],
+                });
+            }
+            by_expert[e].push(((i / k) as u32, i as u32));
+        }
+        if let Some(tier) = &self.experts {
+            return self.moe_ffn_tiered(tier, x, &view, experts, spec, &by_expert);
+        }
+        let out = self.from_host(&vec![0f32; n * n_embd], &[n, n_embd])?;
         for (e, toks) in by_expert.iter().enumerate() {
             if toks.is_empty() {
                 continue;
@@ -1483,7 +1531,7 @@ impl Backend for WgpuBackend {
                 up: (&experts.up, e * ff),
                 down: (&experts.down, e * n_embd),
             };
-            self.expert_on_gpu(x, e, toks, &mats, experts, spec, routing, &out)?;
+            self.expert_on_gpu(x, e, toks, &mats, experts, spec, &view, &out)?;
         }
         Ok(out)
     }

@@ -1,0 +1,507 @@
+//! The decode MoE kernels: every (token, expert) pair of a step in two dispatches, whatever k is.
+//!
+//! `moe_gate_up.wgsl` computes the gate and up rows of all pairs and applies the gated activation;
+//! `moe_down.wgsl` computes the down rows, weights them by the router and sums each token's experts
+//! in one workgroup (deterministic, no atomics, no zero-fill). Before, each selected expert cost a
+//! gather, two products, bias adds, a GLU, a down product and a scatter-add (about seven dispatches,
+//! ~40 per MoE layer of a top-8 model), at ~8 us of host time each on the H200.
+//!
+//! Where an expert's matrices are is a table of one `[expert, gate word, up word, down word]`
+//! entry per pair: words of the buffers bound as the gate, up and down weights (a slot of the
+//! expert pool, or the expert's block of a resident stacked weight). When the host routed, the table
+//! travels in the dispatch parameters ([`PairTable::Host`]); when the GPU routed a resident model,
+//! the kernels read the ids its router wrote beside the weights and compute the entries from the
+//! stacks' words per expert ([`PairTable::Gpu`]): the host never sees the ids.
+//!
+//! Design choices and their reasons:
+//! - The weight types' `dq8`/`dot8` read a buffer named `W`; the gate/up kernel needs two weight
+//!   buffers (a resident model keeps gate and up in separate tensors, possibly of different types),
+//!   so the up type's code is a second copy with its names renamed (`W` to `WU`, each declared name
+//!   suffixed `_u`): no per-load branch, and any pair of types.
+//! - Per pair, not per expert: at decode an expert serves one token, so grouping saves nothing.
+//!   Prefill (many tokens per expert) keeps the grouped per-expert path, which reads each expert's
+//!   weights once per batch.
+//! - A pair whose expert the CPU computes (the tier's hybrid misses) has the entry `SKIP`: its
+//!   workgroups return at once and the down kernel leaves it out of the sum.
+
+use super::layout::TypeLayout;
+use super::{act_code, grid, WgpuBackend, WgpuTensor};
+use crate::backend::Routing;
+use crate::error::OpError;
+use crate::spec::{Gating, MoeSpec, RouteSpec};
+
+const QUANT_COMMON: &str = include_str!("shaders/quant/common.wgsl");
+const GATE_UP: &str = include_str!("shaders/moe_gate_up.wgsl");
+const DOWN: &str = include_str!("shaders/moe_down.wgsl");
+const ACT: &str = include_str!("shaders/act.wgsl");
+const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
+
+/// Experts per layer, experts per token and groups up to which `moe_route.wgsl` routes (its
+/// shared arrays); past them the host routes.
+const ROUTE_MAX_EXPERTS: usize = 512;
+const ROUTE_MAX_K: usize = 16;
+const ROUTE_MAX_GROUPS: usize = 256;
+
+/// A routing's ids on the host and its weights on the GPU: what the grouped and tiered paths
+/// read (the ids of a GPU-routed [`Routing`] read back first).
+pub(super) struct RouteView<'a> {
+    /// Expert ids `[n_tokens, k]`.
+    pub(super) ids: &'a [u32],
+    /// Weights `[n_tokens, k]`.
+    pub(super) weights: &'a WgpuTensor,
+    /// Experts per token.
+    pub(super) k: usize,
+}
+
+/// Pairs (tokens x k) the host-built table holds: the parameters carry it as a uniform array.
+pub(super) const MAX_HOST_PAIRS: usize = 64;
+
+/// Tokens up to which `moe_ffn` takes the per-pair kernels; more go through the grouped path.
+pub(super) const MAX_FUSED_TOKENS: usize = 4;
+
+/// The table entry of a pair that the GPU leaves out (the CPU computes that expert).
+pub(super) const SKIP: u32 = u32::MAX;
+
+/// Where the per-pair table comes from.
+pub(super) enum PairTable<'a> {
+    /// Built on the host, one `[expert, gate word, up word, down word]` per pair (t-major).
+    Host(Vec<[u32; 4]>),
+    /// The expert ids the GPU router wrote into `buffer` from its word `at` on (t-major), and
+    /// the words per expert of the resident stacks (gate, up, down): pair p's entry is
+    /// `[e, e * strides[0], e * strides[1], e * strides[2]]`.
+    Gpu {
+        /// The buffer holding the ids.
+        buffer: &'a wgpu::Buffer,
+        /// Word of the first id.
+        at: u32,
+        /// Words per expert of the gate, up and down stacks.
+        strides: [u32; 3],
+    },
+}
+
+/// The buffers and types of a layer's expert matrices, as the kernels bind them.
+pub(super) struct FusedMats<'a> {
+    /// Gate weights (absent for ungated experts).
+    pub(super) gate: Option<(&'a wgpu::Buffer, TypeLayout)>,
+    /// Up weights.
+    pub(super) up: (&'a wgpu::Buffer, TypeLayout),
+    /// Down weights.
+    pub(super) down: (&'a wgpu::Buffer, TypeLayout),
+}
+
+/// Rows per workgroup and invocations of both kernels: `DISKFORMER_MOE_MATVEC=ROWSxWG` for
+/// experiments, else one row per 64 invocations (the decode matvec's best in whole-model runs).
+fn kernel_shape() -> (u32, u32) {
+    std::env::var("DISKFORMER_MOE_MATVEC")
+        .ok()
+        .and_then(|v| {
+            let (rows, wg) = v.split_once('x')?;
+            let (rows, wg): (u32, u32) = (rows.parse().ok()?, wg.parse().ok()?);
+            ((1..=8).contains(&rows) && wg.is_power_of_two() && (32..=256).contains(&wg)).then_some((rows, wg))
+        })
+        .unwrap_or((1, 64))
+}
+
+/// `src` with every identifier of `names` (whole words only) given `suffix`, and `W` renamed
+/// to `w_name`.
+fn rename(src: &str, names: &[String], suffix: &str, w_name: &str) -> String {
+    let mut out = String::with_capacity(src.len() + 256);
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if word == "W" {
+            out.push_str(w_name);
+        } else if names.iter().any(|n| n == word) {
+            out.push_str(word);
+            out.push_str(suffix);
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in src.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || (!word.is_empty() && c.is_ascii_digit()) {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// Names declared at module scope (`fn`, `const`, `struct`, `alias`, `var`) in WGSL source.
+fn declared_names(src: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in src.lines() {
+        let mut line = line.trim_start();
+        // `var<private> NAME`: the address space is not the name.
+        if let Some(rest) = line.strip_prefix("var<").and_then(|r| r.split_once('>')) {
+            line = rest.1;
+        }
+        for kw in ["fn ", "const ", "struct ", "alias ", " "] {
+            if let Some(rest) = line.strip_prefix(kw) {
+                let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if !name.is_empty() && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    names
+}
+
+/// A weight type's helpers (`dq8`, and `dot8` made from it when the type has none), reading `W`;
+/// with `suffix`, a copy whose names carry it and which reads `w_name` instead.
+fn quant_code(layout: &TypeLayout, suffix: Option<(&str, &str)>) -> String {
+    let dot8 = if layout.shader.contains("fn dot8(") {
+        ""
+    } else {
+        "fn dot8(b: u32, j: u32, xa: vec4<f32>, xc: vec4<f32>, xsum: f32) -> f32 {
+    let v = dq8(b, j);
+    return dot(v.a, xa) + dot(v.b, xc);
+}"
+    };
+    let src = format!("{QUANT_COMMON}\n{}\n{dot8}\n", layout.shader);
+    match suffix {
+        None => src,
+        Some((suffix, w_name)) => rename(&src, &declared_names(&src), suffix, w_name),
+    }
+}
+
+const REDUCE_SUBGROUP: &str = "    for (var r = 0u; r < NV; r++) {
+        let s = subgroupAdd(acc[r]);
+        if (sg_lane == 0u) {
+            red[r * WG + sg_id] = s;
+        }
+    }
+    workgroupBarrier();
+    if (lid < NV) {
+        var s = 0.0;
+        for (var i = 0u; i < n_sg; i++) {
+            s += red[lid * WG + i];
+        }
+        tot[lid] = s;
+    }
+    workgroupBarrier();";
+
+const REDUCE_SHARED: &str = "    for (var r = 0u; r < NV; r++) {
+        red[r * WG + lid] = acc[r];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            for (var r = 0u; r < NV; r++) {
+                red[r * WG + lid] += red[r * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid < NV) {
+        tot[lid] = red[lid * WG];
+    }
+    workgroupBarrier();";
+
+const SG_ARGS: &str =
+    "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,";
+
+/// The parts of a kernel that depend on where its table comes from: the params field, the
+/// table binding (`t_binding`, the first after the kernel's own) with `entry()`, and the
+/// uniform's binding index.
+fn table_parts(gpu_table: bool, t_binding: u32) -> (String, String, u32) {
+    if gpu_table {
+        (
+            String::new(),
+            format!(
+                "@group(0) @binding({t_binding}) var<storage, read> T: array<u32>;\n\
+                 fn entry(p: u32) -> vec4<u32> {{\n    let e = T[P.table_at + p];\n    \
+                 return vec4<u32>(e, e * P.stride_g, e * P.stride_u, e * P.stride_d);\n}}"
+            ),
+            t_binding + 1,
+        )
+    } else {
+        (
+            format!("    table: array<vec4<u32>, {MAX_HOST_PAIRS}>,"),
+            "fn entry(p: u32) -> vec4<u32> {\n    return P.table[p];\n}".into(),
+            t_binding,
+        )
+    }
+}
+
+/// Common template substitutions of both kernels.
+fn finish(src: &str, (rows, wg): (u32, u32), nv: u32, subgroups: bool, gpu_table: bool, t_binding: u32) -> String {
+    let (field, table, p_binding) = table_parts(gpu_table, t_binding);
+    src.replace("{{TABLE_FIELD}}", &field)
+        .replace("{{TABLE}}", &table)
+        .replace("{{P_BINDING}}", &p_binding.to_string())
+        .replace("{{WG}}", &wg.to_string())
+        .replace("{{ROWS}}", &rows.to_string())
+        .replace("{{NV}}", &nv.to_string())
+        .replace("{{RED_LEN}}", &(nv * wg).to_string())
+        .replace("{{REDUCE}}", if subgroups { REDUCE_SUBGROUP } else { REDUCE_SHARED })
+        .replace("{{SG_ARGS}}", if subgroups { SG_ARGS } else { "" })
+        .replace("{{SKIP}}", &format!("{SKIP}u"))
+}
+
+/// The gate/up kernel for these weight types (`gate` `None`: ungated experts).
+pub(super) fn gate_up_source(
+    gate: Option<&TypeLayout>,
+    up: &TypeLayout,
+    shape: (u32, u32),
+    subgroups: bool,
+    gpu_table: bool,
+) -> String {
+    let src = GATE_UP
+        .replace("{{QUANT_G}}", &quant_code(gate.unwrap_or(up), None))
+        .replace("{{QUANT_U}}", &quant_code(up, Some(("_u", "WU"))))
+        .replace("{{ACT}}", ACT)
+        .replace("{{GATED}}", if gate.is_some() { "true" } else { "false" });
+    finish(&src, shape, 2 * shape.0, subgroups, gpu_table, 6)
+}
+
+/// The down kernel for this weight type.
+pub(super) fn down_source(down: &TypeLayout, shape: (u32, u32), subgroups: bool, gpu_table: bool) -> String {
+    let src = DOWN.replace("{{QUANT}}", &quant_code(down, None));
+    finish(&src, shape, shape.0, subgroups, gpu_table, 5)
+}
+
+impl WgpuBackend {
+    /// Σ_j w_tj · down_e(glu(gate_e(x_t), up_e(x_t))) for the `n_tok` tokens of `x` and their `k`
+    /// experts each, in two dispatches: the per-pair kernels of this module. `weights` holds the
+    /// routing weights (t-major) from its f32 element `weights_at` on; `table` says where each
+    /// pair's matrices are in `mats`' buffers.
+    #[allow(clippy::too_many_arguments)] // the op's inputs, the table and where the weights are
+    pub(super) fn moe_pairs(
+        &self,
+        x: &WgpuTensor,
+        k: usize,
+        table: &PairTable<'_>,
+        weights: (&wgpu::Buffer, u32),
+        mats: &FusedMats<'_>,
+        biases: [Option<&WgpuTensor>; 3],
+        spec: &MoeSpec,
+    ) -> Result<WgpuTensor, OpError> {
+        let n_tok = x.rows();
+        let n_embd = x.width();
+        let ff = spec.n_ff;
+        let n_pairs = n_tok * k;
+        if let PairTable::Host(t) = table {
+            if t.len() != n_pairs || n_pairs > MAX_HOST_PAIRS {
+                return Err(OpError::ShapeMismatch {
+                    op: "moe_ffn pairs",
+                    expected: format!("{n_pairs} table entries, at most {MAX_HOST_PAIRS}"),
+                    got: vec![t.len()],
+                });
+            }
+        }
+        let shape = kernel_shape();
+        let sg = self.ctx.subgroups;
+        let gpu_table = matches!(table, PairTable::Gpu { .. });
+        let (table_buf, table_at, strides) = match table {
+            PairTable::Gpu { buffer, at, strides } => (Some(*buffer), *at, *strides),
+            PairTable::Host(_) => (None, 0, [0; 3]),
+        };
+        let table_words: Vec<u32> = match table {
+            PairTable::Host(t) => {
+                let mut w: Vec<u32> = t.iter().flatten().copied().collect();
+                w.resize(4 * MAX_HOST_PAIRS, 0);
+                w
+            }
+            PairTable::Gpu { .. } => Vec::new(),
+        };
+        let (gl, ul, dl) = (mats.gate.map(|g| g.1), mats.up.1, mats.down.1);
+        let key = format!(
+            "moe_gate_up {} {} {}x{} sg{sg} gpu_table{gpu_table}",
+            gl.map_or("ungated", |l| l.name),
+            ul.name,
+            shape.0,
+            shape.1
+        );
+        let pipe = self.ctx.pipeline(&key, || gate_up_source(gl.as_ref(), &ul, shape, sg, gpu_table));
+        let (op, alpha, limit) = match mats.gate {
+            Some(_) => Self::glu_code(spec.glu),
+            None => (act_code(spec.glu.ungated_act()), 0.0, 0.0),
+        };
+        let [gate_bias, up_bias, down_bias] = biases;
+        let h = self.alloc("moe h", &[n_pairs, ff])?;
+        let dummy = &self.ctx.dummy;
+        let mut words = vec![
+            n_embd as u32,
+            ff as u32,
+            gl.map_or(0, |l| l.row_words(n_embd)) as u32,
+            ul.row_words(n_embd) as u32,
+            n_pairs as u32,
+            k as u32,
+            op,
+            gate_bias.is_some() as u32,
+            alpha.to_bits(),
+            limit.to_bits(),
+            up_bias.is_some() as u32,
+            table_at,
+            strides[0],
+            strides[1],
+            strides[2],
+            0,
+        ];
+        words.extend_from_slice(&table_words);
+        let mut bufs: Vec<&wgpu::Buffer> = vec![
+            mats.gate.map_or(mats.up.0, |g| g.0),
+            mats.up.0,
+            &x.buf.buffer,
+            gate_bias.map_or(dummy, |b| &b.buf.buffer),
+            up_bias.map_or(dummy, |b| &b.buf.buffer),
+            &h.buf.buffer,
+        ];
+        bufs.extend(table_buf);
+        self.dispatch(pipe, &bufs, &words, [ff.div_ceil(shape.0 as usize) as u32, n_pairs as u32, 1]);
+
+        let key = format!("moe_down {} {}x{} sg{sg} gpu_table{gpu_table}", dl.name, shape.0, shape.1);
+        let pipe = self.ctx.pipeline(&key, || down_source(&dl, shape, sg, gpu_table));
+        let y = self.alloc("moe out", &[n_tok, n_embd])?;
+        let mut words = vec![
+            ff as u32,
+            n_embd as u32,
+            dl.row_words(ff) as u32,
+            n_tok as u32,
+            k as u32,
+            down_bias.is_some() as u32,
+            table_at,
+            weights.1,
+            strides[0],
+            strides[1],
+            strides[2],
+            0,
+        ];
+        words.extend_from_slice(&table_words);
+        let mut bufs: Vec<&wgpu::Buffer> =
+            vec![mats.down.0, &h.buf.buffer, weights.0, down_bias.map_or(dummy, |b| &b.buf.buffer), &y.buf.buffer];
+        bufs.extend(table_buf);
+        self.dispatch(pipe, &bufs, &words, [n_embd.div_ceil(shape.0 as usize) as u32, n_tok as u32, 1]);
+        Ok(y)
+    }
+}
+
+impl WgpuBackend {
+    /// Routes on the GPU (`moe_route.wgsl`): one buffer holds the `[n, k]` weights (the returned
+    /// tensor) and after them the ids. With `ids_on_gpu` the ids stay there and `Routing::ids`
+    /// is empty (the per-pair kernels read them in place, [`WgpuBackend::routing_ids`] reads
+    /// them back); otherwise weights and ids come back in one small readback. `None` when the
+    /// spec is past the kernel's limits.
+    pub(super) fn route_gpu(
+        &self,
+        logits: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        spec: &RouteSpec,
+        ids_on_gpu: bool,
+    ) -> Result<Option<Routing<Self>>, OpError> {
+        let n_expert = logits.width();
+        let n = logits.rows();
+        let k = spec.k;
+        let groups_fit =
+            spec.groups.is_none_or(|(g, top)| g > 0 && g <= ROUTE_MAX_GROUPS && n_expert.is_multiple_of(g) && top <= g);
+        if n_expert > ROUTE_MAX_EXPERTS || k > ROUTE_MAX_K || !groups_fit || super::env_flag("DISKFORMER_HOST_ROUTE") {
+            return Ok(None);
+        }
+        let gating = match spec.gating {
+            Gating::Softmax => 0u32,
+            Gating::SoftmaxAfterTopK => 1,
+            Gating::Sigmoid => 2,
+        };
+        let (n_group, topk_group) = spec.groups.unwrap_or((0, 0));
+        let out = self.alloc_bytes("route", 8 * (n * k) as u64)?;
+        self.dispatch(
+            self.ctx.pipeline("moe_route", || ROUTE.to_string()),
+            &[&logits.buf.buffer, bias.map_or(&self.ctx.dummy, |b| &b.buf.buffer), &out.buffer],
+            &[
+                n_expert as u32,
+                n as u32,
+                k as u32,
+                gating,
+                bias.is_some() as u32,
+                n_group as u32,
+                topk_group as u32,
+                spec.normalize as u32,
+                spec.scale.to_bits(),
+                (n * k) as u32,
+                0,
+                0,
+            ],
+            grid(n),
+        );
+        let routing = Routing { ids: Vec::new(), weights: WgpuTensor { buf: out, shape: vec![n, k] }, k };
+        if ids_on_gpu {
+            return Ok(Some(routing));
+        }
+        let ids = self.routing_ids(&routing)?;
+        Ok(Some(Routing { ids, ..routing }))
+    }
+
+    /// The expert ids `[n_tokens, k]` of a routing: its `ids`, or, when the GPU router left them
+    /// on the GPU (`ids` empty), read back from beside the weights.
+    ///
+    /// # Errors
+    /// The readback failed (device lost).
+    pub fn routing_ids(&self, r: &Routing<Self>) -> Result<Vec<u32>, OpError> {
+        let nk = r.weights.len();
+        if !r.ids.is_empty() || nk == 0 {
+            return Ok(r.ids.clone());
+        }
+        let bytes = self.read_back(&r.weights.buf.buffer, 8 * nk as u64)?;
+        Ok(bytes[4 * nk..].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+}
+
+/// Whether the per-pair kernels take a call of `n_tok` tokens and `k` experts each with these
+/// sizes: few tokens, and rows of whole 8-value groups (the kernels read x and H as `vec4`s).
+pub(super) fn pairs_fit(n_tok: usize, k: usize, n_embd: usize, n_ff: usize) -> bool {
+    n_tok <= MAX_FUSED_TOKENS
+        && n_tok * k <= MAX_HOST_PAIRS
+        && n_embd.is_multiple_of(8)
+        && n_ff.is_multiple_of(8)
+        && !super::env_flag("DISKFORMER_NO_MOE_PAIRS")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gguf::GgmlType;
+
+    fn parse(name: &str, src: &str) {
+        let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+        v.validate(&module).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+    }
+
+    #[test]
+    fn every_type_pair_parses_and_validates() {
+        use GgmlType::*;
+        let types = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4];
+        for t in types {
+            let l = TypeLayout::of(t).unwrap();
+            for sg in [false, true] {
+                for gpu_table in [false, true] {
+                    for shape in [(1, 64), (2, 128)] {
+                        let what = format!("{} {shape:?} sg {sg} gpu_table {gpu_table}", l.name);
+                        parse(&format!("gate_up {what}"), &gate_up_source(Some(&l), &l, shape, sg, gpu_table));
+                        parse(&format!("down {what}"), &down_source(&l, shape, sg, gpu_table));
+                    }
+                }
+            }
+            // Mixed gate/up types and ungated experts.
+            let q6 = TypeLayout::of(Q6_K).unwrap();
+            parse(&format!("gate_up {} + q6_k", l.name), &gate_up_source(Some(&l), &q6, (1, 64), true, false));
+            parse(&format!("gate_up ungated {}", l.name), &gate_up_source(None, &l, (1, 64), false, true));
+        }
+    }
+
+    #[test]
+    fn rename_touches_whole_words_only() {
+        let names = vec!["dq8".to_string(), "BW".to_string()];
+        let got = rename("fn dq8(b: u32) -> f32 { return W[b + BW] + dq8x(BWx); } // W", &names, "_u", "WU");
+        assert_eq!(got, "fn dq8_u(b: u32) -> f32 { return WU[b + BW_u] + dq8x(BWx); } // WU");
+        assert_eq!(
+            declared_names("const BV: u32 = 1u;\nfn dot8(a: u32)\nstruct V8 {\nvar<private> KV: array<f32, 2>;"),
+            ["BV", "dot8", "V8", "KV"]
+        );
+    }
+}

@@ -1,0 +1,521 @@
+//! The GPU's decode MoE kernels (per (token, expert) pair: gate/up/GLU in one dispatch, down with
+//! the router-weighted sum in another) against the CPU back end on random inputs, backend_ops
+//! style (normalised MSE, Σ(gpu − cpu)² / Σcpu²), for resident stacked experts and for the GPU
+//! expert tier's slot pool: odd widths, mixed gate/up/down types, ungated experts, biases,
+//! gpt-oss's SwiGLU, tokens 1 to 4 (the per-pair kernels) and 6 (the grouped prefill path);
+//! the tier with its pool cut into several buffers, with misses uploaded, computed on the CPU
+//! (their pairs skipped by the kernels) or chosen automatically, and with the router on the GPU.
+//!
+//! No adapter is a failure, unless `DISKFORMER_NO_GPU=1` says the machine has none. Needs the
+//! `wgpu` feature (`cargo test -p compute --features wgpu --test gpu_tier_moe`).
+#![cfg_attr(not(feature = "wgpu"), allow(unused))]
+
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn gpu_tier_moe_needs_the_wgpu_feature() {
+    println!("gpu_tier_moe: compute was built without the wgpu feature; run with --features wgpu");
+}
+
+#[cfg(feature = "wgpu")]
+mod gpu {
+    use compute::cpu::{CpuBackend, CpuTensor};
+    use compute::quant::{self, GgmlType, MatmulMode};
+    use compute::spec::{Act, Gating, Glu, MoeSpec, RouteSpec};
+    use compute::wgpu::{ExpertTierOptions, MissPolicy, SlotPolicy, WgpuBackend, WgpuOptions, WgpuTensor};
+    use compute::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, HostWeight, OpError, Routing};
+    use gguf::{GgufModel, GgufWriter};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    /// Both sides compute in f32 from identically dequantized weights; only the order of the
+    /// sums differs (the bound of llama.cpp's test-backend-ops, as backend_ops.rs uses).
+    const MAX_NMSE: f64 = 1e-7;
+
+    fn gpu() -> Option<WgpuBackend> {
+        let no_gpu = std::env::var("DISKFORMER_NO_GPU").is_ok_and(|v| v == "1");
+        match WgpuBackend::new(WgpuOptions { adapter_index: None, prefer_discrete: true }) {
+            Ok(b) => {
+                println!("adapter: {}, subgroups used: {}", b.adapter().name, b.uses_subgroups());
+                Some(b)
+            }
+            Err(e) if no_gpu => {
+                println!("gpu_tier_moe: not run: DISKFORMER_NO_GPU=1 and no adapter ({e})");
+                None
+            }
+            Err(e) => panic!("{e}\n(set DISKFORMER_NO_GPU=1 only on a machine that has no GPU or software Vulkan)"),
+        }
+    }
+
+    fn seed() -> u64 {
+        std::env::var("DISKFORMER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        })
+    }
+
+    fn nmse(gpu: &[f32], cpu: &[f32]) -> f64 {
+        if gpu.len() != cpu.len() {
+            return f64::INFINITY;
+        }
+        let (mut num, mut den) = (0f64, 0f64);
+        for (&a, &b) in gpu.iter().zip(cpu) {
+            if !a.is_finite() {
+                return f64::INFINITY;
+            }
+            num += (a as f64 - b as f64).powi(2);
+            den += (b as f64).powi(2);
+        }
+        num / den.max(1e-30)
+    }
+
+    fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale).collect()
+    }
+
+    fn tensor(rng: &mut StdRng, shape: &[usize], scale: f32) -> CpuTensor {
+        CpuTensor { shape: shape.to_vec(), data: rand_vec(rng, shape.iter().product(), scale) }
+    }
+
+    /// A layer's stacked experts quantized into a temporary GGUF file (the way to a `HostWeight`).
+    struct ExpertFile {
+        model: Arc<GgufModel>,
+        path: PathBuf,
+    }
+
+    impl Drop for ExpertFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    /// One case: expert count, widths, types (gate `None`: ungated), activation, biases.
+    #[derive(Clone, Copy, Debug)]
+    struct Case {
+        n_expert: usize,
+        n_embd: usize,
+        n_ff: usize,
+        gate: Option<GgmlType>,
+        up: GgmlType,
+        down: GgmlType,
+        glu: Glu,
+        biases: bool,
+        k: usize,
+    }
+
+    impl ExpertFile {
+        fn new(tag: &str, c: &Case, rng: &mut StdRng) -> ExpertFile {
+            let mut tensors = vec![
+                ("up", c.up, vec![c.n_expert, c.n_ff, c.n_embd]),
+                ("down", c.down, vec![c.n_expert, c.n_embd, c.n_ff]),
+            ];
+            if let Some(g) = c.gate {
+                tensors.push(("gate", g, vec![c.n_expert, c.n_ff, c.n_embd]));
+            }
+            let mut w = GgufWriter::new();
+            for (name, t, shape) in &tensors {
+                let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+                w.add_tensor(name, *t, &ne).expect("declare tensor");
+            }
+            let path = std::env::temp_dir().join(format!("diskformer-gpu-tier-moe-{}-{tag}.gguf", std::process::id()));
+            let mut sink = w.create(&path).expect("create weight file");
+            for (_, t, shape) in &tensors {
+                let n: usize = shape.iter().product();
+                let mut bytes = vec![0u8; n / t.block_elems() * t.block_bytes()];
+                quant::quantize(*t, &rand_vec(rng, n, 1.0), &mut bytes).expect("quantize");
+                sink.write_data(&bytes).expect("write");
+            }
+            sink.finish().expect("finish");
+            ExpertFile { model: Arc::new(GgufModel::open(&path).expect("open weight file")), path }
+        }
+
+        fn get(&self, name: &str) -> Option<HostWeight> {
+            HostWeight::from_model(&self.model, name)
+        }
+    }
+
+    /// Lends experts of every layer from one file's stacked tensors (each layer the same
+    /// weights), in the order asked, two at a time so the tier sees several groups.
+    #[derive(Debug)]
+    struct FileStore {
+        gate: Option<HostWeight>,
+        up: HostWeight,
+        down: HostWeight,
+        n_expert: usize,
+    }
+
+    impl FileStore {
+        fn matrix<'a>(w: &'a HostWeight, e: usize, n_expert: usize) -> HostMatrix<'a> {
+            let per = w.bytes().len() / n_expert;
+            HostMatrix { dtype: w.dtype, bytes: &w.bytes()[e * per..(e + 1) * per], n_out: w.shape[1], k: w.shape[2] }
+        }
+    }
+
+    impl ExpertStore for FileStore {
+        fn with_host_experts(
+            &self,
+            _layer: usize,
+            ids: &[u32],
+            compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+        ) -> Result<(), OpError> {
+            for group in ids.chunks(2) {
+                let experts: Vec<HostExpert<'_>> = group
+                    .iter()
+                    .map(|&id| HostExpert {
+                        id,
+                        gate: self.gate.as_ref().map(|g| Self::matrix(g, id as usize, self.n_expert)),
+                        up: Self::matrix(&self.up, id as usize, self.n_expert),
+                        down: Self::matrix(&self.down, id as usize, self.n_expert),
+                    })
+                    .collect();
+                compute(&experts)?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Distinct random ids per token.
+    fn random_ids(rng: &mut StdRng, n_tok: usize, k: usize, n_expert: usize) -> Vec<u32> {
+        let mut ids = Vec::new();
+        for _ in 0..n_tok {
+            let mut row: Vec<u32> = Vec::new();
+            while row.len() < k {
+                let e = rng.random_range(0..n_expert as u32);
+                if !row.contains(&e) {
+                    row.push(e);
+                }
+            }
+            ids.extend(row);
+        }
+        ids
+    }
+
+    struct Report {
+        failures: Vec<String>,
+        ran: usize,
+    }
+
+    impl Report {
+        fn check(&mut self, case: &str, gpu: Result<Vec<f32>, OpError>, cpu: &[f32]) {
+            self.ran += 1;
+            match gpu.map(|g| nmse(&g, cpu)) {
+                Ok(e) if e <= MAX_NMSE => println!("{case}: OK"),
+                Ok(e) => {
+                    println!("{case}: FAIL nmse={e:.3e} (bound {MAX_NMSE:.0e})");
+                    self.failures.push(format!("{case}: nmse {e:.3e}"));
+                }
+                Err(e) => {
+                    println!("{case}: FAIL error: {e}");
+                    self.failures.push(format!("{case}: {e}"));
+                }
+            }
+        }
+
+        fn finish(self) {
+            println!("{} cases, {} failed", self.ran, self.failures.len());
+            assert!(self.failures.is_empty(), "failing cases:\n{}", self.failures.join("\n"));
+        }
+    }
+
+    fn cases() -> Vec<Case> {
+        use GgmlType::*;
+        vec![
+            // Odd widths (9 and 7 groups of 8), float weights.
+            Case {
+                n_expert: 5,
+                n_embd: 72,
+                n_ff: 56,
+                gate: Some(F16),
+                up: F16,
+                down: F32,
+                glu: Glu::Plain(Act::Silu),
+                biases: true,
+                k: 3,
+            },
+            // A Q4_K_M-like mix: gate and up of different types, Q6_K down.
+            Case {
+                n_expert: 6,
+                n_embd: 256,
+                n_ff: 256,
+                gate: Some(Q4_K),
+                up: Q5_0,
+                down: Q6_K,
+                glu: Glu::Plain(Act::Silu),
+                biases: false,
+                k: 4,
+            },
+            // gpt-oss's SwiGLU with biases, widths of 3 and 5 blocks.
+            Case {
+                n_expert: 7,
+                n_embd: 96,
+                n_ff: 160,
+                gate: Some(Q8_0),
+                up: Q8_0,
+                down: Q4_0,
+                glu: Glu::SwiGluOai { alpha: 1.702, limit: 7.0 },
+                biases: true,
+                k: 2,
+            },
+            // Ungated experts.
+            Case {
+                n_expert: 4,
+                n_embd: 64,
+                n_ff: 96,
+                gate: None,
+                up: Q4_1,
+                down: Q8_0,
+                glu: Glu::Plain(Act::Gelu),
+                biases: true,
+                k: 2,
+            },
+        ]
+    }
+
+    struct Built {
+        file: ExpertFile,
+        cpu: Experts<CpuBackend>,
+        biases: [Option<CpuTensor>; 3],
+        spec: MoeSpec,
+    }
+
+    fn build(c: &CpuBackend, case: &Case, tag: &str, rng: &mut StdRng) -> Built {
+        let file = ExpertFile::new(tag, case, rng);
+        let (ne, ff, ne_embd) = (case.n_expert, case.n_ff, case.n_embd);
+        let biases = [
+            (case.biases && case.gate.is_some()).then(|| tensor(rng, &[ne, ff], 0.5)),
+            case.biases.then(|| tensor(rng, &[ne, ff], 0.5)),
+            case.biases.then(|| tensor(rng, &[ne, ne_embd], 0.5)),
+        ];
+        let cpu = Experts::<CpuBackend> {
+            layer: 0,
+            gate: file.get("gate").map(|g| c.weight(&g).unwrap()),
+            up: c.weight(&file.get("up").unwrap()).unwrap(),
+            down: c.weight(&file.get("down").unwrap()).unwrap(),
+            gate_bias: biases[0].clone(),
+            up_bias: biases[1].clone(),
+            down_bias: biases[2].clone(),
+        };
+        Built { file, cpu, biases, spec: MoeSpec { n_expert: ne, n_ff: ff, glu: case.glu } }
+    }
+
+    fn gpu_experts(g: &WgpuBackend, b: &Built, layer: usize) -> Result<Experts<WgpuBackend>, OpError> {
+        let up = |t: &Option<CpuTensor>| t.as_ref().map(|t| g.from_host(&t.data, &t.shape)).transpose();
+        Ok(Experts {
+            layer,
+            gate: b.file.get("gate").map(|w| g.weight(&w)).transpose()?,
+            up: g.weight(&b.file.get("up").unwrap())?,
+            down: g.weight(&b.file.get("down").unwrap())?,
+            gate_bias: up(&b.biases[0])?,
+            up_bias: up(&b.biases[1])?,
+            down_bias: up(&b.biases[2])?,
+        })
+    }
+
+    fn run_gpu(
+        g: &WgpuBackend,
+        e: &Experts<WgpuBackend>,
+        x: &CpuTensor,
+        ids: &[u32],
+        weights: &CpuTensor,
+        k: usize,
+        spec: &MoeSpec,
+    ) -> Result<Vec<f32>, OpError> {
+        let routing =
+            Routing::<WgpuBackend> { ids: ids.to_vec(), weights: g.from_host(&weights.data, &weights.shape)?, k };
+        let y: WgpuTensor = g.moe_ffn(&g.from_host(&x.data, &x.shape)?, &routing, e, spec)?;
+        g.to_host(&y)
+    }
+
+    #[test]
+    fn moe_kernels_match_cpu_resident() {
+        let Some(g) = gpu() else { return };
+        let seed = seed();
+        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        for (i, case) in cases().iter().enumerate() {
+            let b = build(&c, case, &format!("resident{i}"), &mut rng);
+            let ge = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+            for n_tok in [1usize, 2, 4, 6] {
+                let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
+                let ids = random_ids(&mut rng, n_tok, case.k, case.n_expert);
+                let weights = tensor(&mut rng, &[n_tok, case.k], 1.0);
+                let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
+                let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+                let got = run_gpu(&g, &ge, &x, &ids, &weights, case.k, &b.spec);
+                r.check(&format!("resident {case:?} tokens={n_tok}"), got, &want.data);
+            }
+        }
+        r.finish();
+    }
+
+    #[test]
+    fn moe_kernels_match_cpu_through_the_tier() {
+        let Some(g0) = gpu() else { return };
+        let seed = seed();
+        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        for (i, case) in cases().iter().enumerate() {
+            let b = build(&c, case, &format!("tier{i}"), &mut rng);
+            let store = Arc::new(FileStore {
+                gate: b.file.get("gate"),
+                up: b.file.get("up").unwrap(),
+                down: b.file.get("down").unwrap(),
+                n_expert: case.n_expert,
+            });
+            let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
+            mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
+            let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
+            // Two pool buffers of k + 1 slots: three layers share them, so every step evicts.
+            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto] {
+                let opts = ExpertTierOptions {
+                    miss,
+                    policy: SlotPolicy::Lru,
+                    max_slots_per_buffer: Some(case.k + 1),
+                    ..ExpertTierOptions::new(2 * (case.k + 1), slot_bytes)
+                };
+                let g = match g0.clone().with_expert_store(store.clone(), opts) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        r.check(&format!("tier {case:?} {miss:?}"), Err(e), &[]);
+                        continue;
+                    }
+                };
+                let layers: Vec<_> = (0..3).map(|l| gpu_experts(&g, &b, l).expect("experts on the GPU")).collect();
+                for step in 0..4 {
+                    for (l, ge) in layers.iter().enumerate() {
+                        let n_tok = [1usize, 1, 3, 6][step];
+                        let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
+                        let ids = random_ids(&mut rng, n_tok, case.k, case.n_expert);
+                        let weights = tensor(&mut rng, &[n_tok, case.k], 1.0);
+                        let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
+                        let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+                        let got = run_gpu(&g, ge, &x, &ids, &weights, case.k, &b.spec);
+                        r.check(
+                            &format!("tier {case:?} {miss:?} step {step} layer {l} tokens={n_tok}"),
+                            got,
+                            &want.data,
+                        );
+                    }
+                }
+                let total = g.expert_tier_total().unwrap();
+                println!("  {miss:?}: {total:?}");
+                if miss != MissPolicy::Cpu && total.evictions == 0 {
+                    r.failures.push(format!("tier {case:?} {miss:?}: no eviction ({total:?})"));
+                }
+            }
+        }
+        r.finish();
+    }
+
+    /// The router on the GPU against the CPU's, on every gating, with and without the
+    /// selection bias and groups; with ids compared exactly.
+    #[test]
+    fn route_matches_cpu() {
+        let Some(g) = gpu() else { return };
+        let seed = seed();
+        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let specs = [
+            (
+                RouteSpec {
+                    k: 8,
+                    gating: Gating::Softmax,
+                    has_selection_bias: false,
+                    groups: None,
+                    normalize: true,
+                    scale: 1.0,
+                },
+                128,
+                false,
+            ),
+            (
+                RouteSpec {
+                    k: 2,
+                    gating: Gating::Softmax,
+                    has_selection_bias: false,
+                    groups: None,
+                    normalize: false,
+                    scale: 1.0,
+                },
+                8,
+                false,
+            ),
+            (
+                RouteSpec {
+                    k: 4,
+                    gating: Gating::SoftmaxAfterTopK,
+                    has_selection_bias: false,
+                    groups: None,
+                    normalize: false,
+                    scale: 1.0,
+                },
+                32,
+                false,
+            ),
+            (
+                RouteSpec {
+                    k: 6,
+                    gating: Gating::Sigmoid,
+                    has_selection_bias: true,
+                    groups: None,
+                    normalize: true,
+                    scale: 2.5,
+                },
+                60,
+                true,
+            ),
+            (
+                RouteSpec {
+                    k: 8,
+                    gating: Gating::Sigmoid,
+                    has_selection_bias: true,
+                    groups: Some((8, 4)),
+                    normalize: true,
+                    scale: 2.5,
+                },
+                256,
+                true,
+            ),
+            (
+                RouteSpec {
+                    k: 3,
+                    gating: Gating::Softmax,
+                    has_selection_bias: false,
+                    groups: None,
+                    normalize: true,
+                    scale: 1.0,
+                },
+                37,
+                false,
+            ),
+        ];
+        for (spec, n_expert, with_bias) in specs {
+            for n_tok in [1usize, 3] {
+                let logits = tensor(&mut rng, &[n_tok, n_expert], 3.0);
+                let bias = tensor(&mut rng, &[n_expert], 0.5);
+                let want = c.route(&logits, with_bias.then_some(&bias), &spec).unwrap();
+                let got = (|| -> Result<(Vec<u32>, Vec<f32>), OpError> {
+                    let gb = g.from_host(&bias.data, &bias.shape)?;
+                    let gr = g.route(&g.from_host(&logits.data, &logits.shape)?, with_bias.then_some(&gb), &spec)?;
+                    Ok((g.routing_ids(&gr)?, g.to_host(&gr.weights)?))
+                })();
+                let case = format!("route {spec:?} experts={n_expert} tokens={n_tok}");
+                match &got {
+                    Ok((ids, _)) if ids != &want.ids => {
+                        println!("{case} ids: FAIL got {ids:?}, cpu {:?}", want.ids);
+                        r.failures.push(format!("{case}: ids differ"));
+                    }
+                    _ => {}
+                }
+                r.check(&case, got.map(|g| g.1), &want.weights.data);
+            }
+        }
+        r.finish();
+    }
+}
