@@ -231,6 +231,7 @@ mod gpu_ops {
         shape_cases(&g, &c, &mut rng, &mut r);
         attention_cases(&g, &c, &mut rng, &mut r);
         fused_cases(&g, &c, &mut rng, &mut r);
+        int8_cases(&g, &c, &mut rng, &mut r);
         moe_cases(&g, &c, &mut rng, &mut r);
         recurrent_cases(&g, &c, &mut rng, &mut r);
         r.finish();
@@ -870,6 +871,132 @@ mod gpu_ops {
         r.check(&format!("matmul_per_head(q8_0, heads={heads}, {n_out}x{kk}, n=5)"), got, &want.data, DEFAULT_MAX_NMSE);
     }
 
+    /// Bound for products with int8 activations against the exact product: llama.cpp's own for its
+    /// quantized-activation matrix products (test-backend-ops, `test_mul_mat::max_nmse_err`,
+    /// 5e-4). Rounding 32 values to 127 steps of max|x| gives a relative error near 1e-5 in
+    /// normalised MSE on these uniform activations, so a wrong block, scale or offset (errors of
+    /// order 1) cannot pass.
+    const INT8_MAX_NMSE: f64 = 5e-4;
+
+    /// Bound against the CPU product of the activations rounded as the GPU rounds them: f32
+    /// summation noise (1e-7, the default) plus one value that rounds the other way at a tie of
+    /// round(x / d), which moves the result by about 4e-7 here.
+    const INT8_ROUNDED_MAX_NMSE: f64 = 1e-6;
+
+    /// The activations as the int8 kernels see them: per 32 values d = max|x| / 127,
+    /// q = round(x * (1 / d)) to even (WGSL's `round`), value q * d (llama.cpp's quantize_row_q8_0
+    /// scheme).
+    fn q8_rounded(x: &CpuTensor) -> CpuTensor {
+        let mut data = x.data.clone();
+        for b in data.chunks_mut(32) {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for v in b.iter_mut() {
+                *v = (*v * inv).round_ties_even() * d;
+            }
+        }
+        CpuTensor { shape: x.shape.clone(), data }
+    }
+
+    /// The int8-activation decode kernel (`matvec_q8`) of every type it covers: odd row counts,
+    /// k of one 32-value block past a multiple of 64 for the 32-value types (not a multiple of
+    /// 256), every tested workgroup shape, the automatic path of a back end in
+    /// `QuantizedActivations` mode with and without accumulation, one quantization shared by two
+    /// products into column offsets of one output, and per-head products (row spans of a stacked
+    /// weight against column offsets of the activations).
+    fn int8_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        println!("int8 activations in QuantizedActivations mode: {}", g8.uses_int8_activations());
+        // With DISKFORMER_GPU_F32_ACT=1 the automatic path stays exact.
+        let auto_bound = if g8.uses_int8_activations() { INT8_ROUNDED_MAX_NMSE } else { DEFAULT_MAX_NMSE };
+        let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let mut tensors = Vec::new();
+        let mut cases = Vec::new();
+        for t in types {
+            let mut shapes = vec![(37usize, 512usize), (1, 256)];
+            if t.block_elems() == 32 {
+                shapes.push((19, 96));
+                shapes.push((33, 160));
+            }
+            for (n_out, k) in shapes {
+                let name = format!("i8_{}_{n_out}x{k}", type_name(t));
+                tensors.push((name.clone(), t, vec![n_out, k], rand_vec(rng, n_out * k, 1.0)));
+                cases.push((name, t, n_out, k));
+            }
+        }
+        let file = WeightFile::new("int8", &tensors);
+        for (name, t, n_out, k) in cases {
+            let hw = file.get(&name);
+            let cw = c.weight(&hw).expect("cpu weight");
+            let gw = match g.weight(&hw) {
+                Ok(w) => w,
+                Err(e) => {
+                    r.check(&format!("weight({}, {n_out}x{k})", type_name(t)), Err(e), &[], 0.0);
+                    continue;
+                }
+            };
+            let tn = type_name(t);
+            let x = tensor(rng, &[1, k], 1.0);
+            let exact = c.matmul(&x, &cw).expect("cpu matmul");
+            let rounded = c.matmul(&q8_rounded(&x), &cw).expect("cpu matmul");
+            for shape in MatvecShape::TESTED {
+                let got = host(g, g.matvec_q8_with_shape(&up(g, &x), &gw, shape));
+                let case = format!("matvec_q8({tn}, {n_out}x{k}, {}x{})", shape.rows, shape.wg);
+                match got {
+                    Ok(v) => {
+                        // Over one row the normalised MSE is one value's squared relative error,
+                        // unbounded when the exact value is near 0: the rounded check covers it.
+                        if n_out > 1 {
+                            r.check(&format!("{case} vs exact"), Ok(v.clone()), &exact.data, INT8_MAX_NMSE);
+                        }
+                        r.check(&format!("{case} vs rounded x"), Ok(v), &rounded.data, INT8_ROUNDED_MAX_NMSE);
+                    }
+                    Err(e) => r.check(&case, Err(e), &[], 0.0),
+                }
+            }
+            let gx = up(g, &x);
+            let want = if g8.uses_int8_activations() { &rounded } else { &exact };
+            r.check(
+                &format!("matmul int8 mode({tn}, {n_out}x{k})"),
+                host(g, g8.matmul(&gx, &gw)),
+                &want.data,
+                auto_bound,
+            );
+            let y0 = tensor(rng, &[1, n_out], 1.0);
+            let want_acc = c.add(want, &y0).expect("cpu add");
+            let gy = up(g, &y0);
+            let got = g8.matvec_accumulate_into(&gx, &gw, &gy).and_then(|()| g.to_host(&gy));
+            r.check(&format!("matvec_accumulate_into int8 mode({tn}, {n_out}x{k})"), got, &want_acc.data, auto_bound);
+            // One quantization, two products side by side in one output (the fused q/k/v shape).
+            let both = g.from_host(&vec![0f32; 2 * n_out], &[1, 2 * n_out]).expect("upload");
+            let got = g8.quantize_activations(&gx).and_then(|xq| {
+                g8.matvec_q8_into(&gx, xq.as_ref(), &gw, &both, 0, false)?;
+                g8.matvec_q8_into(&gx, xq.as_ref(), &gw, &both, n_out, false)?;
+                g.to_host(&both)
+            });
+            let want_both = [want.data.as_slice(), want.data.as_slice()].concat();
+            r.check(&format!("matvec_q8_into x2 int8 mode({tn}, {n_out}x{k})"), got, &want_both, auto_bound);
+        }
+        // Row spans and column offsets: head h reads columns h*kk.. of x and rows h*n_out.. of w.
+        for t in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            let (heads, n_out, kk) = (3usize, 17usize, 64usize);
+            let name = format!("i8_per_head_{}", type_name(t));
+            let file = WeightFile::new(
+                &name,
+                &[(name.clone(), t, vec![heads, n_out, kk], rand_vec(rng, heads * n_out * kk, 1.0))],
+            );
+            let hw = file.get(&name);
+            let cw = c.weight(&hw).expect("cpu weight");
+            let x = tensor(rng, &[1, heads * kk], 1.0);
+            let want = c.matmul_per_head(&q8_rounded(&x), &cw).expect("cpu matmul_per_head");
+            let want = if g8.uses_int8_activations() { want } else { c.matmul_per_head(&x, &cw).expect("cpu") };
+            let got = g8.weight(&hw).and_then(|w| host(g, g8.matmul_per_head(&up(g, &x), &w)));
+            let case = format!("matmul_per_head int8 mode({}, heads={heads}, {n_out}x{kk})", type_name(t));
+            r.check(&case, got, &want.data, auto_bound);
+        }
+    }
+
     /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s.
     #[test]
     #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
@@ -885,7 +1012,8 @@ mod gpu_ops {
         );
         let mut rng = StdRng::seed_from_u64(7);
         let (n_out, k) = (32768usize, 8192usize);
-        for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
+        // Q6_K: the output matrix (and some FFN matrices) of every Q4_K_M file.
+        for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16] {
             let tensors = vec![(format!("w_{}", type_name(t)), t, vec![n_out, k], Vec::new())];
             let file = WeightFile::new(&format!("perf-{}", type_name(t)), &tensors);
             let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
@@ -897,12 +1025,25 @@ mod gpu_ops {
                     shapes.push(Some(MatvecShape { rows, wg }));
                 }
             }
+            let mut timings = Vec::new();
             for shape in shapes {
                 let secs = g.perf_matvec(&x, &w, shape, 50).expect("matvec");
                 let kernel = match shape {
                     Some(s) => format!("matvec {}x{}", s.rows, s.wg),
                     None => "matmul (general)".to_string(),
                 };
+                timings.push((kernel, secs));
+            }
+            // The int8-activation kernel (activations quantized once, outside the timing: its
+            // cost per token is the `quantize_q8` line below).
+            for rows in [1, 2, 4] {
+                for wg in [32, 64, 128, 256] {
+                    if let Some(secs) = g.perf_matvec_q8(&x, &w, MatvecShape { rows, wg }, 50).expect("matvec_q8") {
+                        timings.push((format!("matvec_q8 {rows}x{wg}"), secs));
+                    }
+                }
+            }
+            for (kernel, secs) in timings {
                 println!(
                     "matvec {} {n_out}x{k} [{kernel}]: {:.3} ms, {:.1} GB/s of GGUF bytes ({:.1} GB/s of repacked bytes, {:.0}% of the stream read)",
                     type_name(t),
@@ -912,6 +1053,11 @@ mod gpu_ops {
                     100.0 * stored / secs / (stream_bytes as f64 / t_stream)
                 );
             }
+        }
+        for k in [4096usize, 14336] {
+            let x = g.from_host(&rand_vec(&mut rng, k, 1.0), &[1, k]).unwrap();
+            let secs = g.perf_quantize_q8(&x, 50).expect("quantize");
+            println!("quantize_q8 1x{k}: {:.1} us", secs * 1e6);
         }
     }
 }

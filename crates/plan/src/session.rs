@@ -468,7 +468,8 @@ fn build_runner(
                 adapter_index: gpu_index,
                 prefer_discrete: true,
             })
-            .map_err(|e| PlanError::NoDevice { why: e.to_string() })?;
+            .map_err(|e| PlanError::NoDevice { why: e.to_string() })?
+            .with_matmul_mode(model_opts.matmul);
             Ok(models::load_on(b, file, model_opts)?)
         }
         other => {

@@ -313,6 +313,7 @@ fn load_gpu_tier(
         ..ExpertTierOptions::new(placed.n_slots, placed.slot_bytes)
     };
     let b = WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true })?
+        .with_matmul_mode(opts.matmul)
         .with_expert_store(store, topts)?;
     // Decimal units as GPU memory is quoted; MB below 0.1 GB so small models do not read as 0.
     let gb = |x: u64| {
@@ -356,7 +357,11 @@ fn load_runner(
     opts: &LoadOptions,
 ) -> anyhow::Result<Box<dyn Runner>> {
     use compute::wgpu::{WgpuBackend, WgpuOptions};
-    let gpu = || WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true });
+    // --matmul (exact / q8) picks f32 or int8 activations on the GPU as it does on the CPU.
+    let gpu = || {
+        WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true })
+            .map(|b| b.with_matmul_mode(opts.matmul))
+    };
     match device {
         DeviceFlag::Cpu => Ok(models::load_on(cpu_backend(args, opts.matmul), file, opts)?),
         DeviceFlag::Gpu => Ok(models::load_on(gpu()?, file, opts)?),

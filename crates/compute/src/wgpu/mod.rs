@@ -23,6 +23,10 @@
 //!   (the CPU reference's).
 //! - The matrix product loads four weight groups per loop iteration so more loads are in flight
 //!   (`DISKFORMER_NO_UNROLL=1` turns it off, for comparison in `--perf`).
+//! - One-token products can take int8 activations (llama.cpp's scheme, [`int8`]): with
+//!   [`WgpuBackend::with_matmul_mode`]`(QuantizedActivations)` the activations are quantized
+//!   to blocks of 32 bytes once and Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights are multiplied with
+//!   `dot4I8Packed`; `DISKFORMER_GPU_F32_ACT=1` forces f32 activations.
 //! - Routing (`route`) runs on the GPU (`moe_route.wgsl`). A resident model's decode step keeps
 //!   the expert ids there for the per-pair MoE kernels (no readback); the expert tier and prefill
 //!   read the k ids and weights back (one small readback), to find misses or group by expert.
@@ -33,6 +37,7 @@
 
 mod experts;
 mod fused;
+mod int8;
 pub mod layout;
 mod moe;
 mod shaders;
@@ -47,6 +52,7 @@ use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
+pub use int8::Q8Act;
 use layout::TypeLayout;
 pub use shaders::MatvecShape;
 use shaders::Plain;
@@ -288,6 +294,10 @@ struct Ctx {
     /// The decode kernel's workgroup shape; `None` (DISKFORMER_NO_MATVEC=1) sends one-token
     /// products through the general `matmul` kernel.
     matvec: Option<MatvecShape>,
+    /// The int8 decode kernel's workgroup shape (DISKFORMER_MATVEC_Q8).
+    matvec_q8: MatvecShape,
+    /// DISKFORMER_GPU_F32_ACT=1: f32 activations even where int8 ones were asked for.
+    force_f32_act: bool,
     max_binding: u64,
     max_buffer: u64,
     params_align: usize,
@@ -496,6 +506,9 @@ pub struct WgpuBackend {
     ctx: Arc<Ctx>,
     /// The GPU expert tier, when experts are paged ([`WgpuBackend::with_expert_store`]).
     experts: Option<Arc<experts::ExpertTier>>,
+    /// One-token products of the types the int8 kernel covers quantize their activations
+    /// ([`WgpuBackend::with_matmul_mode`]).
+    int8_act: bool,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -588,6 +601,8 @@ impl WgpuBackend {
             subgroups,
             unroll: !env_flag("DISKFORMER_NO_UNROLL"),
             matvec: (!env_flag("DISKFORMER_NO_MATVEC")).then(default_matvec_shape),
+            matvec_q8: int8::default_q8_shape(),
+            force_f32_act: env_flag("DISKFORMER_GPU_F32_ACT"),
             max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) & !255,
             max_buffer: limits.max_buffer_size,
             params_align: (limits.min_uniform_buffer_offset_alignment as usize).max(16),
@@ -604,7 +619,7 @@ impl WgpuBackend {
             profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| Mutex::new(HostProfile::default())),
             rope_tables: Mutex::new(fused::RopeTables::default()),
         };
-        Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None })
+        Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None, int8_act: false })
     }
 
     /// The adapter in use.
@@ -832,8 +847,24 @@ impl WgpuBackend {
         self.product_into(x, w, y, r, false)
     }
 
-    /// `matmul_into`, adding to `y` instead of replacing it when `accumulate` is set.
+    /// `matmul_into`, adding to `y` instead of replacing it when `accumulate` is set: the int8
+    /// kernel when int8 activations are on and apply ([`int8`]), else the f32 kernels.
     fn product_into(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        y: &WgpuTensor,
+        r: Span,
+        accumulate: bool,
+    ) -> Result<(), OpError> {
+        if self.try_int8_product(x, w, y, r, accumulate)? {
+            return Ok(());
+        }
+        self.product_f32(x, w, y, r, accumulate)
+    }
+
+    /// The f32-activation product: the decode kernel for one token, else the general one.
+    fn product_f32(
         &self,
         x: &WgpuTensor,
         w: &WgpuWeight,

@@ -3,10 +3,12 @@
 //! shared-memory reduction).
 
 use super::layout::TypeLayout;
+use gguf::GgmlType;
 
 const QUANT_COMMON: &str = include_str!("shaders/quant/common.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
+const MATVEC_Q8: &str = include_str!("shaders/matvec_q8.wgsl");
 const MATMUL_PARAMS: &str = include_str!("shaders/matmul_params.wgsl");
 const GET_ROWS: &str = include_str!("shaders/get_rows.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
@@ -42,12 +44,14 @@ pub enum Plain {
     SsmConv,
     /// Mamba-2 selective scan.
     SsmScan,
+    /// Activations to int8 blocks of 32 for the int8 decode kernel.
+    QuantizeQ8,
 }
 
 impl Plain {
     /// Every plain kernel (for the parse test).
     #[cfg(test)]
-    pub const ALL: [Plain; 13] = [
+    pub const ALL: [Plain; 14] = [
         Plain::Binary,
         Plain::Unary,
         Plain::Glu,
@@ -61,6 +65,7 @@ impl Plain {
         Plain::Stream,
         Plain::SsmConv,
         Plain::SsmScan,
+        Plain::QuantizeQ8,
     ];
 
     /// The WGSL source.
@@ -79,6 +84,7 @@ impl Plain {
             Plain::Stream => include_str!("shaders/stream.wgsl"),
             Plain::SsmConv => include_str!("shaders/ssm_conv.wgsl"),
             Plain::SsmScan => include_str!("shaders/ssm_scan.wgsl"),
+            Plain::QuantizeQ8 => include_str!("shaders/quantize_q8.wgsl"),
         };
         s.replace("{{ACT}}", ACT)
     }
@@ -216,6 +222,45 @@ pub fn matvec(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> Strin
         .replace("{{SG_ARGS}}", sg_args)
 }
 
+/// A weight type's `dot32` against int8 activations (`shaders/quant/i8/`), for the types the int8
+/// decode kernel covers: the formats of the 8B benchmarks (Q4_0, Q4_K with its Q6_K output and
+/// FFN matrices) and the other common ones (Q4_1, Q8_0).
+pub fn dot32_source(dtype: GgmlType) -> Option<&'static str> {
+    Some(match dtype {
+        GgmlType::Q4_0 => include_str!("shaders/quant/i8/q4_0.wgsl"),
+        GgmlType::Q4_1 => include_str!("shaders/quant/i8/q4_1.wgsl"),
+        GgmlType::Q8_0 => include_str!("shaders/quant/i8/q8_0.wgsl"),
+        GgmlType::Q4_K => include_str!("shaders/quant/i8/q4_k.wgsl"),
+        GgmlType::Q6_K => include_str!("shaders/quant/i8/q6_k.wgsl"),
+        _ => return None,
+    })
+}
+
+/// The int8-activation decode matrix-vector product for one weight type (`None` when the type has
+/// no `dot32`): the f32 kernel's workgroup shape and closing reduction, 32 values per invocation
+/// and iteration.
+pub fn matvec_q8(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> Option<String> {
+    let dot32 = dot32_source(layout.dtype)?;
+    let (reduce, sg_args) = if subgroups {
+        (
+            REDUCE_ROWS_SUBGROUP,
+            "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,",
+        )
+    } else {
+        (REDUCE_ROWS_SHARED, "")
+    };
+    Some(
+        MATVEC_Q8
+            .replace("{{PARAMS}}", MATMUL_PARAMS)
+            .replace("{{QUANT}}", &format!("{}\n{dot32}", quant(layout)))
+            .replace("{{WG}}", &shape.wg.to_string())
+            .replace("{{ROWS}}", &shape.rows.to_string())
+            .replace("{{RED_LEN}}", &(shape.rows * shape.wg).to_string())
+            .replace("{{REDUCE_ROWS}}", reduce)
+            .replace("{{SG_ARGS}}", sg_args),
+    )
+}
+
 /// Row lookup (embeddings) for one weight type.
 pub fn get_rows(layout: &TypeLayout) -> String {
     GET_ROWS.replace("{{QUANT}}", &quant(layout))
@@ -224,7 +269,6 @@ pub fn get_rows(layout: &TypeLayout) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gguf::GgmlType;
 
     fn parse(name: &str, src: &str) {
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
@@ -254,6 +298,9 @@ mod tests {
             for shape in MatvecShape::TESTED {
                 for sg in [false, true] {
                     parse(&format!("matvec {} {shape:?} subgroups {sg}", l.name), &matvec(&l, shape, sg));
+                    if let Some(src) = matvec_q8(&l, shape, sg) {
+                        parse(&format!("matvec_q8 {} {shape:?} subgroups {sg}", l.name), &src);
+                    }
                 }
             }
             parse(&format!("get_rows {}", l.name), &get_rows(&l));
