@@ -232,6 +232,7 @@ mod gpu_ops {
         attention_cases(&g, &c, &mut rng, &mut r);
         fused_cases(&g, &c, &mut rng, &mut r);
         int8_cases(&g, &c, &mut rng, &mut r);
+        tiled_cases(&g, &c, &mut rng, &mut r);
         moe_cases(&g, &c, &mut rng, &mut r);
         recurrent_cases(&g, &c, &mut rng, &mut r);
         r.finish();
@@ -997,6 +998,78 @@ mod gpu_ops {
         }
     }
 
+    /// The tiled prefill kernel (`matmul_tiled`, from 9 tokens) of every type: row counts past one
+    /// 64-row tile and odd, 9 tokens (the threshold) and 70 (a full 64-token tile and a partial
+    /// one), k of 32-value blocks not a multiple of 256 and, for float types, not a multiple of
+    /// the 8-value group; accumulation, and per-head products (row spans against column offsets
+    /// of many tokens). The 8-token kernel on the same inputs is checked alongside.
+    fn tiled_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        let mut tensors = Vec::new();
+        let mut cases = Vec::new();
+        for t in ALL_TYPES {
+            let mut shapes = vec![(131usize, 256usize)];
+            if t.block_elems() == 32 {
+                shapes.push((37, 96));
+            }
+            if t.block_elems() == 1 {
+                shapes.push((13, 67));
+            }
+            for (n_out, k) in shapes {
+                let name = format!("tiled_{}_{n_out}x{k}", type_name(t));
+                tensors.push((name.clone(), t, vec![n_out, k], rand_vec(rng, n_out * k, 1.0)));
+                cases.push((name, t, n_out, k));
+            }
+        }
+        let file = WeightFile::new("tiled", &tensors);
+        for (name, t, n_out, k) in cases {
+            let hw = file.get(&name);
+            let cw = c.weight(&hw).expect("cpu weight");
+            let gw = match g.weight(&hw) {
+                Ok(w) => w,
+                Err(e) => {
+                    r.check(&format!("weight({}, {n_out}x{k})", type_name(t)), Err(e), &[], 0.0);
+                    continue;
+                }
+            };
+            for n in [9usize, 70] {
+                let x = tensor(rng, &[n, k], 1.0);
+                let want = c.matmul(&x, &cw).expect("cpu matmul");
+                let gx = up(g, &x);
+                let case = format!("({}, {n_out}x{k}, n={n})", type_name(t));
+                r.check(&format!("matmul tiled{case}"), host(g, g.matmul(&gx, &gw)), &want.data, DEFAULT_MAX_NMSE);
+                let got = host(g, g.matmul_untiled(&gx, &gw));
+                r.check(&format!("matmul untiled{case}"), got, &want.data, DEFAULT_MAX_NMSE);
+                if n == 70 {
+                    let y0 = tensor(rng, &[n, n_out], 1.0);
+                    let want_acc = c.add(&want, &y0).expect("cpu add");
+                    let gy = up(g, &y0);
+                    let got = g.matvec_accumulate_into(&gx, &gw, &gy).and_then(|()| g.to_host(&gy));
+                    r.check(&format!("matvec_accumulate_into tiled{case}"), got, &want_acc.data, DEFAULT_MAX_NMSE);
+                }
+            }
+        }
+        let (heads, n_out, kk) = (3usize, 70usize, 64usize);
+        let file = WeightFile::new(
+            "tiled-per-head",
+            &[(
+                "per_head".into(),
+                GgmlType::Q4_K,
+                vec![heads, n_out, kk * 4],
+                rand_vec(rng, heads * n_out * kk * 4, 1.0),
+            )],
+        );
+        let hw = file.get("per_head");
+        let x = tensor(rng, &[70, heads * kk * 4], 1.0);
+        let want = c.matmul_per_head(&x, &c.weight(&hw).unwrap()).unwrap();
+        let got = g.weight(&hw).and_then(|w| host(g, g.matmul_per_head(&up(g, &x), &w)));
+        r.check(
+            &format!("matmul_per_head tiled(q4_k, heads={heads}, {n_out}x{}, n=70)", kk * 4),
+            got,
+            &want.data,
+            DEFAULT_MAX_NMSE,
+        );
+    }
+
     /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s.
     #[test]
     #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
@@ -1051,6 +1124,25 @@ mod gpu_ops {
                     stored / secs / 1e9,
                     w.size_bytes() as f64 / secs / 1e9,
                     100.0 * stored / secs / (stream_bytes as f64 / t_stream)
+                );
+            }
+        }
+        // Prefill: a 512-token batch through a 14336 x 4096 matrix (an 8B model's FFN up), the
+        // tiled kernel against the 8-token one.
+        let (n_out, k, n_tok) = (14336usize, 4096usize, 512usize);
+        let x = g.from_host(&rand_vec(&mut rng, n_tok * k, 1.0), &[n_tok, k]).unwrap();
+        for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16] {
+            let tensors = vec![(format!("p_{}", type_name(t)), t, vec![n_out, k], Vec::new())];
+            let file = WeightFile::new(&format!("perf-prefill-{}", type_name(t)), &tensors);
+            let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
+            for tiled in [true, false] {
+                let secs = g.perf_prefill(&x, &w, tiled, 5).expect("prefill");
+                println!(
+                    "prefill {} {n_out}x{k} x {n_tok} tokens [{}]: {:.3} ms, {:.0} GFLOP/s",
+                    type_name(t),
+                    if tiled { "matmul_tiled 64x64" } else { "matmul 8 tokens" },
+                    secs * 1e3,
+                    2.0 * (n_out * k * n_tok) as f64 / secs / 1e9
                 );
             }
         }

@@ -291,6 +291,9 @@ struct Ctx {
     adapter: AdapterSummary,
     subgroups: bool,
     unroll: bool,
+    /// Prefill products of `shaders::TILED_MIN_TOKENS` tokens or more take the tiled kernel
+    /// (DISKFORMER_NO_TILED=1 keeps the 8-token one, for comparison).
+    tiled: bool,
     /// The decode kernel's workgroup shape; `None` (DISKFORMER_NO_MATVEC=1) sends one-token
     /// products through the general `matmul` kernel.
     matvec: Option<MatvecShape>,
@@ -600,6 +603,7 @@ impl WgpuBackend {
             adapter: summary,
             subgroups,
             unroll: !env_flag("DISKFORMER_NO_UNROLL"),
+            tiled: !env_flag("DISKFORMER_NO_TILED"),
             matvec: (!env_flag("DISKFORMER_NO_MATVEC")).then(default_matvec_shape),
             matvec_q8: int8::default_q8_shape(),
             force_f32_act: env_flag("DISKFORMER_GPU_F32_ACT"),
@@ -944,7 +948,8 @@ impl WgpuBackend {
         }
     }
 
-    /// Any number of tokens through `matmul.wgsl` (one workgroup per row and token tile).
+    /// Any number of tokens: the tiled kernel from `shaders::TILED_MIN_TOKENS` tokens (prefill),
+    /// else `matmul.wgsl`.
     fn matmul_general(
         &self,
         x: &WgpuTensor,
@@ -953,25 +958,40 @@ impl WgpuBackend {
         r: Span,
         accumulate: bool,
     ) -> Result<(), OpError> {
+        let tiled = self.ctx.tiled && x.rows() >= shaders::TILED_MIN_TOKENS;
+        self.matmul_kernel(x, w, y, r, accumulate, tiled);
+        Ok(())
+    }
+
+    /// `tiled`: `matmul_tiled.wgsl` (64 rows x 64 tokens per workgroup, the weight tile
+    /// dequantized once into workgroup memory for all its tokens); else `matmul.wgsl` (one
+    /// workgroup per row and 8-token tile, or per row for one token).
+    fn matmul_kernel(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span, accumulate: bool, tiled: bool) {
         let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         let n_tok = x.rows();
         let k = w.k;
         let guard = !k.is_multiple_of(8);
         let l = w.layout;
         let row_words = l.row_words(k);
-        let tok = if n_tok == 1 { shaders::MATMUL_TILES[0] } else { shaders::MATMUL_TILES[1] };
-        let sg = self.ctx.subgroups;
-        let unroll = self.ctx.unroll;
-        let key = format!("matmul {} tok{tok} guard{guard} sg{sg} unroll{unroll}", l.name);
-        let pipe = self.ctx.pipeline(&key, || shaders::matmul(&l, tok, guard, sg, unroll));
+        let (pipe, rows_per_group, tok) = if tiled {
+            let key = format!("matmul_tiled {} guard{guard}", l.name);
+            let pipe = self.ctx.pipeline(&key, || shaders::matmul_tiled(&l, guard));
+            (pipe, shaders::TILE_ROWS, shaders::TILE_TOKENS)
+        } else {
+            let tok = if n_tok == 1 { shaders::MATMUL_TILES[0] } else { shaders::MATMUL_TILES[1] };
+            let sg = self.ctx.subgroups;
+            let unroll = self.ctx.unroll;
+            let key = format!("matmul {} tok{tok} guard{guard} sg{sg} unroll{unroll}", l.name);
+            (self.ctx.pipeline(&key, || shaders::matmul(&l, tok, guard, sg, unroll)), 1, tok as usize)
+        };
         for c in &w.chunks {
             let lo = w_row0.max(c.row0);
             let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);
             if lo >= hi {
                 continue;
             }
-            let mut g = grid(hi - lo);
-            g[2] = n_tok.div_ceil(tok as usize) as u32;
+            let mut g = grid((hi - lo).div_ceil(rows_per_group));
+            g[2] = n_tok.div_ceil(tok) as u32;
             self.dispatch(
                 pipe.clone(),
                 &[&c.buffer, &x.buf.buffer, &y.buf.buffer],
@@ -992,7 +1012,6 @@ impl WgpuBackend {
                 g,
             );
         }
-        Ok(())
     }
 
     fn copy_cols(&self, x: &WgpuTensor, src_col0: usize, n_cols: usize, y: &WgpuTensor, dst_col0: usize) {
@@ -1068,6 +1087,27 @@ impl WgpuBackend {
             }),
             None => self.time_reps(reps, || self.matmul_general(x, w, &y, Span::whole(w), false)),
         }
+    }
+
+    /// Seconds per product `x · Wᵀ` of several tokens through the tiled prefill kernel or the
+    /// 8-token one (for `--perf`).
+    #[doc(hidden)]
+    pub fn perf_prefill(&self, x: &WgpuTensor, w: &WgpuWeight, tiled: bool, reps: usize) -> Result<f64, OpError> {
+        let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
+        self.time_reps(reps, || {
+            self.matmul_kernel(x, w, &y, Span::whole(w), false, tiled);
+            Ok(())
+        })
+    }
+
+    /// `x · Wᵀ` through the 8-token kernel whatever the token count (tests compare it and the
+    /// tiled kernel with the CPU).
+    #[doc(hidden)]
+    pub fn matmul_untiled(&self, x: &WgpuTensor, w: &WgpuWeight) -> Result<WgpuTensor, OpError> {
+        expect_width("matmul_untiled", x, w.k)?;
+        let y = self.alloc("matmul", &[x.rows(), w.n_rows])?;
+        self.matmul_kernel(x, w, &y, Span::whole(w), false, false);
+        Ok(y)
     }
 
     /// One token's `x · Wᵀ` through the `matvec` kernel with `shape` (tests compare every shape

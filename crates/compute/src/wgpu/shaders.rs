@@ -9,6 +9,7 @@ const QUANT_COMMON: &str = include_str!("shaders/quant/common.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATVEC_Q8: &str = include_str!("shaders/matvec_q8.wgsl");
+const MATMUL_TILED: &str = include_str!("shaders/matmul_tiled.wgsl");
 const MATMUL_PARAMS: &str = include_str!("shaders/matmul_params.wgsl");
 const GET_ROWS: &str = include_str!("shaders/get_rows.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
@@ -141,6 +142,23 @@ pub fn matmul(layout: &TypeLayout, tok: u32, guard_x: bool, subgroups: bool, unr
         .replace("{{SG_ARGS}}", sg_args)
         .replace("{{SG_CALL}}", sg_call)
         .replace("{{UNROLL}}", if unroll { UNROLL4 } else { "" })
+}
+
+/// Tokens from which prefill takes the tiled kernel (`matmul_tiled`): below it the 8-token
+/// kernel wastes less of a 64-token tile.
+pub const TILED_MIN_TOKENS: usize = 9;
+/// Weight rows per workgroup of `matmul_tiled`.
+pub const TILE_ROWS: usize = 64;
+/// Tokens per workgroup of `matmul_tiled`.
+pub const TILE_TOKENS: usize = 64;
+
+/// The tiled prefill product for one weight type (`TILE_ROWS` rows x `TILE_TOKENS` tokens per
+/// workgroup); `guard_x` bounds-checks activation reads (rows whose length is not a multiple
+/// of 8).
+pub fn matmul_tiled(layout: &TypeLayout, guard_x: bool) -> String {
+    let guard =
+        if guard_x { "    if (c < P.k) {\n        return X[i];\n    }\n    return 0.0;" } else { "    return X[i];" };
+    MATMUL_TILED.replace("{{PARAMS}}", MATMUL_PARAMS).replace("{{QUANT}}", &quant(layout)).replace("{{X_GUARD}}", guard)
 }
 
 /// Rows and invocations of one workgroup of the decode matrix-vector product (`matvec`).
@@ -303,8 +321,17 @@ mod tests {
                     }
                 }
             }
+            for guard in [false, true] {
+                parse(&format!("matmul_tiled {} guard {guard}", l.name), &matmul_tiled(&l, guard));
+            }
             parse(&format!("get_rows {}", l.name), &get_rows(&l));
         }
+    }
+
+    #[test]
+    fn tiled_kernel_tile_matches_the_dispatch() {
+        assert!(MATMUL_TILED.contains(&format!("const TR: u32 = {TILE_ROWS}u;")));
+        assert!(MATMUL_TILED.contains(&format!("const TT: u32 = {TILE_TOKENS}u;")));
     }
 
     #[test]
