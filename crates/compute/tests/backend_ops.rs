@@ -652,6 +652,45 @@ mod gpu_ops {
             let refused = g.matmul_add(&up(g, &tensor(rng, &[1, k], 1.0)), &gw, wrong).is_err();
             r.exact(&format!("matmul_add({}, residual of the wrong width) refused", type_name(t)), Ok(refused), &true);
         }
+
+        // matmul_many in QuantizedActivations mode: one quantization for the products the int8
+        // kernel takes (Q4_0, Q6_K), the f32 kernel for the one it does not (F16); several
+        // tokens take the exact kernels.
+        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        let int8 = g8.uses_int8_activations();
+        let shapes = [(GgmlType::Q4_0, 37usize), (GgmlType::Q6_K, 19), (GgmlType::F16, 13)];
+        let k = 512;
+        let tensors: Vec<_> = shapes
+            .iter()
+            .map(|&(t, n_out)| (format!("many_{}", type_name(t)), t, vec![n_out, k], rand_vec(rng, n_out * k, 1.0)))
+            .collect();
+        let file = WeightFile::new("matmul_many", &tensors);
+        let ws: Vec<_> = shapes
+            .iter()
+            .map(|&(t, _)| {
+                let hw = file.get(&format!("many_{}", type_name(t)));
+                (t, c.weight(&hw).unwrap(), g.weight(&hw).unwrap())
+            })
+            .collect();
+        for n in [1usize, 3] {
+            let x = tensor(rng, &[n, k], 1.0);
+            let ys = match g8.matmul_many(&up(g, &x), [&ws[0].2, &ws[1].2, &ws[2].2]) {
+                Ok(ys) => ys,
+                Err(e) => {
+                    r.check(&format!("matmul_many int8 mode(n={n})"), Err(e), &[], 0.0);
+                    continue;
+                }
+            };
+            for ((t, cw, _), y) in ws.iter().zip(&ys) {
+                let got = g.to_host(y);
+                let takes_int8 = int8 && n == 1 && *t != GgmlType::F16;
+                let (xs, bound) =
+                    if takes_int8 { (q8_rounded(&x), INT8_ROUNDED_MAX_NMSE) } else { (x.clone(), DEFAULT_MAX_NMSE) };
+                let want = c.matmul(&xs, cw).unwrap();
+                let case = format!("matmul_many int8 mode({}, n={n}, int8 kernel: {takes_int8})", type_name(*t));
+                r.check(&case, got, &want.data, bound);
+            }
+        }
     }
 
     fn moe_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {

@@ -96,6 +96,71 @@ mod on_gpu {
         assert!(failures.is_empty(), "failing fixtures on wgpu:\n{}", failures.join("\n"));
     }
 
+    /// GPU commands (dispatches and copies) of one decode token per dense llama layer: the
+    /// difference between a 2-layer and a 4-layer synthetic model (so the embedding, output and
+    /// readback do not count), against the budget of the fused graph. Exact mode: attention norm,
+    /// q, k, v, rope-and-cache, attention, o (+residual), FFN norm, gate, up, glu, down
+    /// (+residual): 12. Int8 activations add one quantization before each group of products
+    /// reading the same input (q/k/v, o, gate/up, down): 16. Greedy ids of the 4-layer model on
+    /// the GPU (exact mode) must equal the CPU's.
+    #[test]
+    fn decode_commands_per_dense_layer() {
+        use compute::quant::MatmulMode;
+        use models::synth::{SynthOptions, SynthPlan, SynthShape};
+        use models::Outputs;
+        let Some(gpu) = gpu() else { return };
+        let int8 = gpu.clone().with_matmul_mode(MatmulMode::QuantizedActivations).uses_int8_activations();
+        let dir = std::env::temp_dir().join(format!("diskformer-gpu-commands-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let opts = LoadOptions::default();
+        // [mode][model]: commands of one decode step.
+        let mut per_token = [[0u64; 2]; 2];
+        for (mi, n_layer) in [2usize, 4].into_iter().enumerate() {
+            let mut shape = SynthShape::minimal("llama").expect("llama synth shape");
+            shape.apply_params(&format!("n_layer={n_layer}")).expect("n_layer");
+            let plan = SynthPlan::new(
+                &shape,
+                &SynthOptions { dtype: gguf::GgmlType::Q4_0, seed: 5, ..SynthOptions::default() },
+                "commands",
+            )
+            .expect("synth plan");
+            let path = dir.join(format!("llama-{n_layer}.gguf"));
+            plan.write_file(&path, &mut |_| {}).expect("write synth model");
+            let model = Arc::new(gguf::GgufModel::open(&path).expect("open synth model"));
+            for (bi, mode) in [MatmulMode::Exact, MatmulMode::QuantizedActivations].into_iter().enumerate() {
+                // A back end of its own: the rope tables of an earlier model at the same
+                // positions would spare this one an upload.
+                let b =
+                    WgpuBackend::new(WgpuOptions { adapter_index: gpu.adapter().index.into(), prefer_discrete: true })
+                        .expect("second back end on the same adapter")
+                        .with_matmul_mode(mode);
+                let mut g = load_on(b.clone(), &model, &opts).expect("load on gpu");
+                let prompt = [1u32, 17, 33, 250, 9];
+                g.eval(&prompt, Outputs::Last).expect("prefill");
+                g.eval(&[42], Outputs::Last).expect("first decode step");
+                let before = b.commands_submitted();
+                g.eval(&[43], Outputs::Last).expect("decode step");
+                per_token[bi][mi] = b.commands_submitted() - before;
+                if n_layer == 4 && bi == 0 {
+                    let mut c = load(&model, &opts).expect("load on cpu");
+                    let gi = greedy(g.as_mut(), &prompt, 6).expect("greedy gpu");
+                    let ci = greedy(c.as_mut(), &prompt, 6).expect("greedy cpu");
+                    assert_eq!(gi, ci, "greedy ids of the 4-layer synthetic llama: wgpu vs cpu");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let budgets = [("exact", 12.0), ("int8 activations", if int8 { 16.0 } else { 12.0 })];
+        for ((mode, budget), counts) in budgets.into_iter().zip(per_token) {
+            let per_layer = (counts[1] - counts[0]) as f64 / 2.0;
+            println!(
+                "decode commands ({mode}): {} per token with 2 layers, {} with 4: {per_layer} per dense layer",
+                counts[0], counts[1]
+            );
+            assert!(per_layer <= budget, "{mode}: {per_layer} GPU commands per dense layer, over the budget {budget}");
+        }
+    }
+
     /// Greedy continuations of the fixture prompt on the GPU and on the CPU.
     fn greedy_pair(
         gpu: &WgpuBackend,

@@ -7,8 +7,12 @@
 //!   two rope table uploads, two ropes, two cache copies and the attention.
 //! - The rope cos/sin table of a step is uploaded once and shared by every layer (they all rotate
 //!   the same positions with the same spec), instead of once per `rope` call.
+//! - [`Backend::matmul_add`]: the residual added by the product's kernel (its accumulate
+//!   option) into the residual's own buffer: no add dispatch.
+//! - [`Backend::matmul_many`]: with int8 activations, one quantization of the shared input for
+//!   all of q/k/v (or gate/up) instead of one per product.
 
-use super::{expect_width, grid, lock, OpError, PooledBuffer, WgpuBackend, WgpuCache, WgpuTensor};
+use super::{expect_width, grid, lock, OpError, PooledBuffer, Span, WgpuBackend, WgpuCache, WgpuTensor, WgpuWeight};
 use crate::backend::AttnStep;
 use crate::cpu::kernels;
 use crate::spec::{AttnSpec, RopeSpec};
@@ -204,5 +208,47 @@ impl WgpuBackend {
         let (kw, vw) = (cache.k_width as u64, cache.v_width as u64);
         self.copy(&k.buf.buffer, 0, &cache.k, 4 * pos0 as u64 * kw, 4 * n * kw);
         self.copy(&v.buf.buffer, 0, &cache.v, 4 * pos0 as u64 * vw, 4 * n * vw);
+    }
+}
+
+impl WgpuBackend {
+    /// Whether the int8 decode kernel takes `x · Wᵀ` (int8 activations on, one token, whole
+    /// 32-value blocks, a weight type with an int8 dot product): the condition of the `int8`
+    /// module's product, asked before quantizing once for several products.
+    fn int8_takes(&self, x: &WgpuTensor, w: &WgpuWeight) -> bool {
+        self.uses_int8_activations()
+            && self.ctx.matvec.is_some()
+            && x.rows() == 1
+            && x.width().is_multiple_of(32)
+            && w.k.is_multiple_of(32)
+            && super::shaders::dot32_source(w.layout.dtype).is_some()
+    }
+
+    /// [`Backend::matmul_many`]: when int8 activations serve two or more of the products, `x` is
+    /// quantized once for all of them (q/k/v: one quantization dispatch instead of three).
+    pub(super) fn matmul_many_fused<const N: usize>(
+        &self,
+        x: &WgpuTensor,
+        ws: [&WgpuWeight; N],
+    ) -> Result<[WgpuTensor; N], OpError> {
+        for w in ws {
+            expect_width("matmul_many", x, w.k)?;
+        }
+        let n_int8 = ws.iter().filter(|w| self.int8_takes(x, w)).count();
+        let xq = if n_int8 >= 2 { self.quantize_activations(x)? } else { None };
+        let mut out = Vec::with_capacity(N);
+        for w in ws {
+            let y = self.alloc("matmul", &[x.rows(), w.n_rows])?;
+            match &xq {
+                Some(q) => self.matvec_q8_into(x, Some(q), w, &y, 0, false)?,
+                None => self.matmul_into(x, w, &y, Span::whole(w))?,
+            }
+            out.push(y);
+        }
+        out.try_into().map_err(|v: Vec<WgpuTensor>| OpError::ShapeMismatch {
+            op: "matmul_many",
+            expected: format!("{N} outputs"),
+            got: vec![v.len()],
+        })
     }
 }
