@@ -81,17 +81,20 @@ fn prefill_tiles_give_the_same_bits_as_one_token_at_a_time() {
         GgmlType::Q3_K,
         GgmlType::IQ4_XS,
     ] {
-        let (n_out, k, n_tok) = (45, 512, 37);
-        let w = random_rows(dtype, n_out, k, &mut rng);
-        let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
-        let mut batch = vec![0f32; n_tok * n_out];
-        quant::matmul(dtype, &w, n_out, k, &x, &mut batch, MatmulMode::QuantizedActivations).unwrap();
-        for t in 0..n_tok {
-            let mut one = vec![0f32; n_out];
-            quant::matmul(dtype, &w, n_out, k, &x[t * k..(t + 1) * k], &mut one, MatmulMode::QuantizedActivations)
-                .unwrap();
-            for o in 0..n_out {
-                assert_eq!(batch[t * n_out + o].to_bits(), one[o].to_bits(), "{dtype} t={t} o={o}");
+        // Token counts around the tile widths (4 tokens; 16 as two octets of 8, a last lone
+        // octet, partial octets) with row counts that leave partial groups of four and eight.
+        for (n_out, k, n_tok) in [(45, 512, 37), (13, 256, 16), (6, 512, 9), (5, 256, 8), (11, 256, 24), (3, 256, 2)] {
+            let w = random_rows(dtype, n_out, k, &mut rng);
+            let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
+            let mut batch = vec![0f32; n_tok * n_out];
+            quant::matmul(dtype, &w, n_out, k, &x, &mut batch, MatmulMode::QuantizedActivations).unwrap();
+            for t in 0..n_tok {
+                let mut one = vec![0f32; n_out];
+                let xt = &x[t * k..(t + 1) * k];
+                quant::matmul(dtype, &w, n_out, k, xt, &mut one, MatmulMode::QuantizedActivations).unwrap();
+                for o in 0..n_out {
+                    assert_eq!(batch[t * n_out + o].to_bits(), one[o].to_bits(), "{dtype} n_tok={n_tok} t={t} o={o}");
+                }
             }
         }
     }

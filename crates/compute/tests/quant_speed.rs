@@ -8,6 +8,9 @@
 //! (`/proc/thread-self/schedstat`), not wall time, so other processes on a busy machine
 //! slow neither side by being scheduled in between; they still share caches and memory. The
 //! figure to read is the ratio: how close the kernel comes to reading the weights once.
+//!
+//! `prefill_matmul_speed` times many-token products the same way (multiply-adds per second of
+//! CPU time on one thread).
 
 use compute::quant::{self, GgmlType, Kernel};
 
@@ -94,4 +97,48 @@ fn measure(spec: &str, rounds: usize) {
             y.iter().map(|&v| v as f64).sum::<f64>(),
         );
     }
+}
+
+/// Prefill (many-token) matmul speed in multiply-adds per second of this thread's CPU time, on
+/// a one-thread pool (run on demand): `QUANT_PREFILL=TYPE:N_OUT:K:N_TOK[,...]` (default: the
+/// layer shapes of a Llama-1B-class model in Q4_0 and Q4_K and Gemma 3 270M's in Q4_K, 128
+/// tokens). The best of `QUANT_SPEED_ROUNDS` rounds is printed.
+#[test]
+#[ignore = "speed measurement: run with --release --ignored"]
+fn prefill_matmul_speed() {
+    let spec = std::env::var("QUANT_PREFILL").unwrap_or_else(|_| {
+        "Q4_0:2048:2048:128,Q4_0:8192:2048:128,Q4_0:2048:8192:128,Q4_K:8192:2048:128,Q4_K:2048:640:128".into()
+    });
+    let rounds: usize = std::env::var("QUANT_SPEED_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    pool.install(|| {
+        let mut rng = Rng::new(5);
+        for case in spec.split(',') {
+            let parts: Vec<&str> = case.split(':').collect();
+            let dtype = parse_type(parts[0]);
+            let [n_out, k, n_tok] = [1, 2, 3].map(|i| parts[i].parse::<usize>().expect("N_OUT:K:N_TOK numbers"));
+            let w = random_rows(dtype, n_out, k, &mut rng);
+            let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
+            let mut y = vec![0f32; n_tok * n_out];
+            // Calls per timing: about 0.2 s of work, well above the scheduler tick at which
+            // the CPU time advances.
+            let t = std::time::Instant::now();
+            quant::matmul_quantized(dtype, &w, n_out, k, &x, &mut y, Kernel::best()).unwrap();
+            let calls = (0.2 / t.elapsed().as_secs_f64().max(1e-6)).ceil() as usize;
+            let mut best = u64::MAX;
+            for _ in 0..rounds {
+                let t0 = thread_cpu_ns();
+                for _ in 0..calls {
+                    quant::matmul_quantized(dtype, &w, n_out, k, &x, &mut y, Kernel::best()).unwrap();
+                }
+                best = best.min((thread_cpu_ns() - t0) / calls as u64);
+            }
+            let macs = (n_out * k * n_tok) as f64;
+            println!(
+                "{case}: {:.1} GMAC/s (checksum {:.3})",
+                macs / best as f64,
+                y.iter().map(|&v| v as f64).sum::<f64>()
+            );
+        }
+    });
 }

@@ -62,8 +62,8 @@ pub(crate) struct ActRow<'a> {
     pub sums: &'a [i16],
 }
 
-/// Activations of four tokens laid out for the 4-row x 4-token tile kernels: per block, the
-/// four scales and the four quant sums side by side (Q8_0-style blocks of 32).
+/// Activations of four tokens laid out for the 4-row x 4-token Q8_0 tile kernel: per block,
+/// the four scales side by side (Q8_0-style blocks of 32; Q8_0 weights need no quant sums).
 #[derive(Clone, Copy)]
 // Only the AVX2 tile kernels read the fields; other targets build the value and never use it.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -72,8 +72,26 @@ pub(crate) struct TokenQuad<'a> {
     pub qs: [&'a [i8]; 4],
     /// `d[4 * ib + t]`: token `t`'s scale of block `ib`.
     pub d: &'a [f32],
-    /// `sums[4 * ib + t]`: token `t`'s quant sum of block `ib`.
+}
+
+/// Activations of eight tokens laid out for the one-token-per-lane tile kernels
+/// (`simd/avx2_lanes.rs`): every four consecutive values of a row sit side by side for the eight
+/// tokens, so one 32-byte load gives four values of each token.
+#[derive(Clone, Copy)]
+// Only the AVX2 tile kernels read the fields; other targets build the value and never use it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct TokenOctet<'a> {
+    /// `qs[32 * (v / 4) + 4 * t + v % 4]`: value `v` of token `t` (`8 * k` bytes).
+    pub qs: &'a [i8],
+    /// `d[8 * ib + t]`: token `t`'s scale of block `ib`.
+    pub d: &'a [f32],
+    /// Q8_0-style blocks: `sums[8 * ib + t]`, token `t`'s quant sum of block `ib` (empty for
+    /// Q8_K).
     pub sums: &'a [i32],
+    /// Q8_K blocks: `bsums[16 * (8 * ib + p) + 2 * t + h]`, token `t`'s sum of the 16 quants
+    /// `16 * (2 p + h)..` of block `ib`, so one load gives a pair of 16-value sums per token
+    /// (empty for Q8_0).
+    pub bsums: &'a [i16],
 }
 
 /// Quantized activations of several rows, stored back to back.
@@ -84,8 +102,14 @@ pub(crate) struct ActBuf {
     pub sums: Vec<i16>,
     /// Scales regrouped by four tokens (`build_quads`), `[quad][block][token]`.
     pub quad_d: Vec<f32>,
-    /// Block sums regrouped as `quad_d`.
-    pub quad_sums: Vec<i32>,
+    /// Quants regrouped by eight tokens (`build_octets`), [`TokenOctet::qs`] per octet.
+    pub octet_qs: Vec<i8>,
+    /// Scales regrouped by eight tokens, `[octet][block][token]`.
+    pub octet_d: Vec<f32>,
+    /// Block sums regrouped as `octet_d` (Q8_0-style blocks).
+    pub octet_sums: Vec<i32>,
+    /// 16-value sums regrouped as [`TokenOctet::bsums`] (Q8_K blocks).
+    pub octet_bsums: Vec<i16>,
 }
 
 impl ActBuf {
@@ -108,22 +132,90 @@ impl ActBuf {
         rows.with_min_len(min_rows).for_each(|(((x, d), qs), sums)| quantize_row(kind, x, d, qs, sums));
     }
 
-    /// Regroups the scales and sums of Q8_0-style rows (`n_tok` tokens of `k` values) by four
-    /// tokens for [`ActBuf::quad`]; a last partial quad repeats its last token.
+    /// Regroups the scales of Q8_0-style rows (`n_tok` tokens of `k` values) by four tokens for
+    /// [`ActBuf::quad`]; a last partial quad repeats its last token.
     pub(crate) fn build_quads(&mut self, n_tok: usize, k: usize) {
         let nb = k / QK;
         let n_quads = n_tok.div_ceil(4);
         self.quad_d.resize(n_quads * nb * 4, 0.0);
-        self.quad_sums.resize(n_quads * nb * 4, 0);
         for q in 0..n_quads {
             for t in 0..4 {
                 let tok = (4 * q + t).min(n_tok - 1);
                 for ib in 0..nb {
                     let at = (q * nb + ib) * 4 + t;
                     self.quad_d[at] = self.d[tok * nb + ib];
-                    self.quad_sums[at] = self.sums[tok * nb + ib] as i32;
                 }
             }
+        }
+    }
+
+    /// Regroups rows quantized as `kind` (`n_tok` tokens of `k` values) by eight tokens for
+    /// [`ActBuf::octet`]; a last partial octet repeats its last token. Octets are built in
+    /// parallel (a prefill's activations are a few MiB).
+    pub(crate) fn build_octets(&mut self, kind: ActKind, n_tok: usize, k: usize) {
+        let nb = k / kind.block_elems();
+        let n_octets = n_tok.div_ceil(8);
+        let (n_sums, n_bsums) = match kind {
+            ActKind::Q8_0 => (8 * nb, 0),
+            ActKind::Q8_K => (0, 8 * nb * 16),
+        };
+        self.octet_qs.resize(n_octets * 8 * k, 0);
+        self.octet_d.resize(n_octets * 8 * nb, 0.0);
+        self.octet_sums.resize(n_octets * n_sums, 0);
+        self.octet_bsums.resize(n_octets * n_bsums, 0);
+        let (qs, d, sums) = (&self.qs, &self.d, &self.sums);
+        let fill = |o: usize, oq: &mut [i8], od: &mut [f32], os: &mut [i32], ob: &mut [i16]| {
+            for t in 0..8 {
+                let tok = (8 * o + t).min(n_tok - 1);
+                for (group, four) in qs[tok * k..(tok + 1) * k].chunks_exact(4).enumerate() {
+                    oq[32 * group + 4 * t..32 * group + 4 * t + 4].copy_from_slice(four);
+                }
+                for ib in 0..nb {
+                    od[8 * ib + t] = d[tok * nb + ib];
+                    match kind {
+                        ActKind::Q8_0 => os[8 * ib + t] = sums[tok * nb + ib] as i32,
+                        ActKind::Q8_K => {
+                            for p in 0..8 {
+                                let at = 16 * (8 * ib + p) + 2 * t;
+                                let from = (tok * nb + ib) * 16 + 2 * p;
+                                ob[at..at + 2].copy_from_slice(&sums[from..from + 2]);
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        // Only one kind of sums exists per call; the other is an empty slice.
+        match kind {
+            ActKind::Q8_0 => self
+                .octet_qs
+                .par_chunks_mut(8 * k)
+                .zip(self.octet_d.par_chunks_mut(8 * nb))
+                .zip(self.octet_sums.par_chunks_mut(n_sums))
+                .enumerate()
+                .for_each(|(o, ((oq, od), os))| fill(o, oq, od, os, &mut [])),
+            ActKind::Q8_K => self
+                .octet_qs
+                .par_chunks_mut(8 * k)
+                .zip(self.octet_d.par_chunks_mut(8 * nb))
+                .zip(self.octet_bsums.par_chunks_mut(n_bsums))
+                .enumerate()
+                .for_each(|(o, ((oq, od), ob))| fill(o, oq, od, &mut [], ob)),
+        }
+    }
+
+    /// Tokens `8 o .. 8 o + 8` (the last one repeated past `n_tok`) after `build_octets`.
+    pub(crate) fn octet(&self, kind: ActKind, o: usize, k: usize) -> TokenOctet<'_> {
+        let nb = k / kind.block_elems();
+        let (n_sums, n_bsums) = match kind {
+            ActKind::Q8_0 => (8 * nb, 0),
+            ActKind::Q8_K => (0, 8 * nb * 16),
+        };
+        TokenOctet {
+            qs: &self.octet_qs[o * 8 * k..(o + 1) * 8 * k],
+            d: &self.octet_d[o * 8 * nb..(o + 1) * 8 * nb],
+            sums: &self.octet_sums[o * n_sums..(o + 1) * n_sums],
+            bsums: &self.octet_bsums[o * n_bsums..(o + 1) * n_bsums],
         }
     }
 
@@ -134,11 +226,7 @@ impl ActBuf {
             let tok = (4 * q + t).min(n_tok - 1);
             &self.qs[tok * k..(tok + 1) * k]
         });
-        TokenQuad {
-            qs,
-            d: &self.quad_d[q * nb * 4..(q + 1) * nb * 4],
-            sums: &self.quad_sums[q * nb * 4..(q + 1) * nb * 4],
-        }
+        TokenQuad { qs, d: &self.quad_d[q * nb * 4..(q + 1) * nb * 4] }
     }
 
     pub(crate) fn row(&self, kind: ActKind, t: usize, k: usize) -> ActRow<'_> {

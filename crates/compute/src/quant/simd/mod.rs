@@ -11,13 +11,15 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_ktiles;
 #[cfg(target_arch = "x86_64")]
+mod avx2_lanes;
+#[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
 use gguf::GgmlType;
 
-use super::qdot::{dot_portable, ActRow, TokenQuad};
+use super::qdot::{dot_portable, ActRow, TokenOctet, TokenQuad};
 
 /// An implementation of the quantized-activation dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +126,8 @@ type RowsKernel = unsafe fn(&[*const u8; 8], usize, ActRow<'_>) -> [f32; 8];
 type QuadTileKernel = unsafe fn(&[*const u8; 4], usize, &TokenQuad<'_>) -> [[f32; 4]; 4];
 /// Four weight rows against four activation rows (k-quants): `out[row][token]`.
 type RowTileKernel = unsafe fn(&[*const u8; 4], usize, &[ActRow<'_>; 4]) -> [[f32; 4]; 4];
+/// Four weight rows against `N` octets of tokens (32-value types): `out[row][octet][token]`.
+type OctetTileKernel<const N: usize> = unsafe fn(&[*const u8; 4], usize, &[TokenOctet<'_>; N]) -> [[[f32; 8]; N]; 4];
 
 /// How a prefill tile takes its four tokens.
 #[derive(Clone, Copy)]
@@ -134,11 +138,13 @@ enum TileKernel {
     Quads(QuadTileKernel),
     /// Four plain activation rows: Q8_K activations.
     Rows(RowTileKernel),
+    /// Sixteen (or for a last odd octet eight) tokens per call, one per lane ([`TokenOctet`]).
+    Octets(OctetTileKernel<2>, OctetTileKernel<1>),
 }
 
 /// Multi-row kernels of one weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K on AVX2):
-/// decode as eight rows per call, prefill as four rows by four tokens. Both give each
-/// (row, token) the same bits.
+/// decode as eight rows per call, prefill as four rows by sixteen tokens (Q4_0, Q4_1, Q5_0,
+/// Q4_K) or by four tokens (Q8_0, Q6_K). Both give each (row, token) the same bits.
 #[derive(Clone, Copy)]
 pub(crate) struct Tiles {
     rows8: RowsKernel,
@@ -152,14 +158,26 @@ impl Tiles {
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx2 && kernel.is_available() {
             use avx2_ktiles as k;
+            use avx2_lanes as l;
             use avx2_tiles as t;
-            use TileKernel::{Quads, Rows};
+            use TileKernel::{Octets, Quads, Rows};
             return Some(match dtype {
-                GgmlType::Q4_0 => Tiles { rows8: t::rows8::<{ t::Q4_0 }>, tile: Quads(t::tile4x4::<{ t::Q4_0 }>) },
-                GgmlType::Q4_1 => Tiles { rows8: t::rows8::<{ t::Q4_1 }>, tile: Quads(t::tile4x4::<{ t::Q4_1 }>) },
-                GgmlType::Q5_0 => Tiles { rows8: t::rows8::<{ t::Q5_0 }>, tile: Quads(t::tile4x4::<{ t::Q5_0 }>) },
-                GgmlType::Q8_0 => Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: Quads(t::tile4x4::<{ t::Q8_0 }>) },
-                GgmlType::Q4_K => Tiles { rows8: k::rows8::<{ k::Q4_K }>, tile: Rows(k::tile4x4::<{ k::Q4_K }>) },
+                GgmlType::Q4_0 => Tiles {
+                    rows8: t::rows8::<{ t::Q4_0 }>,
+                    tile: Octets(l::tile::<{ t::Q4_0 }, 2>, l::tile::<{ t::Q4_0 }, 1>),
+                },
+                GgmlType::Q4_1 => Tiles {
+                    rows8: t::rows8::<{ t::Q4_1 }>,
+                    tile: Octets(l::tile::<{ t::Q4_1 }, 2>, l::tile::<{ t::Q4_1 }, 1>),
+                },
+                GgmlType::Q5_0 => Tiles {
+                    rows8: t::rows8::<{ t::Q5_0 }>,
+                    tile: Octets(l::tile::<{ t::Q5_0 }, 2>, l::tile::<{ t::Q5_0 }, 1>),
+                },
+                GgmlType::Q8_0 => Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: Quads(t::tile4x4_q8_0) },
+                GgmlType::Q4_K => {
+                    Tiles { rows8: k::rows8::<{ k::Q4_K }>, tile: Octets(l::tile_q4_k::<2>, l::tile_q4_k::<1>) }
+                }
                 GgmlType::Q6_K => Tiles { rows8: k::rows8::<{ k::Q6_K }>, tile: Rows(k::tile4x4::<{ k::Q6_K }>) },
                 _ => return None,
             });
@@ -171,6 +189,39 @@ impl Tiles {
     /// must run first); false when it takes four activation rows.
     pub(crate) fn uses_quads(&self) -> bool {
         matches!(self.tile, TileKernel::Quads(_))
+    }
+
+    /// True when the prefill tile is [`Tiles::tile_octets`] (`ActBuf::build_octets` must run
+    /// first).
+    pub(crate) fn uses_octets(&self) -> bool {
+        matches!(self.tile, TileKernel::Octets(..))
+    }
+
+    /// A tile of four rows by one or two octets of tokens (`xs.len()`): `out[r][o][t]` is row
+    /// `rows[r]` times token `t` of `xs[o]` (`out[r][1]` is not written for one octet).
+    ///
+    /// # Safety
+    /// As [`Tiles::rows8`]; [`Tiles::uses_octets`] must be true.
+    #[inline]
+    pub(crate) unsafe fn tile_octets(
+        &self,
+        rows: &[*const u8; 4],
+        nb: usize,
+        xs: &[TokenOctet<'_>],
+    ) -> [[[f32; 8]; 2]; 4] {
+        let TileKernel::Octets(two, one) = self.tile else {
+            unreachable!("an octet tile called on kernels without one")
+        };
+        match xs {
+            // SAFETY: as in `rows8`.
+            [a, b] => unsafe { two(rows, nb, &[*a, *b]) },
+            [a] => {
+                // SAFETY: as in `rows8`.
+                let values = unsafe { one(rows, nb, &[*a]) };
+                values.map(|[v]| [v, [0.0; 8]])
+            }
+            _ => unreachable!("an octet tile takes one or two octets"),
+        }
     }
 
     /// Eight rows' dot products with `x`.
@@ -202,6 +253,7 @@ impl Tiles {
             (TileKernel::Quads(f), Some(quad)) => unsafe { f(rows, nb, quad) },
             (TileKernel::Rows(f), _) => unsafe { f(rows, nb, xs) },
             (TileKernel::Quads(_), None) => unreachable!("a quad tile called without its quads"),
+            (TileKernel::Octets(..), _) => unreachable!("an octet tile called as a 4 x 4 tile"),
         }
     }
 }
