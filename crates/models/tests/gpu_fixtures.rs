@@ -151,14 +151,18 @@ mod on_gpu {
         }
         let _ = std::fs::remove_dir_all(&dir);
         let budgets = [("exact", 12.0), ("int8 activations", if int8 { 16.0 } else { 12.0 })];
+        let mut over = Vec::new();
         for ((mode, budget), counts) in budgets.into_iter().zip(per_token) {
             let per_layer = (counts[1] - counts[0]) as f64 / 2.0;
             println!(
                 "decode commands ({mode}): {} per token with 2 layers, {} with 4: {per_layer} per dense layer",
                 counts[0], counts[1]
             );
-            assert!(per_layer <= budget, "{mode}: {per_layer} GPU commands per dense layer, over the budget {budget}");
+            if per_layer > budget {
+                over.push(format!("{mode}: {per_layer} GPU commands per dense layer, over the budget {budget}"));
+            }
         }
+        assert!(over.is_empty(), "{}", over.join("\n"));
     }
 
     /// Greedy continuations of the fixture prompt on the GPU and on the CPU.

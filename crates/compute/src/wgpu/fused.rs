@@ -11,9 +11,12 @@
 //!   option) into the residual's own buffer: no add dispatch.
 //! - [`Backend::matmul_many`]: with int8 activations, one quantization of the shared input for
 //!   all of q/k/v (or gate/up) instead of one per product.
+//!
+//! `DISKFORMER_NO_FUSE=1` turns all of it off (the op-by-op graph, one rope table upload per
+//! `rope`), so one binary measures both.
 
 use super::{expect_width, grid, lock, OpError, PooledBuffer, Span, WgpuBackend, WgpuCache, WgpuTensor, WgpuWeight};
-use crate::backend::AttnStep;
+use crate::backend::{AttnStep, Backend};
 use crate::cpu::kernels;
 use crate::spec::{AttnSpec, RopeSpec};
 use std::sync::Arc;
@@ -28,11 +31,29 @@ pub(super) struct RopeTables {
     entries: Vec<(RopeSpec, Vec<u32>, Arc<PooledBuffer>)>,
 }
 
+/// cos, sin pairs `[positions, n_rot / 2]` as the CPU reference computes them.
+fn cos_sin_table(positions: &[u32], spec: &RopeSpec) -> Vec<f32> {
+    let table = kernels::RopeTable::new(spec);
+    let half = spec.n_rot / 2;
+    let mut cs = Vec::with_capacity(positions.len() * half * 2);
+    for &p in positions {
+        let (c, s) = table.cos_sin(p);
+        for i in 0..half {
+            cs.push(c[i]);
+            cs.push(s[i]);
+        }
+    }
+    cs
+}
+
 impl WgpuBackend {
     /// The cos/sin table (`[positions, n_rot / 2]` pairs) of `positions` under `spec`, computed on
     /// the host exactly as the CPU reference computes it (GPU trigonometry of large angles is not
     /// accurate enough) and uploaded once per step.
     pub(super) fn rope_table(&self, positions: &[u32], spec: &RopeSpec) -> Result<Arc<PooledBuffer>, OpError> {
+        if !self.ctx.fuse {
+            return Ok(Arc::new(self.upload("rope table", bytemuck::cast_slice(&cos_sin_table(positions, spec)))?));
+        }
         let mut tables = lock(&self.ctx.rope_tables);
         if let Some((_, _, buf)) = tables.entries.iter().find(|(s, p, _)| p == positions && s == spec) {
             return Ok(buf.clone());
@@ -42,17 +63,7 @@ impl WgpuBackend {
             // next step's table lands in the same buffer (its bind groups stay cached).
             tables.entries.remove(0);
         }
-        let table = kernels::RopeTable::new(spec);
-        let half = spec.n_rot / 2;
-        let mut cs = Vec::with_capacity(positions.len() * half * 2);
-        for &p in positions {
-            let (c, s) = table.cos_sin(p);
-            for i in 0..half {
-                cs.push(c[i]);
-                cs.push(s[i]);
-            }
-        }
-        let buf = Arc::new(self.upload("rope table", bytemuck::cast_slice(&cs))?);
+        let buf = Arc::new(self.upload("rope table", bytemuck::cast_slice(&cos_sin_table(positions, spec)))?);
         tables.entries.push((spec.clone(), positions.to_vec(), buf.clone()));
         Ok(buf)
     }
@@ -172,6 +183,15 @@ impl WgpuBackend {
         cache: &mut WgpuCache,
     ) -> Result<WgpuTensor, OpError> {
         let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
+        if !self.ctx.fuse {
+            return match rope {
+                Some(r) => {
+                    let (q, k) = (self.rope(q, positions, r)?, self.rope(k, positions, r)?);
+                    self.attention(&q, &k, v, cache, pos0, spec, sinks)
+                }
+                None => self.attention(q, k, v, cache, pos0, spec, sinks),
+            };
+        }
         Self::check_attention(q, k, v, cache, pos0, spec, sinks)?;
         let Some(rope) = rope else {
             self.store_kv(k, v, cache, pos0);
@@ -224,6 +244,22 @@ impl WgpuBackend {
             && super::shaders::dot32_source(w.layout.dtype).is_some()
     }
 
+    /// [`Backend::matmul_add`]: the product's kernel adds into the residual's buffer, so the
+    /// residual connection costs no dispatch of its own.
+    pub(super) fn matmul_add_fused(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        residual: WgpuTensor,
+    ) -> Result<WgpuTensor, OpError> {
+        if !self.ctx.fuse {
+            let y = self.matmul(x, w)?;
+            return self.add(&residual, &y);
+        }
+        self.matvec_accumulate_into(x, w, &residual)?;
+        Ok(residual)
+    }
+
     /// [`Backend::matmul_many`]: when int8 activations serve two or more of the products, `x` is
     /// quantized once for all of them (q/k/v: one quantization dispatch instead of three).
     pub(super) fn matmul_many_fused<const N: usize>(
@@ -234,7 +270,7 @@ impl WgpuBackend {
         for w in ws {
             expect_width("matmul_many", x, w.k)?;
         }
-        let n_int8 = ws.iter().filter(|w| self.int8_takes(x, w)).count();
+        let n_int8 = if self.ctx.fuse { ws.iter().filter(|w| self.int8_takes(x, w)).count() } else { 0 };
         let xq = if n_int8 >= 2 { self.quantize_activations(x)? } else { None };
         let mut out = Vec::with_capacity(N);
         for w in ws {

@@ -316,6 +316,8 @@ struct Ctx {
     profile: Option<Mutex<HostProfile>>,
     /// The current step's rope cos/sin tables (shared by the layers).
     rope_tables: Mutex<fused::RopeTables>,
+    /// Fused ops on (`DISKFORMER_NO_FUSE=1` runs the op-by-op graph, for comparison).
+    fuse: bool,
     /// Commands (dispatches and copies) submitted so far, for [`WgpuBackend::commands_submitted`].
     commands_submitted: std::sync::atomic::AtomicU64,
 }
@@ -631,6 +633,7 @@ impl WgpuBackend {
                 .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
             profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| Mutex::new(HostProfile::default())),
             rope_tables: Mutex::new(fused::RopeTables::default()),
+            fuse: !env_flag("DISKFORMER_NO_FUSE"),
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
         };
         Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None, int8_act: false })
@@ -1326,9 +1329,7 @@ impl Backend for WgpuBackend {
     }
 
     fn matmul_add(&self, x: &WgpuTensor, w: &WgpuWeight, residual: WgpuTensor) -> Result<WgpuTensor, OpError> {
-        // The product's kernel adds into the residual's buffer: no dispatch of its own.
-        self.matvec_accumulate_into(x, w, &residual)?;
-        Ok(residual)
+        self.matmul_add_fused(x, w, residual)
     }
 
     fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor, OpError> {
