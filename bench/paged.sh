@@ -24,6 +24,10 @@
 #   MODELS_DIR [/tmp/diskformer-paged]   where the model is written (needs ~18 GB for the default)
 #   PEER [1]  PEER_BIN [$BIN]  LB_FLAGS [-ngl 99 -ot exps=CPU]
 #   OUT [$OUT or /tmp]      raw results: paged-<date>.jsonl and the --stats tables
+#   RESIDENT [0]            1: also every expert on the GPU (`--device gpu`, no budget): the tier's
+#                           ceiling on a GPU that holds the model (routing ids never leave the GPU)
+#   PROFILE [0]             1: DISKFORMER_GPU_PROFILE=1 on the decode runs: submits, dispatches and
+#                           host time per token (printed with the table)
 #
 # Example on a small model (proves the script on lavapipe in a minute):
 #   PARAMS=n_layer=4,n_embd=256,n_expert=32,n_expert_used=4,n_ff_exp=256,n_ff=512 VOCAB=2048 \
@@ -60,6 +64,8 @@ MODELS_DIR=${MODELS_DIR:-/tmp/diskformer-paged}
 PEER=${PEER:-1}
 PEER_BIN=${PEER_BIN:-$BIN}
 LB_FLAGS=${LB_FLAGS:--ngl 99 -ot exps=CPU}
+RESIDENT=${RESIDENT:-0}
+PROFILE=${PROFILE:-0}
 out_dir=${OUT:-/tmp}
 DF="$BIN/diskformer"
 [ -x "$DF" ] || { echo "no diskformer at $DF (run bench/paged.sh build first, or set BIN)" >&2; exit 1; }
@@ -101,8 +107,23 @@ if [ "$P" -gt 0 ]; then
   df_pp=$("$DF" bench -m "$model" -p "$P" -n 0 "${flags[@]}" --stats --json 2>"$pp_stats") \
     || { cat "$pp_stats" >&2; exit 1; }
 fi
-df_tg=$("$DF" bench -m "$model" -p 0 -n "$N" "${flags[@]}" --stats --json 2>"$tg_stats") \
+prof=()
+[ "$PROFILE" = 1 ] && prof=(env DISKFORMER_GPU_PROFILE=1)
+df_tg=$("${prof[@]}" "$DF" bench -m "$model" -p 0 -n "$N" "${flags[@]}" --stats --json 2>"$tg_stats") \
   || { cat "$tg_stats" >&2; exit 1; }
+df_res='{}'
+res_err="$out_dir/paged-$stamp-resident.err"
+if [ "$RESIDENT" = 1 ]; then
+  # Decode alone first (its profile counts decode only), then prefill.
+  res_tg=$("${prof[@]}" "$DF" bench -m "$model" --device gpu -p 0 -n "$N" -t "$THREADS" -r "$REPS" --json \
+    2>"$res_err") || { tail -5 "$res_err" >&2; res_tg='{}'; }
+  res_pp='{}'
+  if [ "$P" -gt 0 ]; then
+    res_pp=$("$DF" bench -m "$model" --device gpu -p "$P" -n 0 -t "$THREADS" -r "$REPS" --json \
+      2>>"$res_err.pp") || { tail -5 "$res_err.pp" >&2; res_pp='{}'; }
+  fi
+  df_res=$(python3 -c 'import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(json.dumps({"pp_tok_s": b.get("pp_tok_s"), "tg_tok_s": a.get("tg_tok_s")}))' "$res_tg" "$res_pp")
+fi
 lb_json="[]"
 LB="$PEER_BIN/llama-bench"
 if [ "$PEER" = 1 ] && [ -x "$LB" ]; then
@@ -114,9 +135,10 @@ elif [ "$PEER" = 1 ]; then
 fi
 
 python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "$MISS" \
-  "$LB_FLAGS" "$raw" <<'PY'
-import json, re, sys
+  "$LB_FLAGS" "$raw" "$df_res" "$res_err" <<'PY'
+import json, os, re, sys
 pp, tg, lb = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+res, res_err = json.loads(sys.argv[13]), sys.argv[14]
 stats_path, n_gen, reps, model, size_bytes = sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], int(sys.argv[8])
 budget, miss, lb_flags, raw = sys.argv[9], sys.argv[10], sys.argv[11], sys.argv[12]
 lines = open(stats_path).read().splitlines()
@@ -135,7 +157,8 @@ rec = {"model": model, "size_bytes": size_bytes, "gpu_budget": budget, "moe_miss
        "df_pp": pp.get("pp_tok_s"), "df_tg": tg["tg_tok_s"], "lb_pp": lb_pp, "lb_tg": lb_tg, "lb_flags": lb_flags,
        "hit_rate": hits / max(selected, 1), "uploads_per_token": uploads / tokens, "cpu_experts_per_token": cpu / tokens,
        "bytes_uploaded_per_token": bytes_per_token, "upload_bps": upload_bps,
-       "tg_limit_upload": upload_bps / bytes_per_token if bytes_per_token else None, "placement": placement}
+       "tg_limit_upload": upload_bps / bytes_per_token if bytes_per_token else None, "placement": placement,
+       "resident_pp": res.get("pp_tok_s"), "resident_tg": res.get("tg_tok_s")}
 with open(raw, "a") as f:
     f.write(json.dumps(rec) + "\n")
 fmt = lambda v: "-" if v is None else f"{v:.2f}"
@@ -148,6 +171,15 @@ print("| test | diskformer t/s | llama.cpp t/s | diskformer / llama.cpp |")
 print("|---|---|---|---|")
 print(f"| pp | {fmt(rec['df_pp'])} | {fmt(lb_pp)} | {ratio(rec['df_pp'], lb_pp)} |")
 print(f"| tg | {fmt(rec['df_tg'])} | {fmt(lb_tg)} | {ratio(rec['df_tg'], lb_tg)} |")
+if res:
+    print(f"| pp, every expert on the GPU | {fmt(res.get('pp_tok_s'))} | {fmt(lb_pp)} | {ratio(res.get('pp_tok_s'), lb_pp)} |")
+    print(f"| tg, every expert on the GPU | {fmt(res.get('tg_tok_s'))} | {fmt(lb_tg)} | {ratio(res.get('tg_tok_s'), lb_tg)} |")
+# DISKFORMER_GPU_PROFILE=1's line ("gpu profile: S submits, D dispatches, ..."), per decoded token.
+for name, path in [("tier", stats_path), ("resident", res_err)]:
+    prof = next((l for l in (open(path).read().splitlines() if os.path.exists(path) else []) if l.startswith("gpu profile:")), None)
+    m = prof and re.search(r"(\d+) submits, (\d+) dispatches", prof)
+    if m:
+        print(f"{name} decode: {int(m.group(2)) / tokens:.0f} commands and {int(m.group(1)) / tokens:.1f} submits per token ({prof})")
 limit = rec["tg_limit_upload"]
 print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_per_token']:.1f} experts uploaded and "
       f"{rec['cpu_experts_per_token']:.1f} computed on the CPU per token, {bytes_per_token / 2**20:.1f} MiB uploaded "

@@ -27,6 +27,10 @@ pub trait DeviceSizes {
     /// Bytes of a slot holding one expert whose matrices are `(dtype, n_out, k)` (gate if any,
     /// up, down), or `None` when the back end cannot hold one.
     fn slot_bytes(&self, matrices: &[(GgmlType, usize, usize)]) -> Option<u64>;
+    /// Bytes the back end holds whatever the model (counted as scratch).
+    fn fixed_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// Sizes as stored in the file (what [`GpuPlacement::plan`] counts).
@@ -70,11 +74,17 @@ impl DeviceSizes for WgpuSizes {
     fn slot_bytes(&self, matrices: &[(GgmlType, usize, usize)]) -> Option<u64> {
         compute::wgpu::expert_slot_bytes(matrices)
     }
+    fn fixed_bytes(&self) -> u64 {
+        compute::wgpu::backend_fixed_bytes()
+    }
 }
 
 /// Scratch that compute's wgpu back end may hold for activations while running batches of
 /// `n_batch` tokens: 8 rows of the widest hidden width (embedding, FFN, attention) and one of
 /// the vocabulary per token, doubled because the pool rounds buffers up to powers of two.
+/// The vocabulary-sized matrices (embeddings, output) count once, in the vocabulary row: as a
+/// hidden width they made a 512-token batch of a Qwen3-30B-A3B 5.6 GB (8 rows of 151936
+/// values per token), and refused a 4 GB budget a prefill that needs a fraction of it.
 /// An estimate: the tier's test measures device memory against the budget it is part of.
 pub fn activation_scratch_bytes(model: &GgufModel, n_batch: usize) -> u64 {
     let mut widest = 0u64;
@@ -83,7 +93,12 @@ pub fn activation_scratch_bytes(model: &GgufModel, n_batch: usize) -> u64 {
         let shape = t.shape();
         if t.name() == "token_embd.weight" && shape.len() == 2 {
             n_vocab = shape[1];
-        } else if shape.len() >= 2 && !t.name().contains("_exps.") {
+        }
+    }
+    for t in model.tensors() {
+        let shape = t.shape();
+        let vocab_sized = n_vocab > 0 && shape.contains(&n_vocab);
+        if shape.len() >= 2 && !t.name().contains("_exps.") && !vocab_sized {
             widest = widest.max(shape[0]).max(shape[1]);
         }
     }
@@ -103,7 +118,8 @@ pub struct GpuPlacement {
     pub dense_bytes: u64,
     /// The KV cache (given by the caller, who knows the context length and cache type).
     pub kv_bytes: u64,
-    /// The back end's scratch (given by the caller).
+    /// The back end's scratch: the caller's, plus the back end's fixed buffers
+    /// ([`DeviceSizes::fixed_bytes`]).
     pub scratch_bytes: u64,
     /// Bytes of one slot: the largest expert of any layer.
     pub slot_bytes: u64,
@@ -175,6 +191,7 @@ impl GpuPlacement {
             .map(|t| sizes.tensor_bytes(t.dtype(), t.shape(), t.info.size_bytes))
             .sum();
         let min_slots = (MIN_SLOTS_PER_TOP_K * top_k).min(n_experts_total);
+        let scratch_bytes = scratch_bytes + sizes.fixed_bytes();
         let fixed_bytes = dense_bytes + kv_bytes + scratch_bytes;
         let min_pool_bytes = min_slots as u64 * slot_bytes;
         let room = gpu_budget_bytes.saturating_sub(fixed_bytes);

@@ -142,7 +142,9 @@ mod on_gpu {
             let floor = GpuPlacement::plan_on(&model, u64::MAX / 4, kv, 0, &WgpuSizes).expect("plans");
             let staging = ExpertTierOptions::new(1, floor.slot_bytes).staging_total_bytes();
             let scratch = activation_scratch_bytes(&model, 64) + staging;
-            let at_floor = floor.dense_bytes + kv + scratch + floor.min_slots as u64 * floor.slot_bytes;
+            // `floor.scratch_bytes` is the back end's fixed buffers (the plan adds them to any scratch).
+            let at_floor =
+                floor.dense_bytes + kv + scratch + floor.scratch_bytes + floor.min_slots as u64 * floor.slot_bytes;
             let placed = GpuPlacement::plan_on(&model, at_floor, kv, scratch, &WgpuSizes).expect("the floor fits");
             assert_eq!(placed.n_slots, placed.min_slots, "{arch}: a floor budget gives the floor");
             assert!(GpuPlacement::plan_on(&model, at_floor - 1, kv, scratch, &WgpuSizes).is_err());

@@ -124,6 +124,13 @@ pub fn default_staging_bytes(slot_bytes: u64) -> u64 {
     (STAGING_EXPERTS * slot_bytes).next_multiple_of(256).max(256)
 }
 
+/// Bytes the back end holds whatever the model: the persistent parameter ring and the
+/// placeholder buffer bound where an op has no optional input. A placement counts them beside
+/// the activations (on a tiny model they are most of the scratch).
+pub fn backend_fixed_bytes() -> u64 {
+    super::PARAMS_RING_BYTES + 16
+}
+
 /// Bytes a weight of `n_rows` rows of `k` values of `dtype` takes on the GPU (the repacked
 /// layout), or `None` when the GPU has no kernel for the type.
 pub fn weight_bytes(dtype: gguf::GgmlType, n_rows: usize, k: usize) -> Option<u64> {
@@ -878,7 +885,7 @@ impl WgpuBackend {
         let any_cpu = misses.iter().any(|&e| on_cpu[e as usize]);
         let host = if any_cpu {
             let x_host = self.to_host(x)?;
-            let w_host = self.to_host(&routing.weights)?;
+            let w_host = self.to_host(routing.weights)?;
             let bias = |b: &Option<WgpuTensor>| b.as_ref().map(|b| self.to_host(b)).transpose();
             let biases = HostBiases {
                 gate: bias(&experts.gate_bias)?,
@@ -1008,6 +1015,7 @@ impl WgpuBackend {
 
     /// The per-pair kernels over the experts of this call that hold a slot (all of them but
     /// those `on_cpu`, which the table skips). Every one is in the layer's pool buffer.
+    #[allow(clippy::too_many_arguments)] // moe_ffn's inputs, the tier and its state, the CPU's share
     fn tier_pairs(
         &self,
         tier: &ExpertTier,
