@@ -316,6 +316,10 @@ struct Ctx {
     profile: Option<Mutex<HostProfile>>,
     /// The current step's rope cos/sin tables (shared by the layers).
     rope_tables: Mutex<fused::RopeTables>,
+    /// Fused ops on (`DISKFORMER_NO_FUSE=1` runs the op-by-op graph, for comparison).
+    fuse: bool,
+    /// Commands (dispatches and copies) submitted so far, for [`WgpuBackend::commands_submitted`].
+    commands_submitted: std::sync::atomic::AtomicU64,
 }
 
 /// Where the host's time goes around the GPU (DISKFORMER_GPU_PROFILE=1): a decode step is
@@ -408,6 +412,7 @@ impl Ctx {
         }
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let n_cmds = pending.cmds.len() as u64;
+        self.commands_submitted.fetch_add(n_cmds, std::sync::atomic::Ordering::Relaxed);
         // Parameters go to the persistent ring when they fit, so that a decode step, which
         // repeats the previous step's dispatches at the same ring offsets, finds its bind groups
         // in the cache instead of creating ~500 of them. `write_buffer` is ordered after the
@@ -448,8 +453,11 @@ impl Ctx {
                 Cmd::Dispatch { .. } => {
                     let mut pass =
                         enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                    // Consecutive dispatches of one kernel (q/k/v, gate/up) set it once.
+                    let mut pipeline_set = None;
                     while let Some(Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.get(i) {
                         let params_at = base + params_at;
+                        let pipeline_id = Arc::as_ptr(pipeline) as usize;
                         let create = || {
                             let layout = pipeline.get_bind_group_layout(0);
                             let mut entries: Vec<wgpu::BindGroupEntry> = buffers
@@ -476,7 +484,7 @@ impl Ctx {
                         };
                         let bg = if in_ring {
                             let key = BindKey {
-                                pipeline: Arc::as_ptr(pipeline) as usize,
+                                pipeline: pipeline_id,
                                 buffers: buffers.clone(),
                                 params_at,
                                 params_len: *params_len,
@@ -485,7 +493,10 @@ impl Ctx {
                         } else {
                             create()
                         };
-                        pass.set_pipeline(pipeline);
+                        if pipeline_set != Some(pipeline_id) {
+                            pass.set_pipeline(pipeline);
+                            pipeline_set = Some(pipeline_id);
+                        }
                         pass.set_bind_group(0, &bg, &[]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         i += 1;
@@ -622,6 +633,8 @@ impl WgpuBackend {
                 .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
             profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| Mutex::new(HostProfile::default())),
             rope_tables: Mutex::new(fused::RopeTables::default()),
+            fuse: !env_flag("DISKFORMER_NO_FUSE"),
+            commands_submitted: std::sync::atomic::AtomicU64::new(0),
         };
         Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None, int8_act: false })
     }
@@ -634,6 +647,13 @@ impl WgpuBackend {
     /// Whether kernels use subgroup reductions.
     pub fn uses_subgroups(&self) -> bool {
         self.ctx.subgroups
+    }
+
+    /// Commands (kernel dispatches and buffer copies) submitted to the GPU since the back end
+    /// started: the difference over a decode step is its dispatch count (each costs host time to
+    /// record and encode, whatever its size).
+    pub fn commands_submitted(&self) -> u64 {
+        self.ctx.commands_submitted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Largest storage binding in bytes (weights are split to fit it).
@@ -1302,6 +1322,14 @@ impl Backend for WgpuBackend {
         let y = self.alloc("matmul", &[x.rows(), w.n_rows])?;
         self.matmul_into(x, w, &y, Span::whole(w))?;
         Ok(y)
+    }
+
+    fn matmul_many<const N: usize>(&self, x: &WgpuTensor, ws: [&WgpuWeight; N]) -> Result<[WgpuTensor; N], OpError> {
+        self.matmul_many_fused(x, ws)
+    }
+
+    fn matmul_add(&self, x: &WgpuTensor, w: &WgpuWeight, residual: WgpuTensor) -> Result<WgpuTensor, OpError> {
+        self.matmul_add_fused(x, w, residual)
     }
 
     fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor, OpError> {
