@@ -196,9 +196,8 @@ const TOKENS_PER_TILE: usize = 16;
 /// [`Kernel::Portable`]. Decode (one token) splits output rows across threads; prefill applies
 /// each block of weight rows to tiles of tokens so a row is fetched from memory once per call.
 /// On AVX2, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K use multi-row kernels (eight rows per step in
-/// decode; in prefill four rows by sixteen tokens, one token per lane, for Q4_0, Q4_1, Q5_0
-/// and Q4_K, and four rows by four tokens for Q8_0 and Q6_K) that give each output the same bits either
-/// way. The activation buffers are kept per thread, so repeated calls do not allocate.
+/// decode; in prefill four rows by sixteen tokens, one token per lane, for all but Q8_0, which
+/// takes four rows by four tokens) that give each output the same bits either way. The activation buffers are kept per thread, so repeated calls do not allocate.
 ///
 /// # Errors
 /// As [`matmul`]; also [`QuantError::Unsupported`] for types without an 8-bit activation scheme
@@ -264,9 +263,7 @@ fn matmul_tiled(
         matmul_octets(tiles, kind, act, w, n_out, k, n_tok, row_bytes, out);
         return;
     }
-    if tiles.uses_quads() {
-        act.build_quads(n_tok, k);
-    }
+    act.build_quads(n_tok, k);
     let act = &*act;
     let n_quads = n_tok.div_ceil(4);
     // Four rows (a few KiB) stay in L1 while every token quad streams past from L2, so the
@@ -277,10 +274,8 @@ fn matmul_tiled(
         for o0 in (task_index * rows_per_task..o_end).step_by(4) {
             let rows = std::array::from_fn(|i| row_at(o0 + i));
             for q in 0..n_quads {
-                let quad = tiles.uses_quads().then(|| act.quad(q, n_tok, k));
-                let xs = std::array::from_fn(|t| act.row(kind, (4 * q + t).min(n_tok - 1), k));
                 // SAFETY: as for one token.
-                let values = unsafe { tiles.tile(&rows, nb, quad.as_ref(), &xs) };
+                let values = unsafe { tiles.tile_quad(&rows, nb, &act.quad(q, n_tok, k)) };
                 for (r, row_values) in values.iter().enumerate().take(o_end - o0) {
                     for (t, &v) in row_values.iter().enumerate().take(n_tok - 4 * q) {
                         // SAFETY: `4 q + t < n_tok` and `o0 + r < n_out`: inside `y`; this

@@ -1,6 +1,6 @@
-//! AVX2 multi-row kernels for Q4_K and Q6_K (the k-quants of the common Q4_K_M files): eight
-//! weight rows against one token (decode) and tiles of four rows by four tokens (prefill),
-//! reading the GGUF super-blocks as stored, with Q8_K activations.
+//! AVX2 multi-row decode kernels for Q4_K and Q6_K (the k-quants of the common Q4_K_M files):
+//! eight weight rows against one token, reading the GGUF super-blocks as stored, with Q8_K
+//! activations (their prefill tiles are in `avx2_lanes`).
 //!
 //! A super-block's integer work per (row, token) is the single-row kernel's (`avx2.rs`:
 //! `maddubs` of levels with activation quants, `madd` with the sub-block scales); what the
@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 
 use super::super::qdot::ActRow;
 use super::avx2::{broadcast_i16_index, pair_broadcast_index, scales_mins_k4};
-use super::avx2_tiles::{f16_pairs8, f16x4, prefetch_next_rows};
+use super::avx2_tiles::{f16_pairs8, prefetch_next_rows};
 
 /// Q4_K: 144-byte super-blocks (`d`, `dmin`, 12 bytes of 6-bit scales and mins, 128 of nibbles).
 pub(in crate::quant) const Q4_K: u8 = 0;
@@ -148,14 +148,6 @@ unsafe fn fold4x128(m: &[__m128i; 4]) -> __m128i {
     _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]))
 }
 
-/// Four vectors of eight i32 lanes to `[t0 t1 t2 t3 | t0 t1 t2 t3]`: per 128-bit half, the
-/// sums of that half of each vector.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fold4_halves(p: &[__m256i; 4]) -> __m256i {
-    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]))
-}
-
 /// Dot products of eight weight rows (`rows[i]`, `nb` super-blocks each) with one Q8_K row.
 ///
 /// # Safety
@@ -201,69 +193,5 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
     }
     let mut out = [0.0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
-    out
-}
-
-/// A tile of dot products: `out[r][t]` is weight row `rows[r]` times token `xs[t]`.
-///
-/// # Safety
-/// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` super-blocks of
-/// `T`; every `xs[t]` must hold at least `nb` blocks (checked).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::quant) unsafe fn tile4x4<const T: u8>(
-    rows: &[*const u8; 4],
-    nb: usize,
-    xs: &[ActRow<'_>; 4],
-) -> [[f32; 4]; 4] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb && x.sums.len() >= nb * 16, "activation row too short");
-    }
-    // Lanes: acc[0] = [r0 t0..t3 | r1 t0..t3], acc[1] = [r2 .. | r3 ..].
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let mut acc_m = [_mm256_setzero_ps(); 2];
-    let row_of_lane = [_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)];
-    for ib in 0..nb {
-        let at = ib * block_bytes(T);
-        let xq = token_quants(xs, ib);
-        let groups: [__m128i; 4] =
-            std::array::from_fn(|t| if T == Q4_K { group_sums(&xs[t], ib) } else { _mm_setzero_si128() });
-        let mut h = [_mm256_setzero_si256(); 4];
-        let mut hm = [_mm_setzero_si128(); 4];
-        for r in 0..4 {
-            if T == Q4_K {
-                let (s, m) = q4_k_block::<4>(rows[r].add(at), &xq, &groups);
-                h[r] = fold4_halves(&s);
-                hm[r] = fold4x128(&m);
-            } else {
-                h[r] = fold4_halves(&q6_k_block::<4>(rows[r].add(at), &xq, xs, ib));
-            }
-        }
-        let d4 = _mm_setr_ps(xs[0].d[ib], xs[1].d[ib], xs[2].d[ib], xs[3].d[ib]);
-        let dx = _mm256_set_m128(d4, d4);
-        let (dw, dmin) = if T == Q4_K {
-            (_mm256_castps128_ps256(f16x4(rows, at)), _mm256_castps128_ps256(f16x4(rows, at + 2)))
-        } else {
-            (_mm256_castps128_ps256(f16x4(rows, at + 208)), _mm256_setzero_ps())
-        };
-        for half in 0..2 {
-            let (a, b) = (h[2 * half], h[2 * half + 1]);
-            let s = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-            let scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(dw, row_of_lane[half]), dx);
-            acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[half]);
-            if T == Q4_K {
-                let m = _mm256_set_m128i(hm[2 * half + 1], hm[2 * half]);
-                let min_scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(dmin, row_of_lane[half]), dx);
-                acc_m[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), min_scale, acc_m[half]);
-            }
-        }
-    }
-    let mut out = [[0.0f32; 4]; 4];
-    for half in 0..2 {
-        let v = if T == Q4_K { _mm256_sub_ps(acc[half], acc_m[half]) } else { acc[half] };
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        out[2 * half].copy_from_slice(&lanes[..4]);
-        out[2 * half + 1].copy_from_slice(&lanes[4..]);
-    }
     out
 }

@@ -246,3 +246,104 @@ pub(in crate::quant) unsafe fn tile_q4_k<const N: usize>(
     }
     out
 }
+
+/// A Q6_K tile (Q8_K activations): `out[r][o][t]` is weight row `rows[r]` times token `t` of
+/// octet `xs[o]`.
+///
+/// Levels are taken unsigned (0..64) as in `avx2_ktiles`: two `maddubs` of a token's lanes add
+/// up in i16 (a lane is at most 2 * 63 * 127), and one `madd` with the 16-value sub-block's
+/// scale per pair gives each token's scaled sum; `32 * sum(scale * bsum)` comes off exactly
+/// (one `madd` per pair of sub-blocks with the pair of 16-value sums). Same integers as the
+/// decode kernel, so `acc = fma(float(s), d_w * d_x, acc)` gives the same bits.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` Q6_K super-blocks;
+/// every octet must hold at least `nb` Q8_K blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile_q6_k<const N: usize>(
+    rows: &[*const u8; TILE_ROWS],
+    nb: usize,
+    xs: &[TokenOctet<'_>; N],
+) -> [[[f32; 8]; N]; TILE_ROWS] {
+    for x in xs {
+        assert!(
+            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
+            "activation octet too short"
+        );
+    }
+    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let mut acc = [[_mm256_setzero_ps(); N]; TILE_ROWS];
+    for ib in 0..nb {
+        let xq: [*const i8; N] = std::array::from_fn(|o| xs[o].qs.as_ptr().add(2048 * ib));
+        let bs: [*const i16; N] = std::array::from_fn(|o| xs[o].bsums.as_ptr().add(128 * ib));
+        let x = |o: usize, v: usize| _mm256_loadu_si256(xq[o].add(32 * v) as *const __m256i);
+        let dx: [__m256; N] = std::array::from_fn(|o| _mm256_loadu_ps(xs[o].d.as_ptr().add(8 * ib)));
+        for r in 0..TILE_ROWS {
+            let b = rows[r].add(210 * ib);
+            let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+            // Sub-block scales 0..8 and 8..16, each in both 128-bit lanes.
+            let scales_by_half = [
+                _mm256_permute2x128_si256(scales16, scales16, 0x00),
+                _mm256_permute2x128_si256(scales16, scales16, 0x11),
+            ];
+            // |scale| <= 128, |bsum| <= 16 * 127: a madd lane, eight of them and times 32 fit i32.
+            let mut s: [__m256i; N] = std::array::from_fn(|o| {
+                let mut offset = _mm256_setzero_si256();
+                for p in 0..8 {
+                    let pair = _mm256_shuffle_epi8(scales_by_half[p / 4], i32_broadcast_index(p % 4));
+                    let bsums = _mm256_loadu_si256(bs[o].add(16 * p) as *const __m256i);
+                    offset = _mm256_add_epi32(offset, _mm256_madd_epi16(bsums, pair));
+                }
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5))
+            });
+            for (half, half_scales) in scales_by_half.into_iter().enumerate() {
+                let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+                let high = |shift: i32| {
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), m3), 4)
+                };
+                // Values 32 gi .. 32 gi + 32 of this half, in order.
+                let levels = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                ];
+                for (gi, lv) in levels.into_iter().enumerate() {
+                    let halves = [_mm256_permute2x128_si256(lv, lv, 0x00), _mm256_permute2x128_si256(lv, lv, 0x11)];
+                    for (hh, h) in halves.into_iter().enumerate() {
+                        let w = [group!(h, 0), group!(h, 1), group!(h, 2), group!(h, 3)];
+                        let scale = _mm256_shuffle_epi8(half_scales, broadcast_i16_index(2 * gi + hh));
+                        let v0 = 32 * half + 8 * gi + 4 * hh;
+                        for (o, s) in s.iter_mut().enumerate() {
+                            let p: [__m256i; 4] = std::array::from_fn(|g| _mm256_maddubs_epi16(w[g], x(o, v0 + g)));
+                            let a = _mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), scale);
+                            let c = _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), scale);
+                            *s = _mm256_add_epi32(*s, _mm256_add_epi32(a, c));
+                        }
+                    }
+                }
+            }
+            let dw = _mm256_set1_ps(f16_at(b.add(208)));
+            for o in 0..N {
+                acc[r][o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[o]), _mm256_mul_ps(dw, dx[o]), acc[r][o]);
+            }
+        }
+    }
+    let mut out = [[[0.0f32; 8]; N]; TILE_ROWS];
+    for r in 0..TILE_ROWS {
+        for o in 0..N {
+            _mm256_storeu_ps(out[r][o].as_mut_ptr(), acc[r][o]);
+        }
+    }
+    out
+}
+
+/// Shuffle indices that broadcast 32-bit lane `p` (0..4) of a 128-bit half to all four lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i32_broadcast_index(p: usize) -> __m256i {
+    let b = 4 * p as i32;
+    _mm256_set1_epi32(b | ((b + 1) << 8) | ((b + 2) << 16) | ((b + 3) << 24))
+}

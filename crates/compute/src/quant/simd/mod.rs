@@ -124,27 +124,23 @@ impl RowDequantizer {
 type RowsKernel = unsafe fn(&[*const u8; 8], usize, ActRow<'_>) -> [f32; 8];
 /// Four weight rows against four tokens laid out by quads (32-value types): `out[row][token]`.
 type QuadTileKernel = unsafe fn(&[*const u8; 4], usize, &TokenQuad<'_>) -> [[f32; 4]; 4];
-/// Four weight rows against four activation rows (k-quants): `out[row][token]`.
-type RowTileKernel = unsafe fn(&[*const u8; 4], usize, &[ActRow<'_>; 4]) -> [[f32; 4]; 4];
 /// Four weight rows against `N` octets of tokens (32-value types): `out[row][octet][token]`.
 type OctetTileKernel<const N: usize> = unsafe fn(&[*const u8; 4], usize, &[TokenOctet<'_>; N]) -> [[[f32; 8]; N]; 4];
 
-/// How a prefill tile takes its four tokens.
+/// How a prefill tile takes its tokens.
 #[derive(Clone, Copy)]
 // Only the x86-64 tiles exist so far; other targets match the type but never make one.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum TileKernel {
-    /// Scales and sums regrouped by four tokens ([`TokenQuad`]): Q8_0-style activations.
+    /// Scales regrouped by four tokens ([`TokenQuad`]): Q8_0 weights.
     Quads(QuadTileKernel),
-    /// Four plain activation rows: Q8_K activations.
-    Rows(RowTileKernel),
     /// Sixteen (or for a last odd octet eight) tokens per call, one per lane ([`TokenOctet`]).
     Octets(OctetTileKernel<2>, OctetTileKernel<1>),
 }
 
 /// Multi-row kernels of one weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K on AVX2):
-/// decode as eight rows per call, prefill as four rows by sixteen tokens (Q4_0, Q4_1, Q5_0,
-/// Q4_K) or by four tokens (Q8_0, Q6_K). Both give each (row, token) the same bits.
+/// decode as eight rows per call, prefill as four rows by sixteen tokens (all but Q8_0) or by
+/// four tokens (Q8_0). Both give each (row, token) the same bits.
 #[derive(Clone, Copy)]
 pub(crate) struct Tiles {
     rows8: RowsKernel,
@@ -160,7 +156,7 @@ impl Tiles {
             use avx2_ktiles as k;
             use avx2_lanes as l;
             use avx2_tiles as t;
-            use TileKernel::{Octets, Quads, Rows};
+            use TileKernel::{Octets, Quads};
             return Some(match dtype {
                 GgmlType::Q4_0 => Tiles {
                     rows8: t::rows8::<{ t::Q4_0 }>,
@@ -178,17 +174,13 @@ impl Tiles {
                 GgmlType::Q4_K => {
                     Tiles { rows8: k::rows8::<{ k::Q4_K }>, tile: Octets(l::tile_q4_k::<2>, l::tile_q4_k::<1>) }
                 }
-                GgmlType::Q6_K => Tiles { rows8: k::rows8::<{ k::Q6_K }>, tile: Rows(k::tile4x4::<{ k::Q6_K }>) },
+                GgmlType::Q6_K => {
+                    Tiles { rows8: k::rows8::<{ k::Q6_K }>, tile: Octets(l::tile_q6_k::<2>, l::tile_q6_k::<1>) }
+                }
                 _ => return None,
             });
         }
         None
-    }
-
-    /// True when the prefill tile reads its tokens through [`TokenQuad`]s (`ActBuf::build_quads`
-    /// must run first); false when it takes four activation rows.
-    pub(crate) fn uses_quads(&self) -> bool {
-        matches!(self.tile, TileKernel::Quads(_))
     }
 
     /// True when the prefill tile is [`Tiles::tile_octets`] (`ActBuf::build_octets` must run
@@ -235,25 +227,17 @@ impl Tiles {
         unsafe { (self.rows8)(rows, nb, x) }
     }
 
-    /// A 4 x 4 tile: `out[r][t]` is row `rows[r]` times token `t`, taken from `quad` or from
-    /// `xs` as [`Tiles::uses_quads`] says (the other is not read).
+    /// A 4 x 4 tile: `out[r][t]` is row `rows[r]` times token `t` of `quad`, for the kernels
+    /// without octet tiles ([`Tiles::uses_octets`] false; `ActBuf::build_quads` must run first).
     ///
     /// # Safety
     /// As [`Tiles::rows8`].
     #[inline]
-    pub(crate) unsafe fn tile(
-        &self,
-        rows: &[*const u8; 4],
-        nb: usize,
-        quad: Option<&TokenQuad<'_>>,
-        xs: &[ActRow<'_>; 4],
-    ) -> [[f32; 4]; 4] {
-        // SAFETY: as in `rows8`.
-        match (self.tile, quad) {
-            (TileKernel::Quads(f), Some(quad)) => unsafe { f(rows, nb, quad) },
-            (TileKernel::Rows(f), _) => unsafe { f(rows, nb, xs) },
-            (TileKernel::Quads(_), None) => unreachable!("a quad tile called without its quads"),
-            (TileKernel::Octets(..), _) => unreachable!("an octet tile called as a 4 x 4 tile"),
+    pub(crate) unsafe fn tile_quad(&self, rows: &[*const u8; 4], nb: usize, quad: &TokenQuad<'_>) -> [[f32; 4]; 4] {
+        match self.tile {
+            // SAFETY: as in `rows8`.
+            TileKernel::Quads(f) => unsafe { f(rows, nb, quad) },
+            TileKernel::Octets(..) => unreachable!("an octet tile called as a 4 x 4 tile"),
         }
     }
 }
