@@ -1018,6 +1018,53 @@ mod gpu_ops {
             let want_both = [want.data.as_slice(), want.data.as_slice()].concat();
             r.check(&format!("matvec_q8_into x2 int8 mode({tn}, {n_out}x{k})"), got, &want_both, auto_bound);
         }
+        // The automatic path reuses the last quantization of the same activations (q, k, v) while
+        // nothing was submitted in between: three products of one x, then x changed in place
+        // (accumulated into), then x dropped and its pooled buffer handed to new activations, all
+        // recorded before one readback. Each product must see the values of its moment.
+        if g8.uses_int8_activations() {
+            let (n_out, k) = (37usize, 256usize);
+            let file = WeightFile::new(
+                "int8-reuse",
+                &[
+                    ("w".into(), GgmlType::Q4_0, vec![n_out, k], rand_vec(rng, n_out * k, 1.0)),
+                    ("into_x".into(), GgmlType::F32, vec![k, 32], rand_vec(rng, k * 32, 1.0)),
+                ],
+            );
+            let (hw, hf) = (file.get("w"), file.get("into_x"));
+            let (cw, cf) = (c.weight(&hw).expect("cpu weight"), c.weight(&hf).expect("cpu weight"));
+            let (gw, gf) = (g.weight(&hw).expect("gpu weight"), g.weight(&hf).expect("gpu weight"));
+            let x = tensor(rng, &[1, k], 1.0);
+            let z = tensor(rng, &[1, 32], 1.0);
+            let x2 = c.add(&x, &c.matmul(&z, &cf).expect("cpu matmul")).expect("cpu add");
+            let x3 = tensor(rng, &[1, k], 1.0);
+            let gz = up(g, &z);
+            let gx = up(g, &x);
+            let recorded = (|| {
+                let mut ys = Vec::new();
+                for _ in 0..3 {
+                    ys.push(g8.matmul(&gx, &gw)?);
+                }
+                g.matvec_accumulate_into(&gz, &gf, &gx)?;
+                ys.push(g8.matmul(&gx, &gw)?);
+                drop(gx);
+                let gx3 = up(g, &x3);
+                ys.push(g8.matmul(&gx3, &gw)?);
+                Ok::<_, compute::OpError>(ys)
+            })();
+            let wants = [&x, &x, &x, &x2, &x3].map(|x| c.matmul(&q8_rounded(x), &cw).expect("cpu matmul"));
+            let names =
+                ["product 0", "product 1", "product 2", "x changed in place", "buffer handed to new activations"];
+            match recorded {
+                Ok(ys) => {
+                    for ((y, want), name) in ys.iter().zip(&wants).zip(names) {
+                        let case = format!("int8 quantization reused, {name}");
+                        r.check(&case, g.to_host(y), &want.data, INT8_ROUNDED_MAX_NMSE);
+                    }
+                }
+                Err(e) => r.check("int8 quantization reused", Err(e), &[], 0.0),
+            }
+        }
         // Row spans and column offsets: head h reads columns h*kk.. of x and rows h*n_out.. of w.
         for t in [GgmlType::Q8_0, GgmlType::Q4_0] {
             let (heads, n_out, kk) = (3usize, 17usize, 64usize);

@@ -20,7 +20,9 @@
 //! was asked, for comparisons.
 
 use super::shaders::{self, Plain};
-use super::{expect_width, grid, MatvecShape, PooledBuffer, Span, WgpuBackend, WgpuTensor, WgpuWeight};
+use super::{
+    expect_width, grid, lock, Cmd, MatvecShape, PooledBuffer, Span, WgpuBackend, WgpuTensor, WgpuWeight, STORAGE,
+};
 use crate::error::OpError;
 use crate::quant::MatmulMode;
 
@@ -54,6 +56,25 @@ impl std::fmt::Debug for Q8Act {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Q8Act([{}, {}])", self.n_tok, self.width)
     }
+}
+
+/// The last activations quantized by the automatic int8 path, so that products reading the same
+/// activations one after another (q, k and v; gate and up) quantize them once even when the
+/// caller does not use [`WgpuBackend::quantize_activations`]: a dispatch saved is several
+/// microseconds of host time.
+///
+/// The entry is valid while the quantizing dispatch is still in the pending list at `marker - 1`
+/// and no command recorded after it binds the activations' buffer (every write to a buffer is a
+/// recorded dispatch or copy, including the upload into a buffer the pool handed out again). A
+/// submit empties the list and so invalidates it. The int8 buffers are the cache's own and are
+/// rewritten by the next quantization, which is safe because commands run in recording order.
+#[derive(Default)]
+pub(super) struct Q8Cache {
+    qs: Option<wgpu::Buffer>,
+    ds: Option<wgpu::Buffer>,
+    x: Option<wgpu::Buffer>,
+    width: usize,
+    marker: usize,
 }
 
 /// The int8 kernel's shape: `DISKFORMER_MATVEC_Q8=ROWSxWG` for experiments, else 1 row per
@@ -159,15 +180,15 @@ impl WgpuBackend {
                         got: vec![q.n_tok, q.width],
                     });
                 }
-                self.matvec_q8_span(q, w, y, r, self.ctx.matvec_q8, accumulate);
+                self.matvec_q8_span(&q.qs.buffer, &q.ds.buffer, q.width, w, y, r, self.ctx.matvec_q8, accumulate);
                 Ok(())
             }
             _ => self.product_f32(x, w, y, r, accumulate),
         }
     }
 
-    /// The int8 path of `product_into` when it applies (quantizing `x` for this one product);
-    /// `false` when the caller must take the f32 kernels.
+    /// The int8 path of `product_into` when it applies (quantizing `x`, or reusing its last
+    /// quantization, see [`Q8Cache`]); `false` when the caller must take the f32 kernels.
     pub(super) fn try_int8_product(
         &self,
         x: &WgpuTensor,
@@ -179,13 +200,71 @@ impl WgpuBackend {
         if !self.int8_applies(x, w, r.x_col0) {
             return Ok(false);
         }
-        let q = self.quantize_q8(x)?;
-        self.matvec_q8_span(&q, w, y, r, self.ctx.matvec_q8, accumulate);
+        let mut cache = lock(&self.ctx.q8_cache);
+        let xb = &x.buf.buffer;
+        let valid = cache.x.as_ref() == Some(xb) && cache.width == x.width() && {
+            let pending = lock(&self.ctx.pending);
+            let quantized_here = match pending.cmds.get(cache.marker.wrapping_sub(1)) {
+                Some(Cmd::Dispatch { buffers, .. }) => {
+                    buffers.len() == 3
+                        && &buffers[0] == xb
+                        && Some(&buffers[1]) == cache.qs.as_ref()
+                        && Some(&buffers[2]) == cache.ds.as_ref()
+                }
+                _ => false,
+            };
+            quantized_here
+                && pending.cmds[cache.marker..].iter().all(|c| match c {
+                    Cmd::Dispatch { buffers, .. } => !buffers.contains(xb),
+                    Cmd::Copy { dst, .. } => dst != xb,
+                })
+        };
+        if !valid {
+            let n_blocks = x.len() / BLOCK;
+            let c = &mut *cache;
+            let (qs_bytes, ds_bytes) = ((x.len() as u64).max(16), (8 * n_blocks as u64).max(16));
+            for (buf, bytes, label) in [(&mut c.qs, qs_bytes, "q8 cache qs"), (&mut c.ds, ds_bytes, "q8 cache ds")] {
+                if buf.as_ref().is_none_or(|b| b.size() < bytes) {
+                    *buf = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(label),
+                        size: bytes.next_power_of_two(),
+                        usage: STORAGE,
+                        mapped_at_creation: false,
+                    }));
+                }
+            }
+            let (qs, ds) = (cache.qs.clone().expect("made above"), cache.ds.clone().expect("made above"));
+            self.dispatch(
+                self.plain(Plain::QuantizeQ8),
+                &[xb, &qs, &ds],
+                &[n_blocks as u32, 0, 0, 0],
+                grid(n_blocks.div_ceil(64)),
+            );
+            // An early submit inside `dispatch` empties the list: the marker then points past
+            // its end and the entry is never found valid.
+            cache.marker = lock(&self.ctx.pending).cmds.len();
+            cache.x = Some(xb.clone());
+            cache.width = x.width();
+        }
+        let (qs, ds) = (cache.qs.clone().expect("set when valid"), cache.ds.clone().expect("set when valid"));
+        drop(cache);
+        self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, self.ctx.matvec_q8, accumulate);
         Ok(true)
     }
 
     /// One token's product through `matvec_q8.wgsl` (the weight type must have a `dot32`).
-    fn matvec_q8_span(&self, xq: &Q8Act, w: &WgpuWeight, y: &WgpuTensor, r: Span, shape: MatvecShape, acc: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn matvec_q8_span(
+        &self,
+        qs: &wgpu::Buffer,
+        ds: &wgpu::Buffer,
+        width: usize,
+        w: &WgpuWeight,
+        y: &WgpuTensor,
+        r: Span,
+        shape: MatvecShape,
+        acc: bool,
+    ) {
         let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         let k = w.k;
         let l = w.layout;
@@ -202,7 +281,7 @@ impl WgpuBackend {
             }
             self.dispatch(
                 pipe.clone(),
-                &[&c.buffer, &xq.qs.buffer, &xq.ds.buffer, &y.buf.buffer],
+                &[&c.buffer, qs, ds, &y.buf.buffer],
                 &[
                     k as u32,
                     (hi - lo) as u32,
@@ -211,7 +290,7 @@ impl WgpuBackend {
                     (lo - c.row0) as u32,
                     y.width() as u32,
                     (y_col0 + lo - w_row0) as u32,
-                    (xq.width / BLOCK) as u32,
+                    (width / BLOCK) as u32,
                     x_col0 as u32,
                     acc as u32,
                     0,
@@ -241,7 +320,7 @@ impl WgpuBackend {
         }
         let q = self.quantize_q8(x)?;
         let y = self.alloc("matvec_q8", &[1, w.n_rows])?;
-        self.matvec_q8_span(&q, w, &y, Span::whole(w), shape, false);
+        self.matvec_q8_span(&q.qs.buffer, &q.ds.buffer, q.width, w, &y, Span::whole(w), shape, false);
         Ok(y)
     }
 
@@ -261,7 +340,7 @@ impl WgpuBackend {
         let q = self.quantize_q8(x)?;
         let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
         self.time_reps(reps, || {
-            self.matvec_q8_span(&q, w, &y, Span::whole(w), shape, false);
+            self.matvec_q8_span(&q.qs.buffer, &q.ds.buffer, q.width, w, &y, Span::whole(w), shape, false);
             Ok(())
         })
         .map(Some)

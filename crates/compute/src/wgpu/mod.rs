@@ -301,6 +301,9 @@ struct Ctx {
     matvec_q8: MatvecShape,
     /// DISKFORMER_GPU_F32_ACT=1: f32 activations even where int8 ones were asked for.
     force_f32_act: bool,
+    /// The last int8 quantization of the automatic path (reused by the next product of the
+    /// same activations).
+    q8_cache: Mutex<int8::Q8Cache>,
     max_binding: u64,
     max_buffer: u64,
     params_align: usize,
@@ -618,6 +621,7 @@ impl WgpuBackend {
             matvec: (!env_flag("DISKFORMER_NO_MATVEC")).then(default_matvec_shape),
             matvec_q8: int8::default_q8_shape(),
             force_f32_act: env_flag("DISKFORMER_GPU_F32_ACT"),
+            q8_cache: Mutex::new(int8::Q8Cache::default()),
             max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) & !255,
             max_buffer: limits.max_buffer_size,
             params_align: (limits.min_uniform_buffer_offset_alignment as usize).max(16),
