@@ -411,6 +411,59 @@ mod gpu {
         r.finish();
     }
 
+    /// Commands one decode token's MoE layer submits after the router's product: the routing
+    /// kernel and the two per-pair kernels on resident experts (no readback, no upload); the
+    /// tier adds the readback of the ids and weights when every expert is a hit. Before the
+    /// per-pair kernels: ~6 dispatches and 2 uploads per selected expert plus the routing's
+    /// readback and upload (~40 at top-8).
+    #[test]
+    fn decode_commands_per_moe_layer() {
+        let Some(g0) = gpu() else { return };
+        let mut rng = StdRng::seed_from_u64(seed());
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let case = cases()[1];
+        let b = build(&c, &case, "commands", &mut rng);
+        let spec = RouteSpec {
+            k: case.k,
+            gating: Gating::Softmax,
+            has_selection_bias: false,
+            groups: None,
+            normalize: true,
+            scale: 1.0,
+        };
+        let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
+        mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
+        let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
+        let store = Arc::new(FileStore {
+            gate: b.file.get("gate"),
+            up: b.file.get("up").unwrap(),
+            down: b.file.get("down").unwrap(),
+            n_expert: case.n_expert,
+        });
+        let opts = ExpertTierOptions { miss: MissPolicy::Upload, ..ExpertTierOptions::new(case.n_expert, slot_bytes) };
+        let tiered = g0.clone().with_expert_store(store, opts).expect("tier");
+        for (name, g, most) in [("resident", &g0, 3u64), ("tier, all hits", &tiered, 4)] {
+            let e = gpu_experts(g, &b, 0).expect("experts on the GPU");
+            let x = tensor(&mut rng, &[1, case.n_embd], 1.0);
+            let logits = tensor(&mut rng, &[1, case.n_expert], 3.0);
+            let (gx, gl) = (g.from_host(&x.data, &x.shape).unwrap(), g.from_host(&logits.data, &logits.shape).unwrap());
+            let step = || -> Result<(), OpError> {
+                let routing = g.route(&gl, None, &spec)?;
+                let y: WgpuTensor = g.moe_ffn(&gx, &routing, &e, &b.spec)?;
+                g.sync();
+                drop(y);
+                Ok(())
+            };
+            // The first step fills the tier's pool; the second is all hits.
+            step().expect("first step");
+            let before = g.commands_submitted();
+            step().expect("second step");
+            let n = g.commands_submitted() - before;
+            println!("{name}: {n} commands per decode MoE layer after the router's product");
+            assert!(n <= most, "{name}: {n} commands, expected at most {most}");
+        }
+    }
+
     /// The router on the GPU against the CPU's, on every gating, with and without the
     /// selection bias and groups; with ids compared exactly.
     #[test]
