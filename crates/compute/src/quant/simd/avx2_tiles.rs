@@ -58,9 +58,12 @@ const fn signed(t: u8) -> bool {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn levels<const T: u8>(b: *const u8) -> __m256i {
+    // The 16 bytes in both 128-bit lanes, the upper lane shifted right by 4: low nibbles then
+    // high nibbles after one mask (a load-broadcast and one shift, no lane insert).
     let nibbles = |p: *const u8| {
-        let q = _mm_loadu_si128(p as *const __m128i);
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F))
+        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        let shifted = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
     };
     match T {
         Q4_0 => nibbles(b.add(2)),
@@ -158,19 +161,36 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
         prefetch_next_rows(rows, nb, block_bytes(T), ib);
         let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i);
         let at = ib * block_bytes(T);
-        let mut p = [_mm256_setzero_si256(); 8];
-        for r in 0..8 {
-            let w = levels::<T>(rows[r].add(at));
-            let u = if signed(T) { _mm256_sign_epi8(w, w) } else { w };
-            p[r] = pair_sums::<T>(u, w, xq);
-        }
-        // Fold to [r0 r1 r2 r3 | r0 r1 r2 r3] (low and high halves of each row), then add halves.
-        let h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-        let mut s = _mm256_add_epi32(
-            _mm256_permute2x128_si256(h0123, h4567, 0x20),
-            _mm256_permute2x128_si256(h0123, h4567, 0x31),
-        );
+        let mut s = if T == Q4_0 || T == Q4_1 {
+            // Levels <= 15: a maddubs lane is at most 3810 in magnitude, so the eight lanes of a
+            // row's 128-bit half add up in i16 (30480): three rounds of i16 horizontal adds give
+            // [r0 .. r7] per half, without the eight madds of the i32 fold below.
+            let m: [__m256i; 8] = std::array::from_fn(|r| _mm256_maddubs_epi16(levels::<T>(rows[r].add(at)), xq));
+            let h01 = _mm256_hadd_epi16(m[0], m[1]);
+            let h23 = _mm256_hadd_epi16(m[2], m[3]);
+            let h45 = _mm256_hadd_epi16(m[4], m[5]);
+            let h67 = _mm256_hadd_epi16(m[6], m[7]);
+            let h = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
+            _mm256_add_epi32(
+                _mm256_cvtepi16_epi32(_mm256_castsi256_si128(h)),
+                _mm256_cvtepi16_epi32(_mm256_extracti128_si256(h, 1)),
+            )
+        } else {
+            let mut p = [_mm256_setzero_si256(); 8];
+            for r in 0..8 {
+                let w = levels::<T>(rows[r].add(at));
+                let u = if signed(T) { _mm256_sign_epi8(w, w) } else { w };
+                p[r] = pair_sums::<T>(u, w, xq);
+            }
+            // Fold to [r0 r1 r2 r3 | r0 r1 r2 r3] (low and high halves of each row), then add
+            // the halves.
+            let h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            _mm256_add_epi32(
+                _mm256_permute2x128_si256(h0123, h4567, 0x20),
+                _mm256_permute2x128_si256(h0123, h4567, 0x31),
+            )
+        };
         let sx = *x.sums.get_unchecked(ib) as i32;
         if level_offset(T) != 0 {
             s = _mm256_sub_epi32(s, _mm256_set1_epi32(level_offset(T) * sx));
