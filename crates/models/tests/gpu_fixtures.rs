@@ -115,6 +115,7 @@ mod on_gpu {
         let opts = LoadOptions::default();
         // [mode][model]: commands of one decode step.
         let mut per_token = [[0u64; 2]; 2];
+        let mut bind_group_misses = Vec::new();
         for (mi, n_layer) in [2usize, 4].into_iter().enumerate() {
             let mut shape = SynthShape::minimal("llama").expect("llama synth shape");
             shape.apply_params(&format!("n_layer={n_layer}")).expect("n_layer");
@@ -141,6 +142,17 @@ mod on_gpu {
                 let before = b.commands_submitted();
                 g.eval(&[43], Outputs::Last).expect("decode step");
                 per_token[bi][mi] = b.commands_submitted() - before;
+                // Steady state: a step repeats the previous one's buffers and parameter offsets,
+                // so every bind group comes from the cache.
+                let created = b.bind_groups_created();
+                for id in [44, 45, 46] {
+                    g.eval(&[id], Outputs::Last).expect("decode step");
+                }
+                let misses = b.bind_groups_created() - created;
+                println!("{n_layer} layers, {mode:?}: {misses} bind groups created in 3 steady decode steps");
+                if misses > 0 {
+                    bind_group_misses.push(format!("{n_layer} layers, {mode:?}: {misses} bind groups created"));
+                }
                 if n_layer == 4 && bi == 0 {
                     let mut c = load(&model, &opts).expect("load on cpu");
                     let gi = greedy(g.as_mut(), &prompt, 6).expect("greedy gpu");
@@ -163,6 +175,51 @@ mod on_gpu {
             }
         }
         assert!(over.is_empty(), "{}", over.join("\n"));
+        assert!(bind_group_misses.is_empty(), "steady decode steps: {}", bind_group_misses.join("; "));
+    }
+
+    /// Host work of decode steps, for `valgrind --tool=callgrind --toggle-collect='*decode_steps*'`
+    /// (instruction counts are reproducible on a busy machine, timings are not): a 4-layer
+    /// synthetic llama, prefill, then 8 decode steps inside `decode_steps`. Compare
+    /// `DISKFORMER_NO_FUSE=1` with the default; `DISKFORMER_PROFILE_INT8=1` uses int8 activations.
+    #[test]
+    #[ignore]
+    fn decode_host_work() {
+        use compute::quant::MatmulMode;
+        use models::synth::{SynthOptions, SynthPlan, SynthShape};
+        use models::Outputs;
+        let Some(gpu) = gpu() else { return };
+        let mode = match std::env::var("DISKFORMER_PROFILE_INT8").as_deref() {
+            Ok("1") => MatmulMode::QuantizedActivations,
+            _ => MatmulMode::Exact,
+        };
+        let gpu = gpu.with_matmul_mode(mode);
+        let path = std::env::temp_dir().join(format!("diskformer-gpu-host-work-{}.gguf", std::process::id()));
+        let mut shape = SynthShape::minimal("llama").expect("llama synth shape");
+        shape.apply_params("n_layer=4").expect("n_layer");
+        let plan = SynthPlan::new(
+            &shape,
+            &SynthOptions { dtype: gguf::GgmlType::Q4_0, seed: 5, ..SynthOptions::default() },
+            "host-work",
+        )
+        .expect("synth plan");
+        plan.write_file(&path, &mut |_| {}).expect("write synth model");
+        let model = Arc::new(gguf::GgufModel::open(&path).expect("open synth model"));
+        let mut g = load_on(gpu.clone(), &model, &LoadOptions::default()).expect("load on gpu");
+        g.eval(&[1, 17, 33, 250, 9], Outputs::Last).expect("prefill");
+        // Two steps first, so every pipeline exists and the bind groups are cached as in a long run.
+        decode_steps(g.as_mut(), 2);
+        let before = gpu.commands_submitted();
+        decode_steps(g.as_mut(), 8);
+        println!("{} commands in 8 decode steps ({mode:?})", gpu.commands_submitted() - before);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[inline(never)]
+    fn decode_steps(g: &mut dyn models::Runner, n: usize) {
+        for i in 0..n {
+            std::hint::black_box(g.eval(&[40 + i as u32], models::Outputs::Last).expect("decode step"));
+        }
     }
 
     /// Greedy continuations of the fixture prompt on the GPU and on the CPU.

@@ -21,8 +21,8 @@ use crate::cpu::kernels;
 use crate::spec::{AttnSpec, RopeSpec};
 use std::sync::Arc;
 
-/// Tables kept: enough for models that alternate two rope specs (local and global layers) with
-/// room to spare; past it the oldest goes.
+/// Tables kept for one step's positions: enough for models that alternate two rope specs (local
+/// and global layers) with room to spare; past it the oldest goes.
 const ROPE_TABLES_KEPT: usize = 4;
 
 /// The rope cos/sin tables of the current step, keyed by what they were computed from.
@@ -55,12 +55,13 @@ impl WgpuBackend {
             return Ok(Arc::new(self.upload("rope table", bytemuck::cast_slice(&cos_sin_table(positions, spec)))?));
         }
         let mut tables = lock(&self.ctx.rope_tables);
-        if let Some((_, _, buf)) = tables.entries.iter().find(|(s, p, _)| p == positions && s == spec) {
+        // The previous step's tables go back to the pool before this step's upload takes a
+        // buffer, so each step's table lands in the same buffer (its bind groups stay cached).
+        tables.entries.retain(|(_, p, _)| p == positions);
+        if let Some((_, _, buf)) = tables.entries.iter().find(|(s, _, _)| s == spec) {
             return Ok(buf.clone());
         }
         if tables.entries.len() >= ROPE_TABLES_KEPT {
-            // Dropped before the upload below so its buffer goes back to the pool first and the
-            // next step's table lands in the same buffer (its bind groups stay cached).
             tables.entries.remove(0);
         }
         let buf = Arc::new(self.upload("rope table", bytemuck::cast_slice(&cos_sin_table(positions, spec)))?);

@@ -323,6 +323,8 @@ struct Ctx {
     fuse: bool,
     /// Commands (dispatches and copies) submitted so far, for [`WgpuBackend::commands_submitted`].
     commands_submitted: std::sync::atomic::AtomicU64,
+    /// Bind groups created so far (cache misses), for [`WgpuBackend::bind_groups_created`].
+    bind_groups_created: std::sync::atomic::AtomicU64,
 }
 
 /// Where the host's time goes around the GPU (DISKFORMER_GPU_PROFILE=1): a decode step is
@@ -462,6 +464,7 @@ impl Ctx {
                         let params_at = base + params_at;
                         let pipeline_id = Arc::as_ptr(pipeline) as usize;
                         let create = || {
+                            self.bind_groups_created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let layout = pipeline.get_bind_group_layout(0);
                             let mut entries: Vec<wgpu::BindGroupEntry> = buffers
                                 .iter()
@@ -639,6 +642,7 @@ impl WgpuBackend {
             rope_tables: Mutex::new(fused::RopeTables::default()),
             fuse: !env_flag("DISKFORMER_NO_FUSE"),
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
+            bind_groups_created: std::sync::atomic::AtomicU64::new(0),
         };
         Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None, int8_act: false })
     }
@@ -658,6 +662,13 @@ impl WgpuBackend {
     /// record and encode, whatever its size).
     pub fn commands_submitted(&self) -> u64 {
         self.ctx.commands_submitted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bind groups created since the back end started: a decode step that repeats the previous
+    /// one's buffers and parameter offsets finds all of its bind groups cached and creates none
+    /// (creating one is the largest host cost of encoding a dispatch).
+    pub fn bind_groups_created(&self) -> u64 {
+        self.ctx.bind_groups_created.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Largest storage binding in bytes (weights are split to fit it).
@@ -783,6 +794,14 @@ impl WgpuBackend {
             self.ctx.flush_locked(&mut p);
             // The host waits for this result: the next step starts at the ring's start again.
             p.params_base = 0;
+        }
+        if self.ctx.pooling {
+            // Each size's free buffers in one fixed order: the next step, allocating in the same
+            // order as this one, then gets the same buffers (a pool stack's order otherwise
+            // drifts with the order tensors were dropped), so its bind groups come from the cache.
+            for free in lock(&self.ctx.pool).values_mut() {
+                free.sort_unstable();
+            }
         }
         if n_bytes == 0 {
             return Ok(Vec::new());
