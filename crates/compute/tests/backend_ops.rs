@@ -950,7 +950,16 @@ mod gpu_ops {
         println!("int8 activations in QuantizedActivations mode: {}", g8.uses_int8_activations());
         // With DISKFORMER_GPU_F32_ACT=1 the automatic path stays exact.
         let auto_bound = if g8.uses_int8_activations() { INT8_ROUNDED_MAX_NMSE } else { DEFAULT_MAX_NMSE };
-        let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
         let mut tensors = Vec::new();
         let mut cases = Vec::new();
         for t in types {

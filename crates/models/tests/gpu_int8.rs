@@ -1,17 +1,18 @@
 //! The fixture models on the wgpu back end with int8 activations (`MatmulMode::QuantizedActivations`,
 //! what `diskformer run` and `bench` use): decode steps take the int8 kernel for Q4_0, Q4_1,
-//! Q8_0, Q4_K and Q6_K weights. The reference is the CPU back end in the same mode (llama.cpp's
+//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights. The reference is the CPU back end in the same mode (llama.cpp's
 //! scheme: Q8_0 activation blocks of 32 with f16 scales for the 32-value types, Q8_K blocks of 256
-//! for k-quants) and in exact mode: the GPU's first decode-step logits must depart from the exact
-//! ones by no more than 1.5 times what the CPU's llama.cpp scheme does. Both are within the
+//! for k-quants) and in exact mode: the logits of the first prompt tokens, fed one at a time, must
+//! depart from the exact ones by no more than 1.5 times what the CPU's llama.cpp scheme does. Both are within the
 //! activation rounding error of the exact result (rel-L2 1-5% on these random models, as the
 //! fixtures README reports for llama.cpp); the GPU's blocks of 32 with f32 scales round no
-//! coarser than llama.cpp's, and a wrong block, scale or offset would be off by order 1. Greedy
-//! ids are printed, not compared: the README notes they may diverge after a few tokens under
-//! activation rounding.
+//! coarser than llama.cpp's, and a wrong block, scale or offset would be off by order 1. The
+//! argmax of each step is printed, not compared: a near tie may go either way under activation
+//! rounding (the README notes greedy ids may diverge). Mixture-of-experts models may also flip a
+//! routing decision, so they are held to the README's bound for that case instead when it is looser.
 //!
-//! Runs the q4_0 and q8_0 variants of the full shared set when present, else every variant of the
-//! compact committed subset, and says which. No adapter is a failure, unless `DISKFORMER_NO_GPU=1`
+//! Runs every quantized variant of the full shared set when present, else of the compact committed
+//! subset, and says which (f32 and f16 files have no int8 path). No adapter is a failure, unless `DISKFORMER_NO_GPU=1`
 //! says the machine has none.
 
 #[cfg(not(feature = "gpu"))]
@@ -30,8 +31,13 @@ mod on_gpu {
     use std::sync::Arc;
 
     /// How much further than the CPU's llama.cpp scheme the GPU's int8 decode may land from the
-    /// exact logits (see the module doc; observed: at most 1.2).
+    /// exact logits (see the module doc; observed on dense models: at most 1.2).
     const MAX_RATIO_TO_CPU_Q8: f64 = 1.5;
+
+    /// For mixture-of-experts models a near tie of the router can pick another expert under either
+    /// rounding, which moves the logits far more than the rounding itself: the fixtures README's
+    /// bound for llama.cpp against its dequantized file on such models, rel-L2 up to about 20%.
+    const MOE_MAX_REL_L2: f64 = 0.2;
 
     fn gpu() -> Option<WgpuBackend> {
         let index = std::env::var("DISKFORMER_GPU").ok().and_then(|v| v.parse().ok());
@@ -45,23 +51,19 @@ mod on_gpu {
         }
     }
 
-    /// The first decode step's logits and `n` greedy ids after the prompt.
-    fn decode(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> Result<(Vec<f32>, Vec<u32>), String> {
+    /// The logits of the first `n` prompt tokens fed one at a time (every product a one-token
+    /// decode step), concatenated, and the argmax of each step.
+    fn one_token_steps(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> Result<(Vec<f32>, Vec<u32>), String> {
         let n_vocab = runner.hparams().n_vocab;
-        let argmax = |l: &[f32]| {
-            let last = &l[l.len() - n_vocab..];
-            (0..n_vocab).fold(0, |best, i| if last[i] > last[best] { i } else { best }) as u32
-        };
-        let mut ids = vec![argmax(&runner.eval(prompt, Outputs::Last).map_err(|e| e.to_string())?)];
-        let mut first = Vec::new();
-        while ids.len() < n {
-            let logits = runner.eval(&ids[ids.len() - 1..], Outputs::Last).map_err(|e| e.to_string())?;
-            if first.is_empty() {
-                first = logits[logits.len() - n_vocab..].to_vec();
-            }
-            ids.push(argmax(&logits));
+        let mut all = Vec::new();
+        let mut ids = Vec::new();
+        for &id in &prompt[..n.min(prompt.len())] {
+            let logits = runner.eval(&[id], Outputs::Last).map_err(|e| e.to_string())?;
+            let last = &logits[logits.len() - n_vocab..];
+            ids.push((0..n_vocab).fold(0, |best, i| if last[i] > last[best] { i } else { best }) as u32);
+            all.extend_from_slice(last);
         }
-        Ok((first, ids))
+        Ok((all, ids))
     }
 
     #[test]
@@ -85,9 +87,7 @@ mod on_gpu {
         let mut ran = 0;
         for (arch, variant) in cases {
             let ga = gguf_arch(&root, &arch).expect("ref.json readable");
-            if !SUPPORTED_ARCHITECTURES.contains(&ga.as_str())
-                || (full && !["q4_0", "q8_0"].contains(&variant.as_str()))
-            {
+            if !SUPPORTED_ARCHITECTURES.contains(&ga.as_str()) || ["f32", "f16"].contains(&variant.as_str()) {
                 continue;
             }
             ran += 1;
@@ -108,14 +108,16 @@ mod on_gpu {
                 .map(|x| x as u32)
                 .collect();
             let model = Arc::new(gguf::GgufModel::open(&file).expect("fixture opens"));
-            let run = |mode: MatmulMode, on_gpu: bool| -> Result<(Vec<f32>, Vec<u32>), String> {
+            let mut moe = false;
+            let mut run = |mode: MatmulMode, on_gpu: bool| -> Result<(Vec<f32>, Vec<u32>), String> {
                 let opts = LoadOptions { matmul: mode, ..LoadOptions::default() };
                 let mut m = if on_gpu { load_on(gpu.clone(), &model, &opts) } else { load(&model, &opts) }
                     .map_err(|e| e.to_string())?;
-                // From the first prompt token, so that every step is a one-token product on both
-                // back ends (the CPU quantizes prefill activations too; the GPU's int8 kernel is
-                // for decode only).
-                decode(m.as_mut(), &prompt[..1], 8)
+                moe = m.hparams().expert_count > 0;
+                // The prompt one token at a time, so that every step is a one-token product on
+                // both back ends (the CPU quantizes prefill activations too; the GPU's int8
+                // kernel is for decode only), with the same inputs whatever the argmax.
+                one_token_steps(m.as_mut(), &prompt, 4)
             };
             let row = match (
                 run(MatmulMode::QuantizedActivations, true),
@@ -126,9 +128,9 @@ mod on_gpu {
                     let el: Vec<f64> = el.iter().map(|&v| v as f64).collect();
                     let (_, gpu_rel) = compare(&gl, &el);
                     let (_, cpu_rel) = compare(&ql, &el);
-                    let ok = gpu_rel <= MAX_RATIO_TO_CPU_Q8 * cpu_rel;
+                    let ok = gpu_rel <= MAX_RATIO_TO_CPU_Q8 * cpu_rel || (moe && gpu_rel <= MOE_MAX_REL_L2);
                     format!(
-                        "| {arch} | {variant} | rel_l2 to exact: wgpu int8 {gpu_rel:.1e}, cpu q8 {cpu_rel:.1e} | greedy wgpu {gi:?} cpu q8 {qi:?} exact {ei:?} | {} |",
+                        "| {arch} | {variant} | rel_l2 to exact: wgpu int8 {gpu_rel:.1e}, cpu q8 {cpu_rel:.1e} | argmax wgpu {gi:?} cpu q8 {qi:?} exact {ei:?} | {} |",
                         if ok { "ok" } else { "FAIL" }
                     )
                 }

@@ -94,8 +94,8 @@ pub(super) fn default_q8_shape() -> MatvecShape {
 impl WgpuBackend {
     /// This back end with the activation precision of `mode` for one-token products:
     /// [`MatmulMode::QuantizedActivations`] uses the int8 kernel for the types it covers (Q4_0,
-    /// Q4_1, Q8_0, Q4_K, Q6_K), [`MatmulMode::Exact`] the f32 kernel. `DISKFORMER_GPU_F32_ACT=1`
-    /// keeps f32 whatever `mode` says.
+    /// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), [`MatmulMode::Exact`] the f32 kernel.
+    /// `DISKFORMER_GPU_F32_ACT=1` keeps f32 whatever `mode` says.
     pub fn with_matmul_mode(mut self, mode: MatmulMode) -> WgpuBackend {
         self.int8_act = mode == MatmulMode::QuantizedActivations && !self.ctx.force_f32_act;
         self

@@ -25,8 +25,8 @@
 //!   (`DISKFORMER_NO_UNROLL=1` turns it off, for comparison in `--perf`).
 //! - One-token products can take int8 activations (llama.cpp's scheme, [`int8`]): with
 //!   [`WgpuBackend::with_matmul_mode`]`(QuantizedActivations)` the activations are quantized
-//!   to blocks of 32 bytes once and Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights are multiplied with
-//!   `dot4I8Packed`; `DISKFORMER_GPU_F32_ACT=1` forces f32 activations.
+//!   to blocks of 32 bytes once and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights are
+//!   multiplied with `dot4I8Packed`; `DISKFORMER_GPU_F32_ACT=1` forces f32 activations.
 //! - Routing (`route`) runs on the GPU (`moe_route.wgsl`). A resident model's decode step keeps
 //!   the expert ids there for the per-pair MoE kernels (no readback); the expert tier and prefill
 //!   read the k ids and weights back (one small readback), to find misses or group by expert.

@@ -242,13 +242,16 @@ pub fn matvec(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> Strin
 
 /// A weight type's `dot32` against int8 activations (`shaders/quant/i8/`), for the types the int8
 /// decode kernel covers: the formats of the 8B benchmarks (Q4_0, Q4_K with its Q6_K output and
-/// FFN matrices) and the other common ones (Q4_1, Q8_0).
+/// FFN matrices), Q5_K_M's Q5_K, and the other legacy block types (Q4_1, Q5_0, Q5_1, Q8_0).
 pub fn dot32_source(dtype: GgmlType) -> Option<&'static str> {
     Some(match dtype {
         GgmlType::Q4_0 => include_str!("shaders/quant/i8/q4_0.wgsl"),
         GgmlType::Q4_1 => include_str!("shaders/quant/i8/q4_1.wgsl"),
+        GgmlType::Q5_0 => include_str!("shaders/quant/i8/q5_0.wgsl"),
+        GgmlType::Q5_1 => include_str!("shaders/quant/i8/q5_1.wgsl"),
         GgmlType::Q8_0 => include_str!("shaders/quant/i8/q8_0.wgsl"),
         GgmlType::Q4_K => include_str!("shaders/quant/i8/q4_k.wgsl"),
+        GgmlType::Q5_K => include_str!("shaders/quant/i8/q5_k.wgsl"),
         GgmlType::Q6_K => include_str!("shaders/quant/i8/q6_k.wgsl"),
         _ => return None,
     })
