@@ -244,6 +244,9 @@ pub(super) struct ExpertTier {
     staging: Vec<Staging>,
     upload_bytes_per_s: f64,
     state: Mutex<TierState>,
+    /// A persistent `MAP_READ` buffer for the routing's readback (one per MoE layer and token):
+    /// a buffer made for each readback costs an allocation every time.
+    readback: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl std::fmt::Debug for ExpertTier {
@@ -424,6 +427,25 @@ fn repack_into(l: &TypeLayout, src: &[u8], n_rows: usize, k: usize, dst: &mut [u
     }
 }
 
+/// `dst.copy_from_slice(src)` on the thread pool in 256 KiB pieces when large: filling a mapped
+/// staging buffer (write-combined memory on a discrete GPU) from the page cache or the pager's
+/// slab is a CPU copy that one core does at a fraction of the PCIe bandwidth.
+fn copy_parallel(dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+    use rayon::prelude::*;
+    const PIECE: usize = 256 << 10;
+    debug_assert_eq!(dst.len(), src.len());
+    // Whole pieces go to the pool (a `WriteOnly` of a sized piece may cross threads; one of a
+    // slice may not), the tail is copied here.
+    let (pieces, mut tail) = dst.into_chunks::<PIECE>();
+    let (whole, rest) = src.split_at(src.len() / PIECE * PIECE);
+    let pieces: Vec<wgpu::WriteOnly<'_, [u8; PIECE]>> = pieces.into_iter().collect();
+    pieces.into_par_iter().zip(whole.par_chunks(PIECE)).for_each(|(d, s)| {
+        let mut d: wgpu::WriteOnly<'_, [u8]> = d.into();
+        d.copy_from_slice(s);
+    });
+    tail.copy_from_slice(rest);
+}
+
 /// Host copies of a layer's expert biases (only read when the CPU computes an expert).
 struct HostBiases {
     gate: Option<Vec<f32>>,
@@ -561,6 +583,7 @@ impl WgpuBackend {
             regions,
             staging,
             upload_bytes_per_s: 0.0,
+            readback: Mutex::new(None),
             state: Mutex::new(TierState {
                 owner: vec![None; n_slots],
                 mats: vec![None; n_slots],
@@ -580,19 +603,20 @@ impl WgpuBackend {
         Ok(self)
     }
 
-    /// Bytes per second of a staging upload (fill the mapped buffer, copy it into the pool,
-    /// wait), the best of three.
+    /// Bytes per second of a staging upload (fill the mapped buffer on the thread pool, copy it
+    /// into the pool, wait), the best of three.
     fn measure_upload(&self, tier: &ExpertTier) -> Result<f64, OpError> {
         let bytes = tier.opts.staging_bytes.min(tier.pool[0].size()) & !255;
         let mut best = f64::INFINITY;
         for i in 0..3 {
             let st = &tier.staging[i % STAGING_BUFFERS];
             self.wait_staging(st)?;
+            let src = vec![i as u8; bytes as usize];
             let t = Instant::now();
-            st.buffer
-                .get_mapped_range_mut(0..bytes)
-                .map_err(|e| self.map_error("staging", e))?
-                .copy_from_slice(&vec![i as u8; bytes as usize]);
+            copy_parallel(
+                st.buffer.get_mapped_range_mut(0..bytes).map_err(|e| self.map_error("staging", e))?.slice(..),
+                &src,
+            );
             st.buffer.unmap();
             {
                 let mut p = lock(&self.ctx.pending);
@@ -640,6 +664,64 @@ impl WgpuBackend {
                 }
             }
         }
+    }
+
+    /// The first `n_bytes` of `src` on the host, through the tier's persistent readback buffer
+    /// (submitting everything pending and waiting for it, as `read_back`).
+    pub(super) fn read_back_tier(
+        &self,
+        tier: &ExpertTier,
+        src: &wgpu::Buffer,
+        n_bytes: u64,
+    ) -> Result<Vec<u8>, OpError> {
+        let size = n_bytes.next_multiple_of(4).max(4);
+        let mut held = lock(&tier.readback);
+        let rb = match held.as_ref() {
+            Some(b) if b.size() >= size => b.clone(),
+            _ => {
+                let b = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("routing readback"),
+                    size: size.next_power_of_two().max(256),
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                *held = Some(b.clone());
+                b
+            }
+        };
+        {
+            let mut p = lock(&self.ctx.pending);
+            p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: rb.clone(), dst_at: 0, size });
+            self.ctx.flush_locked(&mut p);
+            // The host waits for this result: the ring starts over, as after `read_back`.
+            p.params_base = 0;
+        }
+        let waiting = self.ctx.profile.as_ref().map(|_| Instant::now());
+        let (tx, rx) = std::sync::mpsc::channel();
+        rb.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| OpError::Unsupported {
+            op: "route",
+            backend: "wgpu",
+            why: format!("device lost while waiting: {e}"),
+        })?;
+        if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
+            let mut p = lock(p);
+            p.wait_secs += t.elapsed().as_secs_f64();
+            p.readbacks += 1;
+        }
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            other => return Err(self.map_error("routing readback", other)),
+        }
+        let out = rb
+            .slice(..size)
+            .get_mapped_range()
+            .map(|view| view[..n_bytes as usize].to_vec())
+            .map_err(|e| self.map_error("routing readback", e));
+        rb.unmap();
+        out
     }
 
     /// Whether this back end pages experts through a GPU pool.
@@ -981,11 +1063,11 @@ impl WgpuBackend {
                             .get_mapped_range_mut(at..at + size)
                             .map_err(|e| self.map_error("staging", e))?;
                         if repacks_in_place(&p.layout, m.k) {
-                            view.copy_from_slice(m.bytes);
+                            copy_parallel(view.slice(..), m.bytes);
                         } else {
                             scratch.resize(size as usize, 0);
                             repack_into(&p.layout, m.bytes, m.n_out, m.k, &mut scratch);
-                            view.copy_from_slice(&scratch);
+                            copy_parallel(view.slice(..), &scratch);
                         }
                     }
                     batch.copies.push((at, buf, 4 * p.word0 as u64, size));

@@ -446,7 +446,10 @@ impl WgpuBackend {
         if !r.ids.is_empty() || nk == 0 {
             return Ok(r.ids.clone());
         }
-        let bytes = self.read_back(&r.weights.buf.buffer, 8 * nk as u64)?;
+        let bytes = match &self.experts {
+            Some(tier) => self.read_back_tier(tier, &r.weights.buf.buffer, 8 * nk as u64)?,
+            None => self.read_back(&r.weights.buf.buffer, 8 * nk as u64)?,
+        };
         Ok(bytes[4 * nk..].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
     }
 }
