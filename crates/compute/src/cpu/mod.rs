@@ -7,6 +7,7 @@
 //! activations quantized to Q8 the way llama.cpp does ([`MatmulMode::QuantizedActivations`]).
 
 mod attention;
+mod gelu;
 pub mod kernels;
 mod pool;
 
@@ -476,6 +477,17 @@ impl Backend for CpuBackend {
             });
         }
         let parallel = gate.data.len() >= PAR_EXP_ELEMS;
+        if glu == Glu::Plain(Act::GeluTanh) {
+            let mut out = pool::zeros(gate.data.len());
+            if parallel {
+                out.par_chunks_mut(PAR_CHUNK)
+                    .zip(gate.data.par_chunks(PAR_CHUNK).zip(up.data.par_chunks(PAR_CHUNK)))
+                    .for_each(|(o, (g, u))| gelu::gelu_tanh_glu(g, u, o));
+            } else {
+                gelu::gelu_tanh_glu(&gate.data, &up.data, &mut out);
+            }
+            return Ok(CpuTensor::pooled(&gate.shape, out));
+        }
         Ok(CpuTensor::pooled(&gate.shape, zip_map(&gate.data, &up.data, parallel, |g, u| kernels::glu(g, u, glu))))
     }
 
