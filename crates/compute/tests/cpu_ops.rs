@@ -49,7 +49,15 @@ fn element_wise_ops_match_the_scalar_formulas_below_and_above_the_thread_thresho
         }
         for glu in [Glu::Plain(Act::Silu), Glu::Plain(Act::GeluTanh), Glu::SwiGluOai { alpha: 1.702, limit: 7.0 }] {
             let want: Vec<f32> = x.data.iter().zip(&y.data).map(|(&g, &u)| kernels::glu(g, u, glu)).collect();
-            assert_eq!(b.glu(&x, &y, glu).unwrap().data, want, "{glu:?} {rows}x{width}");
+            let got = b.glu(&x, &y, glu).unwrap().data.clone();
+            if glu == Glu::Plain(Act::GeluTanh) {
+                // Vectorised as a logistic with a polynomial exp (cpu/gelu.rs, where its error
+                // against f64 is tested): a few units of rounding, not the same bits.
+                let err = max_err(&got, &want);
+                assert!(err < 1e-5, "{glu:?} {rows}x{width}: error {err}");
+            } else {
+                assert_eq!(got, want, "{glu:?} {rows}x{width}");
+            }
         }
         let mut want = x.data.clone();
         want.chunks_mut(width).for_each(|r| kernels::rms_norm(r, Some(&row.data), 1e-6));
