@@ -180,8 +180,9 @@ mod on_gpu {
 
     /// Host work of decode steps, for `valgrind --tool=callgrind --toggle-collect='*decode_steps*'`
     /// (instruction counts are reproducible on a busy machine, timings are not): a 4-layer
-    /// synthetic llama, prefill, then 8 decode steps inside `decode_steps`. Compare
-    /// `DISKFORMER_NO_FUSE=1` with the default; `DISKFORMER_PROFILE_INT8=1` uses int8 activations.
+    /// synthetic llama, prefill, two warm-up steps, then `DISKFORMER_HOST_STEPS` (default 8) decode
+    /// steps; a run with 0 steps gives the rest to subtract. Compare `DISKFORMER_NO_FUSE=1` with the
+    /// default; `DISKFORMER_PROFILE_INT8=1` uses int8 activations.
     #[test]
     #[ignore]
     fn decode_host_work() {
@@ -209,9 +210,10 @@ mod on_gpu {
         g.eval(&[1, 17, 33, 250, 9], Outputs::Last).expect("prefill");
         // Two steps first, so every pipeline exists and the bind groups are cached as in a long run.
         decode_steps(g.as_mut(), 2);
+        let n_steps = std::env::var("DISKFORMER_HOST_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
         let before = gpu.commands_submitted();
-        decode_steps(g.as_mut(), 8);
-        println!("{} commands in 8 decode steps ({mode:?})", gpu.commands_submitted() - before);
+        decode_steps(g.as_mut(), n_steps);
+        println!("{} commands in {n_steps} decode steps ({mode:?})", gpu.commands_submitted() - before);
         let _ = std::fs::remove_file(&path);
     }
 
