@@ -130,11 +130,9 @@ impl<B: Backend> Architecture<B> for MoeDecoder<B> {
         for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
             let LayerState::Attention(cache) = st else { unreachable!("every decoder layer has attention") };
             let h = b.rms_norm(&x, Some(&layer.attn_norm), eps)?; // attn_norm
-            let a = layer.attn.forward(b, &h, cache, state.n_past, &pos)?;
-            x = b.add(&x, &a)?; // ffn_inp
+            x = layer.attn.forward_residual(b, &h, x, cache, state.n_past, &pos)?; // ffn_inp
             let h = b.rms_norm(&x, Some(&layer.ffn_norm), eps)?; // ffn_norm
-            let f = layer.ffn.forward(b, &h)?; // router -> route -> moe_ffn (+ shared expert)
-            x = b.add(&x, &f)?; // l_out
+            x = layer.ffn.forward_residual(b, &h, x)?; // l_out: router -> route -> moe_ffn (+ shared expert)
         }
         state.n_past += n;
         let x = output_rows(b, &x, n, outputs)?;
