@@ -15,16 +15,22 @@ use crate::spec::{Act, Glu};
 /// AVX2 and FMA, the reference formula otherwise and for the tail.
 pub(super) fn gelu_tanh_glu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = gate.len().min(up.len()).min(out.len());
-    let mut done = 0;
+    let done = vectorised(gate, up, out, n);
+    for i in done..n {
+        out[i] = kernels::glu(gate[i], up[i], Glu::Plain(Act::GeluTanh));
+    }
+}
+
+/// The values below `n` the CPU's vector unit computed (a multiple of eight), 0 without AVX2.
+#[allow(unused_variables)]
+fn vectorised(gate: &[f32], up: &[f32], out: &mut [f32], n: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: AVX2 and FMA were detected just above; the kernel reads and writes only
         // indices below `n`, which all three slices have.
-        done = unsafe { avx2::gelu_tanh_glu(gate, up, out, n) };
+        return unsafe { avx2::gelu_tanh_glu(gate, up, out, n) };
     }
-    for i in done..n {
-        out[i] = kernels::glu(gate[i], up[i], Glu::Plain(Act::GeluTanh));
-    }
+    0
 }
 
 #[cfg(target_arch = "x86_64")]
