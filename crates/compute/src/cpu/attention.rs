@@ -217,7 +217,15 @@ pub(crate) fn attend_head<T: KvElem>(
             max = max.max(s);
         }
         let mut denom = sink.map_or(0.0, |s| (s - max).exp());
-        for s in scores.iter_mut() {
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx2 {
+            // SAFETY: `Simd::Avx2` is only produced after detecting AVX2, FMA and F16C.
+            let (sum, n) = unsafe { avx2::exp_sub(&mut scores, max) };
+            denom += sum;
+            done = n;
+        }
+        for s in scores[done..].iter_mut() {
             *s = (*s - max).exp();
             denom += *s;
         }
@@ -233,6 +241,24 @@ pub(crate) fn attend_head<T: KvElem>(
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// `s = exp(s - max)` for the whole groups of eight of `scores` (the softmax numerators,
+    /// with the polynomial exp of the tanh-GELU: a scalar `expf` per score was 5% of a Gemma 3
+    /// 270M prefill of 512 tokens); returns their sum and how many were done.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn exp_sub(scores: &mut [f32], max: f32) -> (f32, usize) {
+        let n = scores.len() / 8 * 8;
+        let p = scores.as_mut_ptr();
+        let m = _mm256_set1_ps(max);
+        let mut sum = _mm256_setzero_ps();
+        // SAFETY (loads and stores): every index is below n <= scores.len().
+        for i in (0..n).step_by(8) {
+            let e = super::super::gelu::avx2::exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
+            _mm256_storeu_ps(p.add(i), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        (hsum(sum), n)
+    }
 
     /// Sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -34,13 +34,14 @@ fn vectorised(gate: &[f32], up: &[f32], out: &mut [f32], n: usize) -> usize {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
-    /// Cephes `expf` on eight lanes: `exp(x)` for |x| <= 88.38 (clamped beyond), NaN kept.
+    /// Cephes `expf` on eight lanes: `exp(x)` for |x| <= 88.38 (clamped beyond, so exp(-inf)
+    /// is about 4e-39, not 0), NaN kept. Also the softmax's exponential (`attention.rs`).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp8(x: __m256) -> __m256 {
+    pub(in crate::cpu) unsafe fn exp8(x: __m256) -> __m256 {
         // max/min with the constant first return the second operand when it is NaN.
         let x = _mm256_min_ps(_mm256_set1_ps(88.376_26), _mm256_max_ps(_mm256_set1_ps(-88.376_26), x));
         // x = n ln2 + r with |r| <= ln2 / 2; ln2 split in two for an exact n * C1.
