@@ -217,14 +217,8 @@ pub(crate) fn attend_head<T: KvElem>(
             max = max.max(s);
         }
         let mut denom = sink.map_or(0.0, |s| (s - max).exp());
-        let mut done = 0;
-        #[cfg(target_arch = "x86_64")]
-        if simd == Simd::Avx2 {
-            // SAFETY: `Simd::Avx2` is only produced after detecting AVX2, FMA and F16C.
-            let (sum, n) = unsafe { avx2::exp_sub(&mut scores, max) };
-            denom += sum;
-            done = n;
-        }
+        let (sum, done) = exp_sub_vectorised(simd, &mut scores, max);
+        denom += sum;
         for s in scores[done..].iter_mut() {
             *s = (*s - max).exp();
             denom += *s;
@@ -236,6 +230,18 @@ pub(crate) fn attend_head<T: KvElem>(
             T::axpy(simd, out, scores[idx] * inv, vj);
         }
     });
+}
+
+/// `s = exp(s - max)` for the leading scores the vector unit takes: their sum and count
+/// (nothing without AVX2).
+#[allow(unused_variables)]
+fn exp_sub_vectorised(simd: Simd, scores: &mut [f32], max: f32) -> (f32, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx2 {
+        // SAFETY: `Simd::Avx2` is only produced after detecting AVX2, FMA and F16C.
+        return unsafe { avx2::exp_sub(scores, max) };
+    }
+    (0.0, 0)
 }
 
 #[cfg(target_arch = "x86_64")]
