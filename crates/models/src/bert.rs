@@ -57,7 +57,7 @@ pub struct Bert<B: Backend> {
 pub fn load<B: Backend>(ld: &Loader<'_, B>, hp: Hparams) -> Result<Bert<B>> {
     let n_embd = hp.embedding_length;
     let n_head = hp.head_count[0];
-    if n_embd % n_head != 0 {
+    if !n_embd.is_multiple_of(n_head) {
         return Err(ModelError::Hparams {
             why: format!("embedding length {n_embd} is not a multiple of {n_head} heads"),
         });
