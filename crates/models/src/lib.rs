@@ -75,6 +75,7 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "lfm2",
     "lfm2moe",
     "bert",
+    "nomic-bert",
 ];
 
 /// How to load a model.
@@ -118,7 +119,7 @@ pub fn load_on<B: Backend + 'static>(b: B, model: &Arc<GgufModel>, opts: &LoadOp
         "granitehybrid" => Box::new(Session::new(b.clone(), granitehybrid::load(&ld, hp)?, n_ctx)?),
         "lfm2" => Box::new(Session::new(b.clone(), lfm2::load(&ld, hp)?, n_ctx)?),
         "lfm2moe" => Box::new(Session::new(b.clone(), lfm2moe::load(&ld, hp)?, n_ctx)?),
-        "bert" => Box::new(Session::new(b.clone(), bert::load(&ld, hp)?, n_ctx)?),
+        "bert" | "nomic-bert" => Box::new(Session::new(b.clone(), bert::load(&ld, hp)?, n_ctx)?),
         _ => {
             return Err(ModelError::UnsupportedArchitecture { arch, supported: SUPPORTED_ARCHITECTURES.join(", ") });
         }

@@ -3,7 +3,9 @@
 tokenizer trained here, converted to GGUF by llama.cpp's own converter, and reference outputs from
 two independent implementations: PyTorch `transformers` (float32) and llama.cpp.
 
-Nothing comes from a model hub. Outputs (committed beside this script):
+Nothing comes from a model hub. The WordPiece trainer breaks ties between equally frequent pairs
+in no fixed order, so a rerun can give a slightly different vocabulary (and model file): the
+committed files are one run, consistent with each other. Outputs (committed beside this script):
   model-f32.gguf   the converted model (sentence-transformers mean pooling, so `bert.pooling_type` = 1)
   ref.json         per case: text, HF token ids, llama.cpp token ids (llama-tokenize), the last hidden
                    state of every token (transformers), the mean-pooled L2-normalised embedding
@@ -92,7 +94,9 @@ def llama_cpp_embeddings(gguf: Path, texts: list[str]) -> list[list[float]] | No
     port = free_port()
     env = dict(os.environ, LD_LIBRARY_PATH=str(LLAMA_BIN))
     proc = subprocess.Popen(
-        [str(server), "-m", str(gguf), "--embeddings", "--port", str(port), "-t", "2", "-c", "128", "-b", "128", "-ub", "128"],
+        # Flash attention off: its CPU kernel rounds K and V to f16, which a random model with sharp
+        # attention turns into differences of 1e-4 in the embedding.
+        [str(server), "-m", str(gguf), "--embeddings", "--port", str(port), "-t", "2", "-c", "128", "-b", "128", "-ub", "128", "-fa", "off"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )
     try:
