@@ -262,6 +262,42 @@ pub trait Backend: Send + Sync + Sized + Clone {
         }
     }
 
+    /// Attention of `q` (`[n, n_head * head_dim_k]`) over `k` and `v` (`[n, n_head_kv * head_dim]`)
+    /// of the same `n` tokens with no mask and no cache: every token sees every token, as in
+    /// BERT-style encoders. `spec.softcap` applies; a sliding window is refused.
+    ///
+    /// By default computed on the host: only encoders use it, once per text, and they run on
+    /// the CPU (a GPU back end pays one round trip per layer).
+    fn attention_unmasked(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        spec: &AttnSpec,
+    ) -> Result<Self::Tensor, OpError> {
+        let n = self.shape(q).first().copied().unwrap_or(0);
+        let (qw, kw, vw) =
+            (spec.n_head * spec.head_dim_k, spec.n_head_kv * spec.head_dim_k, spec.n_head_kv * spec.head_dim_v);
+        let shapes_ok = self.shape(q) == [n, qw]
+            && self.shape(k) == [n, kw]
+            && self.shape(v) == [n, vw]
+            && spec.n_head_kv > 0
+            && spec.n_head.is_multiple_of(spec.n_head_kv)
+            && spec.window.is_none();
+        if !shapes_ok {
+            return Err(OpError::ShapeMismatch {
+                op: "attention_unmasked",
+                expected: format!(
+                    "q [{n}, {qw}], k [{n}, {kw}], v [{n}, {vw}], n_head {} a multiple of n_head_kv {}, no window",
+                    spec.n_head, spec.n_head_kv
+                ),
+                got: [self.shape(q), self.shape(k), self.shape(v)].concat(),
+            });
+        }
+        let out = unmasked_attention_host(&self.to_host(q)?, &self.to_host(k)?, &self.to_host(v)?, n, spec);
+        self.from_host(&out, &[n, spec.n_head * spec.head_dim_v])
+    }
+
     // ---- mixture of experts ----
     /// Routing from router logits `[n, n_expert]`; `selection_bias` (`[n_expert]`) shifts only
     /// the choice.
@@ -345,4 +381,41 @@ pub trait Backend: Send + Sync + Sized + Clone {
             why: "not implemented on this back end".into(),
         })
     }
+}
+
+/// [`Backend::attention_unmasked`] on host rows (shapes checked by the caller): per head, softmax
+/// over all `n` keys, accumulated in f64 so the result does not depend on the summation order.
+fn unmasked_attention_host(q: &[f32], k: &[f32], v: &[f32], n: usize, spec: &AttnSpec) -> Vec<f32> {
+    let (dk, dv) = (spec.head_dim_k, spec.head_dim_v);
+    let (qw, kw, vw) = (spec.n_head * dk, spec.n_head_kv * dk, spec.n_head_kv * dv);
+    let group = spec.n_head / spec.n_head_kv;
+    let mut out = vec![0f32; n * spec.n_head * dv];
+    let mut scores = vec![0f64; n];
+    for h in 0..spec.n_head {
+        let kvh = h / group;
+        for i in 0..n {
+            let qi = &q[i * qw + h * dk..][..dk];
+            for (j, s) in scores.iter_mut().enumerate() {
+                let kj = &k[j * kw + kvh * dk..][..dk];
+                let dot: f64 = qi.iter().zip(kj).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                let x = dot * f64::from(spec.scale);
+                *s = match spec.softcap {
+                    Some(cap) => f64::from(cap) * (x / f64::from(cap)).tanh(),
+                    None => x,
+                };
+            }
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut total = 0f64;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            let oi = &mut out[(i * spec.n_head + h) * dv..][..dv];
+            for (d, o) in oi.iter_mut().enumerate() {
+                let acc: f64 = scores.iter().enumerate().map(|(j, &p)| p * f64::from(v[j * vw + kvh * dv + d])).sum();
+                *o = (acc / total) as f32;
+            }
+        }
+    }
+    out
 }

@@ -31,6 +31,7 @@ pub mod sampling;
 mod state;
 pub mod synth;
 
+pub mod bert;
 pub mod deepseek2;
 pub mod gemma3;
 pub mod glm4moe;
@@ -73,6 +74,8 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "granitehybrid",
     "lfm2",
     "lfm2moe",
+    "bert",
+    "nomic-bert",
 ];
 
 /// How to load a model.
@@ -116,6 +119,7 @@ pub fn load_on<B: Backend + 'static>(b: B, model: &Arc<GgufModel>, opts: &LoadOp
         "granitehybrid" => Box::new(Session::new(b.clone(), granitehybrid::load(&ld, hp)?, n_ctx)?),
         "lfm2" => Box::new(Session::new(b.clone(), lfm2::load(&ld, hp)?, n_ctx)?),
         "lfm2moe" => Box::new(Session::new(b.clone(), lfm2moe::load(&ld, hp)?, n_ctx)?),
+        "bert" | "nomic-bert" => Box::new(Session::new(b.clone(), bert::load(&ld, hp)?, n_ctx)?),
         _ => {
             return Err(ModelError::UnsupportedArchitecture { arch, supported: SUPPORTED_ARCHITECTURES.join(", ") });
         }

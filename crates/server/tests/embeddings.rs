@@ -222,3 +222,47 @@ fn embeddings_match_llama_cpp() {
     let (st, v) = post(addr, &json!({"model": "nope", "input": "x"}));
     assert_eq!(st, 404, "{v}");
 }
+
+/// A BERT encoder (WordPiece tokenizer, unmasked attention, mean pooling from its metadata)
+/// served from text: the vectors transformers' `BertModel` and llama.cpp's llama-server gave for
+/// the same texts (crates/models/tests/data/bert/ref.json, made by make.py there).
+#[test]
+fn bert_embeddings_match_transformers_and_llama_cpp() {
+    let dir = repo().join("crates/models/tests/data/bert");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("ref.json")).unwrap()).unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    let config = server::Config {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        preload: vec![],
+        models: vec![("bert".to_string(), dir.join("model-f32.gguf"))],
+        engine: EngineOptions {
+            backend: Some(server::BackendKind::Cpu),
+            read_ahead: false,
+            n_ctx: 64,
+            ..Default::default()
+        },
+        router: RouterOptions::default(),
+        model_options: Default::default(),
+        api_key: None,
+    };
+    let server = common::start(config);
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let (st, v) = post(server.addr, &json!({"model": "bert", "input": texts}));
+    assert_eq!(st, 200, "{v}");
+    let n_tokens: usize = cases.iter().map(|c| c["hf_ids"].as_array().unwrap().len()).sum();
+    assert_eq!(v["usage"]["prompt_tokens"], n_tokens, "WordPiece ids with [CLS] and [SEP]");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), cases.len());
+    let mut worst = 0f32;
+    for (d, case) in data.iter().zip(cases) {
+        let got = floats(&d["embedding"]);
+        for key in ["embedding", "llama_cpp_embedding"] {
+            let want = floats(&case[key]);
+            assert_eq!(got.len(), want.len());
+            worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(worst, f32::max);
+        }
+    }
+    eprintln!("bert over HTTP: worst |ours - reference| {worst:.2e}");
+    // f32 weights and activations on both sides; the references differ from each other by 5e-6.
+    assert!(worst < 2e-5, "embeddings differ by {worst}");
+}

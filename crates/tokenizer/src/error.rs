@@ -46,6 +46,15 @@ pub enum TokenizerError {
         /// The key of the id.
         id_key: &'static str,
     },
+    /// A WordPiece (BERT) vocabulary without a separator id to close a text with.
+    #[error(
+        "a WordPiece vocabulary needs a separator token: tokenizer.ggml.seperator_token_id is not set \
+         and the default id 102 is outside the {n_vocab}-token vocabulary"
+    )]
+    MissingSeparator {
+        /// Tokens in the vocabulary.
+        n_vocab: usize,
+    },
     /// A pre-tokenizer regex does not compile.
     #[error("pre-tokenizer regex {regex:?} does not compile: {reason}")]
     BadRegex {

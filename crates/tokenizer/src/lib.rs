@@ -1,8 +1,8 @@
 //! Tokenizers and chat templates read from GGUF metadata, giving llama.cpp's token ids.
 //!
 //! [`Tokenizer::from_gguf`] builds a tokenizer from `tokenizer.ggml.*`: byte-level BPE (`gpt2`, with
-//! the pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece-style BPE (`llama`, with byte
-//! fallback). [`Tokenizer::encode`] follows llama.cpp's `llama_tokenize` (special-token parsing,
+//! the pre-tokenizer named by `tokenizer.ggml.pre`), SentencePiece-style BPE (`llama`, with byte
+//! fallback) or BERT's WordPiece (`bert`, for encoder embedding models). [`Tokenizer::encode`] follows llama.cpp's `llama_tokenize` (special-token parsing,
 //! BOS/EOS per the model's flags), [`Tokenizer::token_to_piece`] its `llama_token_to_piece`, and
 //! [`StreamDecoder`] turns generated ids into valid UTF-8 deltas. [`ChatTemplate`] renders
 //! `tokenizer.chat_template` with minijinja the way HF `transformers` renders it with Jinja2.
@@ -36,6 +36,7 @@ mod stream;
 mod tokenizer;
 mod unicode;
 mod vocab;
+mod wpm;
 
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use error::{TemplateError, TokenizerError};

@@ -10,12 +10,20 @@ use crate::pretok::{PreSettings, PreTokenizer};
 use crate::spm;
 use crate::unicode;
 use crate::vocab::{attr, Vocab, VocabType};
+use crate::wpm;
 use crate::TokenizerError;
 
 /// The algorithm-specific part of a tokenizer.
 enum Model {
     Spm,
-    Bpe { ranks: BpeRanks, pre: PreTokenizer },
+    Bpe {
+        ranks: BpeRanks,
+        pre: PreTokenizer,
+    },
+    /// WordPiece; candidates longer than the longest token (in bytes) are never looked up.
+    Wpm {
+        max_token_len: usize,
+    },
 }
 
 /// A tokenizer built from GGUF metadata (`tokenizer.ggml.*`).
@@ -52,7 +60,7 @@ impl Tokenizer {
     ///
     /// # Errors
     /// Missing or mistyped `tokenizer.ggml.*` keys, an unsupported `tokenizer.ggml.model` (we implement
-    /// `gpt2` and `llama`), an unknown `tokenizer.ggml.pre`, duplicate tokens, or `add_bos_token` set
+    /// `gpt2`, `llama` and `bert`), an unknown `tokenizer.ggml.pre`, duplicate tokens, or `add_bos_token` set
     /// without a BOS id.
     pub fn from_gguf(md: &gguf::Metadata) -> Result<Tokenizer, TokenizerError> {
         let is_bpe = md.str_opt("tokenizer.ggml.model")? == Some("gpt2");
@@ -62,6 +70,9 @@ impl Tokenizer {
         let model = match (vocab.vocab_type, settings) {
             (VocabType::Bpe, Some(s)) => {
                 Model::Bpe { ranks: BpeRanks::new(&vocab.merges), pre: PreTokenizer::new(s.pre_type)? }
+            }
+            (VocabType::Wpm, _) => {
+                Model::Wpm { max_token_len: vocab.tokens.iter().map(|t| t.text.len()).max().unwrap_or(0) }
             }
             _ => Model::Spm,
         };
@@ -162,7 +173,10 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
         let fragments = if text.is_empty() { Vec::new() } else { self.partition(text, parse_special) };
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        if add_special && self.vocab.add_bos {
+        let wordpiece = matches!(self.model, Model::Wpm { .. });
+        // WordPiece frames every text with CLS (the BOS id) and SEP, whatever add_bos/add_eos say
+        // (llama.cpp's `LLAMA_VOCAB_TYPE_WPM` branch).
+        if add_special && (self.vocab.add_bos || wordpiece) {
             out.extend(self.vocab.special.bos);
         }
         match &self.model {
@@ -209,8 +223,22 @@ impl Tokenizer {
                     }
                 }
             }
+            Model::Wpm { max_token_len } => {
+                for fragment in &fragments {
+                    match *fragment {
+                        Fragment::Text(start, end) => {
+                            wpm::tokenize(&self.vocab, *max_token_len, &text[start..end], &mut out)
+                        }
+                        Fragment::Token(id) => out.push(id),
+                    }
+                }
+            }
         }
-        if add_special && self.vocab.add_eos {
+        if wordpiece {
+            if add_special {
+                out.extend(self.vocab.special.sep);
+            }
+        } else if add_special && self.vocab.add_eos {
             out.extend(self.vocab.special.eos);
         }
         Ok(out)
@@ -318,7 +346,7 @@ impl Tokenizer {
         }
         if a & attr::NORMAL != 0 {
             return match self.vocab.vocab_type {
-                VocabType::Spm => token.text.replace('▁', " ").into_bytes(),
+                VocabType::Spm | VocabType::Wpm => token.text.replace('▁', " ").into_bytes(),
                 VocabType::Bpe => decode_byte_level(&token.text),
             };
         }

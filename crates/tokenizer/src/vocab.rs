@@ -50,6 +50,8 @@ pub(crate) enum VocabType {
     Spm,
     /// Byte-level BPE (`tokenizer.ggml.model = gpt2`).
     Bpe,
+    /// BERT's WordPiece over ▁-prefixed words (`tokenizer.ggml.model = bert`).
+    Wpm,
 }
 
 /// Ids with a role; `None` where the model has none.
@@ -84,6 +86,9 @@ pub(crate) struct Vocab {
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_space_prefix: bool,
+    /// BertNormalizer options of a WordPiece vocabulary (false for other types).
+    pub lowercase: bool,
+    pub strip_accents: bool,
     pub eog: BTreeSet<u32>,
     /// BPE merges as given, `"left right"`.
     pub merges: Vec<String>,
@@ -114,6 +119,7 @@ impl Vocab {
         let vocab_type = match model {
             "llama" => VocabType::Spm,
             "gpt2" => VocabType::Bpe,
+            "bert" => VocabType::Wpm,
             other => return Err(TokenizerError::UnsupportedModel { model: other.to_string() }),
         };
         let texts =
@@ -141,7 +147,7 @@ impl Vocab {
                 .into_iter()
                 .map(str::to_string)
                 .collect(),
-            VocabType::Spm => Vec::new(),
+            VocabType::Spm | VocabType::Wpm => Vec::new(),
         };
 
         let mut tokens = Vec::with_capacity(n_vocab);
@@ -173,6 +179,16 @@ impl Vocab {
                 special.bos = if pre_no_bos { None } else { in_range(11) };
                 special.eos = in_range(11);
                 (pre_add_bos, false, false)
+            }
+            // llama.cpp's BERT defaults; WordPiece always frames a text with CLS (the BOS id) and
+            // SEP when special tokens are asked for, whatever add_bos/add_eos say.
+            VocabType::Wpm => {
+                special.bos = in_range(101);
+                special.unk = in_range(100);
+                special.sep = in_range(102);
+                special.pad = in_range(0);
+                special.mask = in_range(103);
+                (true, false, false)
             }
         };
         if let Some(v) = md.bool_opt(KEY_ADD_PREFIX)? {
@@ -216,8 +232,20 @@ impl Vocab {
             return Err(TokenizerError::MissingSpecialToken { flag_key: KEY_ADD_EOS, id_key: KEY_EOS });
         }
 
+        // BertNormalizer: strip_accents defaults to lowercase, as in HF `tokenizers` and llama.cpp.
+        let (lowercase, strip_accents) = if vocab_type == VocabType::Wpm {
+            let lowercase = md.bool_opt("tokenizer.ggml.normalizer.lowercase")?.unwrap_or(false);
+            (lowercase, md.bool_opt("tokenizer.ggml.normalizer.strip_accents")?.unwrap_or(lowercase))
+        } else {
+            (false, false)
+        };
+        if vocab_type == VocabType::Wpm && special.sep.is_none() {
+            return Err(TokenizerError::MissingSeparator { n_vocab });
+        }
         let mut vocab = Vocab {
             vocab_type,
+            lowercase,
+            strip_accents,
             pre,
             tokens,
             token_to_id,
