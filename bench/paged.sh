@@ -26,8 +26,6 @@
 #   OUT [$OUT or /tmp]      raw results: paged-<date>.jsonl and the --stats tables
 #   RESIDENT [0]            1: also every expert on the GPU (`--device gpu`, no budget): the tier's
 #                           ceiling on a GPU that holds the model (routing ids never leave the GPU)
-#   PROFILE [0]             1: DISKFORMER_GPU_PROFILE=1 on the decode runs: submits, dispatches and
-#                           host time per token (printed with the table)
 #
 # Example on a small model (proves the script on lavapipe in a minute):
 #   PARAMS=n_layer=4,n_embd=256,n_expert=32,n_expert_used=4,n_ff_exp=256,n_ff=512 VOCAB=2048 \
@@ -65,7 +63,6 @@ PEER=${PEER:-1}
 PEER_BIN=${PEER_BIN:-$BIN}
 LB_FLAGS=${LB_FLAGS:--ngl 99 -ot exps=CPU}
 RESIDENT=${RESIDENT:-0}
-PROFILE=${PROFILE:-0}
 out_dir=${OUT:-/tmp}
 DF="$BIN/diskformer"
 [ -x "$DF" ] || { echo "no diskformer at $DF (run bench/paged.sh build first, or set BIN)" >&2; exit 1; }
@@ -107,15 +104,13 @@ if [ "$P" -gt 0 ]; then
   df_pp=$("$DF" bench -m "$model" -p "$P" -n 0 "${flags[@]}" --stats --json 2>"$pp_stats") \
     || { cat "$pp_stats" >&2; exit 1; }
 fi
-prof=()
-[ "$PROFILE" = 1 ] && prof=(env DISKFORMER_GPU_PROFILE=1)
-df_tg=$("${prof[@]}" "$DF" bench -m "$model" -p 0 -n "$N" "${flags[@]}" --stats --json 2>"$tg_stats") \
+df_tg=$("$DF" bench -m "$model" -p 0 -n "$N" "${flags[@]}" --stats --json 2>"$tg_stats") \
   || { cat "$tg_stats" >&2; exit 1; }
 df_res='{}'
 res_err="$out_dir/paged-$stamp-resident.err"
 if [ "$RESIDENT" = 1 ]; then
-  # Decode alone first (its profile counts decode only), then prefill.
-  res_tg=$("${prof[@]}" "$DF" bench -m "$model" --device gpu -p 0 -n "$N" -t "$THREADS" -r "$REPS" --json \
+  # Decode and prefill in separate processes, as above.
+  res_tg=$("$DF" bench -m "$model" --device gpu -p 0 -n "$N" -t "$THREADS" -r "$REPS" --json \
     2>"$res_err") || { tail -5 "$res_err" >&2; res_tg='{}'; }
   res_pp='{}'
   if [ "$P" -gt 0 ]; then
@@ -135,10 +130,10 @@ elif [ "$PEER" = 1 ]; then
 fi
 
 python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "$MISS" \
-  "$LB_FLAGS" "$raw" "$df_res" "$res_err" <<'PY'
-import json, os, re, sys
+  "$LB_FLAGS" "$raw" "$df_res" <<'PY'
+import json, re, sys
 pp, tg, lb = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
-res, res_err = json.loads(sys.argv[13]), sys.argv[14]
+res = json.loads(sys.argv[13])
 stats_path, n_gen, reps, model, size_bytes = sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], int(sys.argv[8])
 budget, miss, lb_flags, raw = sys.argv[9], sys.argv[10], sys.argv[11], sys.argv[12]
 lines = open(stats_path).read().splitlines()
@@ -174,12 +169,6 @@ print(f"| tg | {fmt(rec['df_tg'])} | {fmt(lb_tg)} | {ratio(rec['df_tg'], lb_tg)}
 if res:
     print(f"| pp, every expert on the GPU | {fmt(res.get('pp_tok_s'))} | {fmt(lb_pp)} | {ratio(res.get('pp_tok_s'), lb_pp)} |")
     print(f"| tg, every expert on the GPU | {fmt(res.get('tg_tok_s'))} | {fmt(lb_tg)} | {ratio(res.get('tg_tok_s'), lb_tg)} |")
-# DISKFORMER_GPU_PROFILE=1's line ("gpu profile: S submits, D dispatches, ..."), per decoded token.
-for name, path in [("tier", stats_path), ("resident", res_err)]:
-    prof = next((l for l in (open(path).read().splitlines() if os.path.exists(path) else []) if l.startswith("gpu profile:")), None)
-    m = prof and re.search(r"(\d+) submits, (\d+) dispatches", prof)
-    if m:
-        print(f"{name} decode: {int(m.group(2)) / tokens:.0f} commands and {int(m.group(1)) / tokens:.1f} submits per token ({prof})")
 limit = rec["tg_limit_upload"]
 print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_per_token']:.1f} experts uploaded and "
       f"{rec['cpu_experts_per_token']:.1f} computed on the CPU per token, {bytes_per_token / 2**20:.1f} MiB uploaded "
