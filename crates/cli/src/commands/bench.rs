@@ -181,6 +181,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     crate::commands::load::report_stats(&margs, &m);
+    // DISKFORMER_GPU_PROFILE=1: the host's time around the GPU, which the back end would print
+    // only when dropped (caches inside it keep it alive to the end of the process).
+    #[cfg(feature = "gpu")]
+    for line in compute::wgpu::profile_reports() {
+        eprintln!("{line}");
+    }
     Ok(())
 }
 

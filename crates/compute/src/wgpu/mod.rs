@@ -316,7 +316,7 @@ struct Ctx {
     /// Dispatches per early submit (see [`SUBMIT_EVERY`]).
     submit_every: usize,
     /// Host-side time per phase when DISKFORMER_GPU_PROFILE=1 (printed when the back end drops).
-    profile: Option<Mutex<HostProfile>>,
+    profile: Option<Arc<Mutex<HostProfile>>>,
     /// The current step's rope cos/sin tables (shared by the layers).
     rope_tables: Mutex<fused::RopeTables>,
     /// Fused ops on (`DISKFORMER_NO_FUSE=1` runs the op-by-op graph, for comparison).
@@ -337,21 +337,54 @@ struct HostProfile {
     encode_secs: f64,
     wait_secs: f64,
     readbacks: u64,
+    /// Printed by [`profile_reports`] already (the back end's drop then stays quiet).
+    reported: bool,
+}
+
+impl HostProfile {
+    fn report(&self) -> String {
+        format!(
+            "gpu profile: {} submits, {} dispatches, {:.3} s encoding ({:.1} us per dispatch), {:.3} s waiting in {} readbacks",
+            self.submits,
+            self.dispatches,
+            self.encode_secs,
+            1e6 * self.encode_secs / self.dispatches.max(1) as f64,
+            self.wait_secs,
+            self.readbacks
+        )
+    }
+}
+
+/// Every back end's profile (DISKFORMER_GPU_PROFILE=1), so a process can print them before it
+/// exits: a back end whose buffers outlive the process's last use of it (tensors cached inside
+/// the back end hold it alive) never reaches `Drop`.
+static PROFILES: Mutex<Vec<std::sync::Weak<Mutex<HostProfile>>>> = Mutex::new(Vec::new());
+
+/// The host profile line of every live back end (empty unless DISKFORMER_GPU_PROFILE=1), each
+/// given once: the CLI's `bench` prints them at its end.
+pub fn profile_reports() -> Vec<String> {
+    lock(&PROFILES)
+        .drain(..)
+        .filter_map(|w| w.upgrade())
+        .map(|p| {
+            let mut p = lock(&p);
+            p.reported = true;
+            p.report()
+        })
+        .collect()
 }
 
 impl Drop for Ctx {
     fn drop(&mut self) {
         if let Some(p) = &self.profile {
-            let p = lock(p);
-            eprintln!(
-                "gpu profile: {} submits, {} dispatches, {:.3} s encoding ({:.1} us per dispatch), {:.3} s waiting in {} readbacks",
-                p.submits,
-                p.dispatches,
-                p.encode_secs,
-                1e6 * p.encode_secs / p.dispatches.max(1) as f64,
-                p.wait_secs,
-                p.readbacks
-            );
+            {
+                let p = lock(p);
+                if !p.reported {
+                    eprintln!("{}", p.report());
+                }
+            }
+            // Forget back ends gone before this one (this one's entry goes with its Arc).
+            lock(&PROFILES).retain(|w| w.strong_count() > 0);
         }
     }
 }
@@ -638,7 +671,11 @@ impl WgpuBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
-            profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| Mutex::new(HostProfile::default())),
+            profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| {
+                let p = Arc::new(Mutex::new(HostProfile::default()));
+                lock(&PROFILES).push(Arc::downgrade(&p));
+                p
+            }),
             rope_tables: Mutex::new(fused::RopeTables::default()),
             fuse: !env_flag("DISKFORMER_NO_FUSE"),
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
