@@ -19,3 +19,16 @@ pub mod wgpu;
 pub use backend::{AttnStep, Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
 pub use error::OpError;
 pub use weight::HostWeight;
+
+/// Values in [-1, 1) from a fixed xorshift sequence: the unit tests' random inputs, the same on
+/// every run and machine.
+#[cfg(test)]
+pub(crate) fn test_uniform() -> impl FnMut() -> f32 {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}

@@ -94,13 +94,7 @@ mod tests {
     /// products matter, huge magnitudes, signed zeros, NaN; lengths with tails.
     #[test]
     fn gelu_tanh_glu_matches_f64_reference() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut next = crate::test_uniform();
         let mut gate: Vec<f32> = (0..4001).map(|i| next() * if i % 3 == 0 { 12.0 } else { 3.0 }).collect();
         gate.extend([0.0, -0.0, 1e-30, -1e-30, 40.0, -40.0, 1e20, -9.5, 9.5]);
         let up: Vec<f32> = (0..gate.len()).map(|_| next() * 2.0).collect();

@@ -589,13 +589,7 @@ mod tests {
     fn avx2_dot_f32_matches_portable_bits() {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            let mut state = 0x2545_F491_4F6C_DD1Du64;
-            let mut next = move || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            };
+            let mut next = crate::test_uniform();
             for n in [0, 1, 7, 31, 32, 33, 64, 100, 4096, 4099] {
                 let a: Vec<f32> = (0..n).map(|_| next()).collect();
                 let b: Vec<f32> = (0..n).map(|_| next() * 1e3).collect();

@@ -471,13 +471,7 @@ mod tests {
     /// rounding ties), all-zero blocks and blocks with a NaN or an infinity.
     #[test]
     fn vectorised_q8_0_activation_quantizer_matches_portable() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut next = crate::test_uniform();
         let n_blocks = 9;
         let mut rows: Vec<Vec<f32>> = Vec::new();
         rows.push((0..n_blocks * QK).map(|_| next() * 3.0).collect());
