@@ -144,3 +144,63 @@ pub struct MoeSpec {
     /// Gate/up combination.
     pub glu: Glu,
 }
+
+/// What one attention call brings besides q's width, which each back end checks on its own
+/// tensor type: the rows of k and v, the cache's widths and length, the sinks' shape.
+pub(crate) struct AttnCall<'a> {
+    /// Query rows (tokens).
+    pub n: usize,
+    pub k_rows: usize,
+    pub v_rows: usize,
+    pub cache_k_width: usize,
+    pub cache_v_width: usize,
+    pub n_ctx: usize,
+    pub pos0: usize,
+    /// Shape of the sinks tensor, when given.
+    pub sinks: Option<&'a [usize]>,
+    /// Largest head size the back end's kernel holds (`None`: any).
+    pub max_head_dim: Option<usize>,
+}
+
+impl AttnSpec {
+    /// Checks an attention call against this spec: the cache's widths are the spec's, k and v
+    /// have a row per query, heads group evenly, the call fits the cache, one sink per head.
+    /// Shared by the back ends so that they refuse the same calls with the same errors.
+    pub(crate) fn check_call(&self, c: &AttnCall<'_>) -> Result<(), crate::OpError> {
+        let too_wide = c.max_head_dim.is_some_and(|m| self.head_dim_k > m || self.head_dim_v > m);
+        if c.cache_k_width != self.n_head_kv * self.head_dim_k
+            || c.cache_v_width != self.n_head_kv * self.head_dim_v
+            || c.k_rows != c.n
+            || c.v_rows != c.n
+            || self.n_head_kv == 0
+            || self.head_dim_v == 0
+            || !self.n_head.is_multiple_of(self.n_head_kv)
+            || too_wide
+        {
+            return Err(crate::OpError::ShapeMismatch {
+                op: "attention",
+                expected: format!(
+                    "{} rows of k [{}] and v [{}], n_head {} divisible by n_head_kv {}{}",
+                    c.n,
+                    self.n_head_kv * self.head_dim_k,
+                    self.n_head_kv * self.head_dim_v,
+                    self.n_head,
+                    self.n_head_kv,
+                    c.max_head_dim.map_or(String::new(), |m| format!(", head dims up to {m}"))
+                ),
+                got: vec![c.k_rows, c.cache_k_width, c.v_rows, c.cache_v_width],
+            });
+        }
+        if c.pos0 + c.n > c.n_ctx {
+            return Err(crate::OpError::ContextFull { pos: c.pos0, n_tokens: c.n, n_ctx: c.n_ctx });
+        }
+        match c.sinks {
+            Some(shape) if shape.iter().product::<usize>() != self.n_head => Err(crate::OpError::ShapeMismatch {
+                op: "attention sinks",
+                expected: format!("[{}]", self.n_head),
+                got: shape.to_vec(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}

@@ -16,7 +16,7 @@ pub use attention::KvType;
 use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
-use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
+use crate::spec::{Act, AttnCall, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 use attention::{KvElem, KvRows, Rows, Simd};
 use rayon::prelude::*;
@@ -641,38 +641,17 @@ impl Backend for CpuBackend {
         expect_2d("attention q", q, spec.n_head * spec.head_dim_k)?;
         expect_2d("attention k", k, cache.k_width)?;
         expect_2d("attention v", v, cache.v_width)?;
-        if cache.k_width != spec.n_head_kv * spec.head_dim_k
-            || cache.v_width != spec.n_head_kv * spec.head_dim_v
-            || k.rows() != n
-            || v.rows() != n
-            || spec.n_head_kv == 0
-            || spec.head_dim_v == 0
-            || !spec.n_head.is_multiple_of(spec.n_head_kv)
-        {
-            return Err(OpError::ShapeMismatch {
-                op: "attention",
-                expected: format!(
-                    "{n} rows of k [{}] and v [{}], n_head {} divisible by n_head_kv {}",
-                    spec.n_head_kv * spec.head_dim_k,
-                    spec.n_head_kv * spec.head_dim_v,
-                    spec.n_head,
-                    spec.n_head_kv
-                ),
-                got: vec![k.rows(), cache.k_width, v.rows(), cache.v_width],
-            });
-        }
-        if pos0 + n > cache.n_ctx {
-            return Err(OpError::ContextFull { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
-        }
-        if let Some(s) = sinks {
-            if s.data.len() != spec.n_head {
-                return Err(OpError::ShapeMismatch {
-                    op: "attention sinks",
-                    expected: format!("[{}]", spec.n_head),
-                    got: s.shape.clone(),
-                });
-            }
-        }
+        spec.check_call(&AttnCall {
+            n,
+            k_rows: k.rows(),
+            v_rows: v.rows(),
+            cache_k_width: cache.k_width,
+            cache_v_width: cache.v_width,
+            n_ctx: cache.n_ctx,
+            pos0,
+            sinks: sinks.map(|s| &s.shape[..]),
+            max_head_dim: None,
+        })?;
         let (kw, vw) = (cache.k_width, cache.v_width);
         cache.rows.write(pos0 * kw, &k.data, pos0 * vw, &v.data);
         let mut out = pool::zeros(n * spec.n_head * spec.head_dim_v);

@@ -18,7 +18,7 @@
 use super::{expect_width, grid, lock, OpError, PooledBuffer, Span, WgpuBackend, WgpuCache, WgpuTensor, WgpuWeight};
 use crate::backend::{AttnStep, Backend};
 use crate::cpu::kernels;
-use crate::spec::{AttnSpec, RopeSpec};
+use crate::spec::{AttnCall, AttnSpec, RopeSpec};
 use std::sync::Arc;
 
 /// Tables kept for one step's positions: enough for models that alternate two rope specs (local
@@ -106,40 +106,18 @@ impl WgpuBackend {
         expect_width("attention q", q, spec.n_head * spec.head_dim_k)?;
         expect_width("attention k", k, cache.k_width)?;
         expect_width("attention v", v, cache.v_width)?;
-        if cache.k_width != spec.n_head_kv * spec.head_dim_k
-            || cache.v_width != spec.n_head_kv * spec.head_dim_v
-            || k.rows() != n
-            || v.rows() != n
-            || spec.n_head_kv == 0
-            || !spec.n_head.is_multiple_of(spec.n_head_kv)
-            || spec.head_dim_k > 512
-            || spec.head_dim_v > 512
-        {
-            return Err(OpError::ShapeMismatch {
-                op: "attention",
-                expected: format!(
-                    "{n} rows of k [{}] and v [{}], n_head {} divisible by n_head_kv {}, head dims up to 512",
-                    spec.n_head_kv * spec.head_dim_k,
-                    spec.n_head_kv * spec.head_dim_v,
-                    spec.n_head,
-                    spec.n_head_kv
-                ),
-                got: vec![k.rows(), cache.k_width, v.rows(), cache.v_width],
-            });
-        }
-        if pos0 + n > cache.n_ctx {
-            return Err(OpError::ContextFull { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
-        }
-        if let Some(s) = sinks {
-            if s.len() != spec.n_head {
-                return Err(OpError::ShapeMismatch {
-                    op: "attention sinks",
-                    expected: format!("[{}]", spec.n_head),
-                    got: s.shape.clone(),
-                });
-            }
-        }
-        Ok(())
+        spec.check_call(&AttnCall {
+            n,
+            k_rows: k.rows(),
+            v_rows: v.rows(),
+            cache_k_width: cache.k_width,
+            cache_v_width: cache.v_width,
+            n_ctx: cache.n_ctx,
+            pos0,
+            sinks: sinks.map(|s| &s.shape[..]),
+            // The attention kernel keeps a head's values in a fixed-size array.
+            max_head_dim: Some(512),
+        })
     }
 
     /// The attention kernel over cache rows `0..pos0 + n` for `n` queries, the current tokens'
