@@ -79,6 +79,30 @@ pub struct RopeSpec {
 }
 
 impl RopeSpec {
+    /// The shape checks of a rope call on a tensor of `rows` x `width` values (`shape` for the
+    /// error) with `n_positions` positions: one position per row, whole heads, `n_rot` within a
+    /// head. Shared by the back ends.
+    pub(crate) fn check_call(
+        &self,
+        rows: usize,
+        width: usize,
+        shape: &[usize],
+        n_positions: usize,
+    ) -> Result<(), crate::OpError> {
+        if n_positions != rows
+            || self.head_dim == 0
+            || !width.is_multiple_of(self.head_dim)
+            || self.n_rot > self.head_dim
+        {
+            return Err(crate::OpError::ShapeMismatch {
+                op: "rope",
+                expected: format!("[{n_positions} positions, heads * {}] with n_rot {}", self.head_dim, self.n_rot),
+                got: shape.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
     /// Plain rope over whole heads.
     pub fn new(head_dim: usize, base: f32, neox: bool) -> RopeSpec {
         RopeSpec { head_dim, n_rot: head_dim, base, neox, freq_factors: None, position_scale: 1.0, yarn: None }

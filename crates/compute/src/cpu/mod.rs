@@ -542,22 +542,7 @@ impl Backend for CpuBackend {
 
     fn rope(&self, x: &CpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<CpuTensor, OpError> {
         let w = x.width();
-        if positions.len() != x.rows()
-            || spec.head_dim == 0
-            || !w.is_multiple_of(spec.head_dim)
-            || spec.n_rot > spec.head_dim
-        {
-            return Err(OpError::ShapeMismatch {
-                op: "rope",
-                expected: format!(
-                    "[{} positions, heads * {}] with n_rot {}",
-                    positions.len(),
-                    spec.head_dim,
-                    spec.n_rot
-                ),
-                got: x.shape.clone(),
-            });
-        }
+        spec.check_call(x.rows(), w, &x.shape, positions.len())?;
         let mut data = pool::copy_of(&x.data);
         with_rope_angles(spec, positions, |cos, sin, n_freq| {
             let rotate = |(t, row): (usize, &mut [f32])| {

@@ -696,32 +696,7 @@ impl WgpuBackend {
             // The host waits for this result: the ring starts over, as after `read_back`.
             p.params_base = 0;
         }
-        let waiting = self.ctx.profile.as_ref().map(|_| Instant::now());
-        let (tx, rx) = std::sync::mpsc::channel();
-        rb.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| OpError::Unsupported {
-            op: "route",
-            backend: "wgpu",
-            why: format!("device lost while waiting: {e}"),
-        })?;
-        if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
-            let mut p = lock(p);
-            p.wait_secs += t.elapsed().as_secs_f64();
-            p.readbacks += 1;
-        }
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            other => return Err(self.map_error("routing readback", other)),
-        }
-        let out = rb
-            .slice(..size)
-            .get_mapped_range()
-            .map(|view| view[..n_bytes as usize].to_vec())
-            .map_err(|e| self.map_error("routing readback", e));
-        rb.unmap();
-        out
+        self.read_mapped("route", &rb, size, n_bytes)
     }
 
     /// Whether this back end pages experts through a GPU pool.

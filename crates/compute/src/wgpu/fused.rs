@@ -71,24 +71,7 @@ impl WgpuBackend {
 
     /// The shape checks of `rope`: one position per row, whole heads, `n_rot` within a head.
     pub(super) fn check_rope(x: &WgpuTensor, positions: &[u32], spec: &RopeSpec) -> Result<(), OpError> {
-        let w = x.width();
-        if positions.len() != x.rows()
-            || spec.head_dim == 0
-            || !w.is_multiple_of(spec.head_dim)
-            || spec.n_rot > spec.head_dim
-        {
-            return Err(OpError::ShapeMismatch {
-                op: "rope",
-                expected: format!(
-                    "[{} positions, heads * {}] with n_rot {}",
-                    positions.len(),
-                    spec.head_dim,
-                    spec.n_rot
-                ),
-                got: x.shape.clone(),
-            });
-        }
-        Ok(())
+        spec.check_call(x.rows(), x.width(), &x.shape, positions.len())
     }
 
     /// The shape checks of `attention`.

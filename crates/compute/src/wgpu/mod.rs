@@ -843,16 +843,29 @@ impl WgpuBackend {
         if n_bytes == 0 {
             return Ok(Vec::new());
         }
+        self.read_mapped("to_host", &staging, size, n_bytes)
+    }
+
+    /// Maps `buffer[..size]` for reading once the GPU is done with it (the wait counted in the
+    /// profile) and copies out its first `n_bytes`; `op` names the op in errors. Every readback
+    /// of the back end ends here.
+    fn read_mapped(
+        &self,
+        op: &'static str,
+        buffer: &wgpu::Buffer,
+        size: u64,
+        n_bytes: u64,
+    ) -> Result<Vec<u8>, OpError> {
+        let failed = |why: String| OpError::Unsupported { op, backend: "wgpu", why };
         let waiting = self.ctx.profile.as_ref().map(|_| std::time::Instant::now());
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        buffer.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| OpError::Unsupported {
-            op: "to_host",
-            backend: "wgpu",
-            why: format!("device lost while waiting: {e}"),
-        })?;
+        self.ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| failed(format!("device lost while waiting: {e}")))?;
         if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
             let mut p = lock(p);
             p.wait_secs += t.elapsed().as_secs_f64();
@@ -860,18 +873,14 @@ impl WgpuBackend {
         }
         match rx.recv() {
             Ok(Ok(())) => {}
-            other => {
-                return Err(OpError::Unsupported {
-                    op: "to_host",
-                    backend: "wgpu",
-                    why: format!("buffer mapping failed: {other:?}"),
-                });
-            }
+            other => return Err(failed(format!("buffer mapping failed: {other:?}"))),
         }
-        let out = staging.slice(..).get_mapped_range().map(|view| view[..n_bytes as usize].to_vec()).map_err(|e| {
-            OpError::Unsupported { op: "to_host", backend: "wgpu", why: format!("buffer mapping failed: {e:?}") }
-        });
-        staging.unmap();
+        let out = buffer
+            .slice(..size)
+            .get_mapped_range()
+            .map(|view| view[..n_bytes as usize].to_vec())
+            .map_err(|e| failed(format!("buffer mapping failed: {e:?}")));
+        buffer.unmap();
         out
     }
 
