@@ -22,11 +22,15 @@ fn backend_ops_need_the_wgpu_feature() {
 }
 
 #[cfg(feature = "wgpu")]
+mod gpu_common;
+
+#[cfg(feature = "wgpu")]
 mod gpu_ops {
+    use crate::gpu_common::{gpu, nmse, rand_vec, seed, tensor};
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{self, GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
-    use compute::wgpu::{MatvecShape, WgpuBackend, WgpuOptions};
+    use compute::wgpu::{MatvecShape, WgpuBackend};
     use compute::{AttnStep, Backend, Experts, HostWeight};
     use gguf::{GgufModel, GgufWriter};
     use rand::rngs::StdRng;
@@ -54,58 +58,6 @@ mod gpu_ops {
         GgmlType::IQ4_XS,
         GgmlType::MXFP4,
     ];
-
-    /// The GPU back end, or `None` when `DISKFORMER_NO_GPU=1` declares the machine has none.
-    fn gpu() -> Option<WgpuBackend> {
-        let no_gpu = std::env::var("DISKFORMER_NO_GPU").is_ok_and(|v| v == "1");
-        let index = std::env::var("DISKFORMER_GPU").ok().and_then(|v| v.parse().ok());
-        match WgpuBackend::new(WgpuOptions { adapter_index: index, prefer_discrete: true }) {
-            Ok(b) => {
-                let a = b.adapter();
-                println!(
-                    "adapter: {} ({}, {}, driver {}), subgroups used: {}, shader_f16: {}, max storage binding {} MiB",
-                    a.name,
-                    a.api,
-                    a.device_type,
-                    a.driver,
-                    b.uses_subgroups(),
-                    a.shader_f16,
-                    b.max_binding_bytes() >> 20
-                );
-                Some(b)
-            }
-            Err(e) if no_gpu => {
-                println!("backend_ops: not run: DISKFORMER_NO_GPU=1 and no adapter ({e})");
-                None
-            }
-            Err(e) => panic!("{e}\n(set DISKFORMER_NO_GPU=1 only on a machine that has no GPU or software Vulkan)"),
-        }
-    }
-
-    fn seed() -> u64 {
-        std::env::var("DISKFORMER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        })
-    }
-
-    fn nmse(gpu: &[f32], cpu: &[f32]) -> f64 {
-        if gpu.len() != cpu.len() {
-            return f64::INFINITY;
-        }
-        let (mut num, mut den) = (0f64, 0f64);
-        for (&a, &b) in gpu.iter().zip(cpu) {
-            if !a.is_finite() {
-                return f64::INFINITY;
-            }
-            num += (a as f64 - b as f64).powi(2);
-            den += (b as f64).powi(2);
-        }
-        num / den.max(1e-30)
-    }
-
-    fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale).collect()
-    }
 
     /// Random weights written to a temporary GGUF file (the only way to get a `HostWeight`).
     struct WeightFile {
@@ -212,13 +164,9 @@ mod gpu_ops {
         t.and_then(|t| g.to_host(&t))
     }
 
-    fn tensor(rng: &mut StdRng, shape: &[usize], scale: f32) -> CpuTensor {
-        CpuTensor { shape: shape.to_vec(), data: rand_vec(rng, shape.iter().product(), scale) }
-    }
-
     #[test]
     fn backend_ops_match_cpu() {
-        let Some(g) = gpu() else { return };
+        let Some(g) = gpu("backend_ops") else { return };
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -1169,7 +1117,7 @@ mod gpu_ops {
     #[test]
     #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
     fn perf() {
-        let Some(g) = gpu() else { return };
+        let Some(g) = gpu("backend_ops") else { return };
         let stream_bytes: u64 = (1u64 << 30).min(g.max_binding_bytes());
         let t_stream = g.perf_stream(stream_bytes, 20).expect("stream");
         println!(

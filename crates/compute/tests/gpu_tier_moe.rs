@@ -17,11 +17,15 @@ fn gpu_tier_moe_needs_the_wgpu_feature() {
 }
 
 #[cfg(feature = "wgpu")]
+mod gpu_common;
+
+#[cfg(feature = "wgpu")]
 mod gpu {
+    use crate::gpu_common::{gpu, nmse, rand_vec, seed, tensor};
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{self, GgmlType, MatmulMode};
     use compute::spec::{Act, Gating, Glu, MoeSpec, RouteSpec};
-    use compute::wgpu::{ExpertTierOptions, MissPolicy, SlotPolicy, WgpuBackend, WgpuOptions, WgpuTensor};
+    use compute::wgpu::{ExpertTierOptions, MissPolicy, SlotPolicy, WgpuBackend, WgpuTensor};
     use compute::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, HostWeight, OpError, Routing};
     use gguf::{GgufModel, GgufWriter};
     use rand::rngs::StdRng;
@@ -32,50 +36,6 @@ mod gpu {
     /// Both sides compute in f32 from identically dequantized weights; only the order of the
     /// sums differs (the bound of llama.cpp's test-backend-ops, as backend_ops.rs uses).
     const MAX_NMSE: f64 = 1e-7;
-
-    fn gpu() -> Option<WgpuBackend> {
-        let no_gpu = std::env::var("DISKFORMER_NO_GPU").is_ok_and(|v| v == "1");
-        match WgpuBackend::new(WgpuOptions { adapter_index: None, prefer_discrete: true }) {
-            Ok(b) => {
-                println!("adapter: {}, subgroups used: {}", b.adapter().name, b.uses_subgroups());
-                Some(b)
-            }
-            Err(e) if no_gpu => {
-                println!("gpu_tier_moe: not run: DISKFORMER_NO_GPU=1 and no adapter ({e})");
-                None
-            }
-            Err(e) => panic!("{e}\n(set DISKFORMER_NO_GPU=1 only on a machine that has no GPU or software Vulkan)"),
-        }
-    }
-
-    fn seed() -> u64 {
-        std::env::var("DISKFORMER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        })
-    }
-
-    fn nmse(gpu: &[f32], cpu: &[f32]) -> f64 {
-        if gpu.len() != cpu.len() {
-            return f64::INFINITY;
-        }
-        let (mut num, mut den) = (0f64, 0f64);
-        for (&a, &b) in gpu.iter().zip(cpu) {
-            if !a.is_finite() {
-                return f64::INFINITY;
-            }
-            num += (a as f64 - b as f64).powi(2);
-            den += (b as f64).powi(2);
-        }
-        num / den.max(1e-30)
-    }
-
-    fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale).collect()
-    }
-
-    fn tensor(rng: &mut StdRng, shape: &[usize], scale: f32) -> CpuTensor {
-        CpuTensor { shape: shape.to_vec(), data: rand_vec(rng, shape.iter().product(), scale) }
-    }
 
     /// A layer's stacked experts quantized into a temporary GGUF file (the way to a `HostWeight`).
     struct ExpertFile {
@@ -328,7 +288,7 @@ mod gpu {
 
     #[test]
     fn moe_kernels_match_cpu_resident() {
-        let Some(g) = gpu() else { return };
+        let Some(g) = gpu("gpu_tier_moe") else { return };
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -352,7 +312,7 @@ mod gpu {
 
     #[test]
     fn moe_kernels_match_cpu_through_the_tier() {
-        let Some(g0) = gpu() else { return };
+        let Some(g0) = gpu("gpu_tier_moe") else { return };
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -424,7 +384,7 @@ mod gpu {
     /// readback and upload (~40 at top-8).
     #[test]
     fn decode_commands_per_moe_layer() {
-        let Some(g0) = gpu() else { return };
+        let Some(g0) = gpu("gpu_tier_moe") else { return };
         let mut rng = StdRng::seed_from_u64(seed());
         let c = CpuBackend::new(MatmulMode::Exact);
         let case = cases()[1];
@@ -474,7 +434,7 @@ mod gpu {
     /// selection bias and groups; with ids compared exactly.
     #[test]
     fn route_matches_cpu() {
-        let Some(g) = gpu() else { return };
+        let Some(g) = gpu("gpu_tier_moe") else { return };
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
         let mut rng = StdRng::seed_from_u64(seed);
