@@ -26,7 +26,7 @@ mod gpu_common;
 
 #[cfg(feature = "wgpu")]
 mod gpu_ops {
-    use crate::gpu_common::{gpu, nmse, rand_vec, seed, tensor};
+    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report};
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{self, GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
@@ -107,52 +107,6 @@ mod gpu_ops {
     }
 
     /// Collects verdicts; the test fails at the end if any case failed.
-    struct Report {
-        failures: Vec<String>,
-        ran: usize,
-    }
-
-    impl Report {
-        fn check(&mut self, case: &str, gpu: Result<Vec<f32>, compute::OpError>, cpu: &[f32], max_nmse: f64) {
-            self.ran += 1;
-            match gpu {
-                Ok(g) => {
-                    let e = nmse(&g, cpu);
-                    if e <= max_nmse {
-                        println!("{case} wgpu: OK");
-                    } else {
-                        println!("{case} wgpu: FAIL nmse={e:.3e} (bound {max_nmse:.0e})");
-                        self.failures.push(format!("{case}: nmse {e:.3e}"));
-                    }
-                }
-                Err(e) => {
-                    println!("{case} wgpu: FAIL error: {e}");
-                    self.failures.push(format!("{case}: {e}"));
-                }
-            }
-        }
-
-        fn exact<T: PartialEq + std::fmt::Debug>(&mut self, case: &str, gpu: Result<T, compute::OpError>, cpu: &T) {
-            self.ran += 1;
-            match gpu {
-                Ok(g) if &g == cpu => println!("{case} wgpu: OK"),
-                Ok(g) => {
-                    println!("{case} wgpu: FAIL got {g:?}, cpu {cpu:?}");
-                    self.failures.push(format!("{case}: differs"));
-                }
-                Err(e) => {
-                    println!("{case} wgpu: FAIL error: {e}");
-                    self.failures.push(format!("{case}: {e}"));
-                }
-            }
-        }
-
-        fn finish(self) {
-            println!("{} cases, {} failed", self.ran, self.failures.len());
-            assert!(self.failures.is_empty(), "failing cases:\n{}", self.failures.join("\n"));
-        }
-    }
-
     fn up(g: &WgpuBackend, t: &CpuTensor) -> compute::wgpu::WgpuTensor {
         g.from_host(&t.data, &t.shape).expect("upload")
     }

@@ -21,7 +21,7 @@ mod gpu_common;
 
 #[cfg(feature = "wgpu")]
 mod gpu {
-    use crate::gpu_common::{gpu, nmse, rand_vec, seed, tensor};
+    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report};
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{self, GgmlType, MatmulMode};
     use compute::spec::{Act, Gating, Glu, MoeSpec, RouteSpec};
@@ -148,33 +148,6 @@ mod gpu {
             ids.extend(row);
         }
         ids
-    }
-
-    struct Report {
-        failures: Vec<String>,
-        ran: usize,
-    }
-
-    impl Report {
-        fn check(&mut self, case: &str, gpu: Result<Vec<f32>, OpError>, cpu: &[f32]) {
-            self.ran += 1;
-            match gpu.map(|g| nmse(&g, cpu)) {
-                Ok(e) if e <= MAX_NMSE => println!("{case}: OK"),
-                Ok(e) => {
-                    println!("{case}: FAIL nmse={e:.3e} (bound {MAX_NMSE:.0e})");
-                    self.failures.push(format!("{case}: nmse {e:.3e}"));
-                }
-                Err(e) => {
-                    println!("{case}: FAIL error: {e}");
-                    self.failures.push(format!("{case}: {e}"));
-                }
-            }
-        }
-
-        fn finish(self) {
-            println!("{} cases, {} failed", self.ran, self.failures.len());
-            assert!(self.failures.is_empty(), "failing cases:\n{}", self.failures.join("\n"));
-        }
     }
 
     fn cases() -> Vec<Case> {
@@ -304,7 +277,7 @@ mod gpu {
                 let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
                 let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
                 let got = run_gpu(&g, &ge, &x, &ids, &weights, case.k, &b.spec);
-                r.check(&format!("resident {case:?} tokens={n_tok}"), got, &want.data);
+                r.check(&format!("resident {case:?} tokens={n_tok}"), got, &want.data, MAX_NMSE);
             }
         }
         r.finish();
@@ -340,7 +313,7 @@ mod gpu {
                 let g = match g0.clone().with_expert_store(store.clone(), opts) {
                     Ok(g) => g,
                     Err(e) => {
-                        r.check(&format!("tier {case:?} {miss:?}"), Err(e), &[]);
+                        r.check(&format!("tier {case:?} {miss:?}"), Err(e), &[], MAX_NMSE);
                         continue;
                     }
                 };
@@ -358,6 +331,7 @@ mod gpu {
                             &format!("tier {case:?} {miss:?} step {step} layer {l} tokens={n_tok}"),
                             got,
                             &want.data,
+                            MAX_NMSE,
                         );
                     }
                 }
@@ -532,7 +506,7 @@ mod gpu {
                     }
                     _ => {}
                 }
-                r.check(&case, got.map(|g| g.1), &want.weights.data);
+                r.check(&case, got.map(|g| g.1), &want.weights.data, MAX_NMSE);
             }
         }
         r.finish();

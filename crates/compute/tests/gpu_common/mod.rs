@@ -1,5 +1,8 @@
 //! What the GPU op tests share (backend_ops.rs, gpu_tier_moe.rs): the adapter, the seed, the
-//! error measure and random inputs.
+//! error measure, random inputs and the case report.
+
+// Each test binary uses a part of these.
+#![allow(dead_code)]
 
 use compute::cpu::CpuTensor;
 use compute::wgpu::{WgpuBackend, WgpuOptions};
@@ -60,4 +63,51 @@ pub fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
 
 pub fn tensor(rng: &mut StdRng, shape: &[usize], scale: f32) -> CpuTensor {
     CpuTensor { shape: shape.to_vec(), data: rand_vec(rng, shape.iter().product(), scale) }
+}
+
+/// Cases run and failed; `finish` fails the test if any failed (after printing every case).
+pub struct Report {
+    pub failures: Vec<String>,
+    pub ran: usize,
+}
+
+impl Report {
+    pub fn check(&mut self, case: &str, gpu: Result<Vec<f32>, compute::OpError>, cpu: &[f32], max_nmse: f64) {
+        self.ran += 1;
+        match gpu {
+            Ok(g) => {
+                let e = nmse(&g, cpu);
+                if e <= max_nmse {
+                    println!("{case} wgpu: OK");
+                } else {
+                    println!("{case} wgpu: FAIL nmse={e:.3e} (bound {max_nmse:.0e})");
+                    self.failures.push(format!("{case}: nmse {e:.3e}"));
+                }
+            }
+            Err(e) => {
+                println!("{case} wgpu: FAIL error: {e}");
+                self.failures.push(format!("{case}: {e}"));
+            }
+        }
+    }
+
+    pub fn exact<T: PartialEq + std::fmt::Debug>(&mut self, case: &str, gpu: Result<T, compute::OpError>, cpu: &T) {
+        self.ran += 1;
+        match gpu {
+            Ok(g) if &g == cpu => println!("{case} wgpu: OK"),
+            Ok(g) => {
+                println!("{case} wgpu: FAIL got {g:?}, cpu {cpu:?}");
+                self.failures.push(format!("{case}: differs"));
+            }
+            Err(e) => {
+                println!("{case} wgpu: FAIL error: {e}");
+                self.failures.push(format!("{case}: {e}"));
+            }
+        }
+    }
+
+    pub fn finish(self) {
+        println!("{} cases, {} failed", self.ran, self.failures.len());
+        assert!(self.failures.is_empty(), "failing cases:\n{}", self.failures.join("\n"));
+    }
 }
