@@ -34,10 +34,12 @@ const BLOCK: usize = 32;
 /// [`WgpuBackend::quantize_activations`] and read by [`WgpuBackend::matvec_q8_into`], so that
 /// several products reading the same activations (q/k/v, gate/up) quantize them once.
 pub struct Q8Act {
-    qs: PooledBuffer,
-    ds: PooledBuffer,
-    n_tok: usize,
-    width: usize,
+    // Visible to the other wgpu modules so that fused kernels (a norm or a GLU that quantizes its
+    // output in its epilogue) can build one without a separate quantize dispatch.
+    pub(super) qs: PooledBuffer,
+    pub(super) ds: PooledBuffer,
+    pub(super) n_tok: usize,
+    pub(super) width: usize,
 }
 
 impl Q8Act {
