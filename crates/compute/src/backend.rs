@@ -183,6 +183,22 @@ pub trait Backend: Send + Sync + Sized + Clone {
         })
     }
 
+    /// `glu(x · gate_wᵀ, x · up_wᵀ)`: a gated feed-forward block's hidden activations (without
+    /// biases; a block with biases adds them between the products and the GLU itself). One op so
+    /// that a back end can compute both products and the gating in one pass over `x` (the GPU:
+    /// one dispatch instead of two products and a GLU, and no `[n, n_ff]` intermediates). By
+    /// default `matmul_many` then `glu`, exactly.
+    fn matmul_glu(
+        &self,
+        x: &Self::Tensor,
+        gate_w: &Self::Weight,
+        up_w: &Self::Weight,
+        glu: Glu,
+    ) -> Result<Self::Tensor, OpError> {
+        let [gate, up] = self.matmul_many(x, [gate_w, up_w])?;
+        self.glu(&gate, &up, glu)
+    }
+
     /// `residual + x · Wᵀ` (a residual connection after an output projection), consuming
     /// `residual` so that a back end can add into its storage (the GPU: the product's kernel
     /// accumulates, no separate add). By default `add(residual, matmul(x, w))`.

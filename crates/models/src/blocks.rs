@@ -207,6 +207,7 @@ impl<B: Backend> Ffn<B> {
             })
         };
         let h = match &self.gate {
+            Some(g) if self.gate_bias.is_none() && self.up_bias.is_none() => b.matmul_glu(x, g, &self.up, self.glu)?,
             Some(g) => {
                 let [gate, up] = b.matmul_many(x, [g, &self.up])?;
                 let up = with_bias(up, &self.up_bias)?;
