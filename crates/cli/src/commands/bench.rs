@@ -133,7 +133,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let name = md.str_opt("general.name").ok().flatten().unwrap_or("").to_string();
     let size_bytes = m.file.tensor_bytes_total();
     let n_params: u64 = m.file.tensors().map(|t| t.shape().iter().product::<u64>()).sum();
-    let dtype = dominant_type(&m.file);
+    // What llama-bench's model column says: the file type (Q4_K_M), else the dominant tensor type.
+    let dtype = store::quant_of(&m.file).unwrap_or_default();
     let (pp_mean, pp_std) = if pp.is_empty() { (0.0, 0.0) } else { mean_std(&pp) };
     let (tg_mean, tg_std) = if tg.is_empty() { (0.0, 0.0) } else { mean_std(&tg) };
     if args.json {
@@ -198,17 +199,4 @@ fn fill(m: &mut Loaded, ids: &mut Ids, n_depth: usize, bos: Option<u32>) -> anyh
         m.runner.eval(&d, Outputs::Last)?;
     }
     Ok(())
-}
-
-/// The type holding most of the tensor bytes (what llama-bench's model column names).
-fn dominant_type(file: &gguf::GgufModel) -> String {
-    let mut by_type: Vec<(gguf::GgmlType, u64)> = Vec::new();
-    for t in file.tensors() {
-        let size = t.data.len() as u64;
-        match by_type.iter_mut().find(|(d, _)| *d == t.dtype()) {
-            Some(e) => e.1 += size,
-            None => by_type.push((t.dtype(), size)),
-        }
-    }
-    by_type.into_iter().max_by_key(|e| e.1).map(|e| e.0.name().to_string()).unwrap_or_default()
 }
