@@ -4,7 +4,8 @@
 //! expert tier's slot pool: odd widths, mixed gate/up/down types, ungated experts, biases,
 //! gpt-oss's SwiGLU, tokens 1 to 4 (the per-pair kernels) and 6 (the grouped prefill path);
 //! the tier with its pool cut into several buffers, with misses uploaded, computed on the CPU
-//! (their pairs skipped by the kernels) or chosen automatically, and with the router on the GPU.
+//! (their pairs skipped by the kernels), chosen automatically, or read by the GPU from the host
+//! tier (the pool refilled between steps), and with the router on the GPU.
 //!
 //! No adapter is a failure, unless `DISKFORMER_NO_GPU=1` says the machine has none. Needs the
 //! `wgpu` feature (`cargo test -p compute --features wgpu --test gpu_tier_moe`).
@@ -303,7 +304,7 @@ mod gpu {
             mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
             let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
             // Two pool buffers of k + 1 slots: three layers share them, so every step evicts.
-            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto] {
+            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Host] {
                 let opts = ExpertTierOptions {
                     miss,
                     policy: SlotPolicy::Lru,
@@ -337,13 +338,18 @@ mod gpu {
                 }
                 let total = g.expert_tier_total().unwrap();
                 println!("  {miss:?}: {total:?}");
-                // Every miss is served once, uploaded or computed on the CPU. Only the upload
-                // policy must evict: auto picks by costs measured on this machine, and a fast
-                // CPU may serve every miss without filling the pool.
-                if total.uploads + total.cpu_computed != total.misses {
+                // Every miss is served once: uploaded or computed on the CPU, or (host tier) read
+                // by the GPU from host memory, its upload into the pool coming between steps.
+                // Only upload and host must evict: auto picks by costs measured on this machine,
+                // and a fast CPU may serve every miss without filling the pool.
+                let served = match miss {
+                    MissPolicy::Host => total.host_reads,
+                    _ => total.uploads + total.cpu_computed,
+                };
+                if served != total.misses {
                     r.failures.push(format!("tier {case:?} {miss:?}: misses not all served ({total:?})"));
                 }
-                if miss == MissPolicy::Upload && total.evictions == 0 {
+                if matches!(miss, MissPolicy::Upload | MissPolicy::Host) && total.evictions == 0 {
                     r.failures.push(format!("tier {case:?} {miss:?}: no eviction ({total:?})"));
                 }
             }
@@ -353,7 +359,8 @@ mod gpu {
 
     /// Commands one decode token's MoE layer submits after the router's product: the routing
     /// kernel and the two per-pair kernels on resident experts (no readback, no upload); the
-    /// tier adds the readback of the ids and weights when every expert is a hit. Before the
+    /// tier adds the readback of the ids and weights when every expert is a hit, the tier
+    /// reading misses from host memory the copy of the ids into its log (no wait). Before the
     /// per-pair kernels: ~6 dispatches and 2 uploads per selected expert plus the routing's
     /// readback and upload (~40 at top-8).
     #[test]
@@ -381,8 +388,12 @@ mod gpu {
             n_expert: case.n_expert,
         });
         let opts = ExpertTierOptions { miss: MissPolicy::Upload, ..ExpertTierOptions::new(case.n_expert, slot_bytes) };
-        let tiered = g0.clone().with_expert_store(store, opts).expect("tier");
-        for (name, g, most) in [("resident", &g0, 3u64), ("tier, all hits", &tiered, 4)] {
+        let tiered = g0.clone().with_expert_store(store.clone(), opts.clone()).expect("tier");
+        let host =
+            g0.clone().with_expert_store(store, ExpertTierOptions { miss: MissPolicy::Host, ..opts }).expect("tier");
+        for (name, g, most) in
+            [("resident", &g0, 3u64), ("tier, all hits", &tiered, 4), ("tier reading host memory, all hits", &host, 4)]
+        {
             let e = gpu_experts(g, &b, 0).expect("experts on the GPU");
             let x = tensor(&mut rng, &[1, case.n_embd], 1.0);
             let logits = tensor(&mut rng, &[1, case.n_expert], 3.0);
@@ -394,10 +405,12 @@ mod gpu {
                 drop(y);
                 Ok(())
             };
-            // The first step fills the tier's pool; the second is all hits.
+            // The first step fills the tier's pool (the host tier's between the first and the
+            // second); the third is all hits.
             step().expect("first step");
-            let before = g.commands_submitted();
             step().expect("second step");
+            let before = g.commands_submitted();
+            step().expect("third step");
             let n = g.commands_submitted() - before;
             println!("{name}: {n} commands per decode MoE layer after the router's product");
             assert!(n <= most, "{name}: {n} commands, expected at most {most}");

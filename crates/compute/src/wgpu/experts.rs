@@ -56,6 +56,12 @@ pub enum MissPolicy {
     Cpu,
     /// Whichever is cheaper by measured costs (upload bandwidth, CPU time per expert and token).
     Auto,
+    /// Read by the GPU's kernels straight from host memory: the tier keeps a copy of every
+    /// expert in host-visible, non-device-local buffers (the zero-copy host tier, bounded by
+    /// [`ExpertTierOptions::host_budget_bytes`]), so a decode step never waits for its ids; the
+    /// pool is refilled from that copy between steps, from the ids each step leaves in a log
+    /// read back once per step.
+    Host,
 }
 
 /// Which slot an upload evicts.
@@ -96,6 +102,9 @@ pub struct ExpertTierOptions {
     /// At most this many slots per pool buffer (`None`: as many as the storage-binding limit
     /// allows). Tests lower it to exercise pools of several buffers on a small GPU.
     pub max_slots_per_buffer: Option<usize>,
+    /// Under [`MissPolicy::Host`], the most bytes the host tier may take (`--ram-budget`): a
+    /// layer whose copy would pass it is an error, never an overrun.
+    pub host_budget_bytes: Option<u64>,
 }
 
 impl ExpertTierOptions {
@@ -110,6 +119,7 @@ impl ExpertTierOptions {
             policy: SlotPolicy::Lfu,
             cpu_matmul: MatmulMode::Exact,
             max_slots_per_buffer: None,
+            host_budget_bytes: None,
         }
     }
 
@@ -167,6 +177,8 @@ pub struct ExpertTierStats {
     pub cpu_computed: u64,
     /// Slots whose expert an upload replaced.
     pub evictions: u64,
+    /// Misses the GPU read from the host tier ([`MissPolicy::Host`]).
+    pub host_reads: u64,
 }
 
 impl ExpertTierStats {
@@ -178,6 +190,66 @@ impl ExpertTierStats {
         self.bytes_uploaded += o.bytes_uploaded;
         self.cpu_computed += o.cpu_computed;
         self.evictions += o.evictions;
+        self.host_reads += o.host_reads;
+    }
+}
+
+/// Host time around the tier's MoE layers, summed over calls. Always on (a few clock reads per
+/// layer): the H200 run showed ~220 us per MoE layer between the GPU's pieces of work at 97%
+/// pool hits, and `--stats` prints where it goes, per decode step.
+#[derive(Clone, Copy, Debug, Default)]
+struct TierProfile {
+    /// `moe_ffn` calls through the tier.
+    calls: u64,
+    /// Steps: a call whose layer is not above the previous call's starts one.
+    steps: u64,
+    /// Submitting everything recorded before the id readback (encoding included).
+    readback_submit_secs: f64,
+    /// Blocked until the ids are mapped (the GPU finishing the work before them, the map).
+    readback_wait_secs: f64,
+    /// Id readbacks.
+    readbacks: u64,
+    /// Hits and misses, policy scores, the CPU-or-upload choice, hits recorded.
+    decide_secs: f64,
+    /// Reading the activations back for the CPU's experts (a second sync).
+    cpu_readback_secs: f64,
+    /// The CPU's expert FFNs (thread-pool time; overlaps the fills).
+    cpu_secs: f64,
+    /// Writing misses into staging buffers, waiting for one to be mapped included.
+    fill_secs: f64,
+    /// The store's call as a whole (its lookups and disk reads, the CPU experts and the fills,
+    /// overlapped).
+    store_secs: f64,
+    /// Copies submitted, kernels recorded, the CPU's sum added.
+    record_secs: f64,
+}
+
+impl TierProfile {
+    /// Per-step microseconds of each phase, one line, for `--stats`.
+    fn report(&self) -> String {
+        let per = |s: f64| 1e6 * s / self.steps.max(1) as f64;
+        format!(
+            "tier host time per step ({} steps, {:.1} MoE calls and {:.1} id readbacks each), us: readback submit {:.0}, \
+             readback wait {:.0}, decide {:.0}, cpu readback {:.0}, store {:.0} (of which cpu experts {:.0}, staging fill {:.0}, \
+             overlapped), record+submit {:.0}; total {:.0}\n",
+            self.steps,
+            self.calls as f64 / self.steps.max(1) as f64,
+            self.readbacks as f64 / self.steps.max(1) as f64,
+            per(self.readback_submit_secs),
+            per(self.readback_wait_secs),
+            per(self.decide_secs),
+            per(self.cpu_readback_secs),
+            per(self.store_secs),
+            per(self.cpu_secs),
+            per(self.fill_secs),
+            per(self.record_secs),
+            per(self.readback_submit_secs
+                + self.readback_wait_secs
+                + self.decide_secs
+                + self.cpu_readback_secs
+                + self.store_secs
+                + self.record_secs),
+        )
     }
 }
 
@@ -225,8 +297,49 @@ struct TierState {
     cpu_secs_per_expert_token: Option<f64>,
     /// Per layer, the pool buffer (region) its experts live in, given on first use.
     region_of: Vec<Option<usize>>,
+    /// The previous call's layer (a call at or below it starts a step, for the profile).
+    last_layer: Option<usize>,
     /// Layers given to each region so far.
     region_layers: Vec<usize>,
+    /// The host tier ([`MissPolicy::Host`]) and its bookkeeping.
+    host: HostTierState,
+}
+
+/// One layer's experts in the host tier: a buffer in host memory and where each expert's
+/// matrices are in it.
+struct HostLayer {
+    buffer: wgpu::Buffer,
+    mats: Vec<SlotMats>,
+}
+
+/// Table entry `where` of an expert in a pool slot and of one read from host memory.
+const IN_POOL: u32 = 0;
+const IN_HOST: u32 = 1;
+
+/// The zero-copy host tier's state (see [`MissPolicy::Host`]).
+#[derive(Default)]
+struct HostTierState {
+    /// Per layer, its experts' copy (made on the layer's first call).
+    layers: Vec<Option<HostLayer>>,
+    /// Bytes of those buffers and of the id log.
+    bytes: u64,
+    /// Experts per layer in the slot table (the first layer's count; every layer has it).
+    row: usize,
+    /// The slot table's host copy: `[where, gate word, up word, down word]` per layer and
+    /// expert, words of the pool buffer (`IN_POOL`) or of the layer's host buffer (`IN_HOST`).
+    table: Vec<[u32; 4]>,
+    /// Its GPU copy, which the per-pair kernels read.
+    table_gpu: Option<wgpu::Buffer>,
+    /// The host copy changed since the GPU copy was written.
+    table_dirty: bool,
+    /// The id log: each decode call copies its ids here; read back once per step.
+    log: Option<wgpu::Buffer>,
+    /// Logged calls: (layer, ids, byte offset in the log).
+    log_entries: Vec<(usize, usize, u64)>,
+    /// Bytes of the log in use.
+    log_used: u64,
+    /// Misses (layer, expert) seen since the last refill, in order.
+    pending_misses: Vec<(u32, u32)>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -247,6 +360,12 @@ pub(super) struct ExpertTier {
     /// A persistent `MAP_READ` buffer for the routing's readback (one per MoE layer and token):
     /// a buffer made for each readback costs an allocation every time.
     readback: Mutex<Option<wgpu::Buffer>>,
+    /// Where the host's time goes (see [`TierProfile`]).
+    profile: Mutex<TierProfile>,
+    /// Wait for the id readback by polling the device in a loop (default) instead of a blocking
+    /// wait: a futex wake-up is slow in a VM, and the wait is short (DISKFORMER_READBACK_BLOCK=1
+    /// blocks, for comparison).
+    spin_readback: bool,
 }
 
 impl std::fmt::Debug for ExpertTier {
@@ -268,7 +387,11 @@ impl ExpertTier {
     /// Where an expert with these matrices goes in slot `s`: each matrix on a whole row of its
     /// type, in gate, up, down order.
     fn place(&self, s: usize, ex: &HostExpert<'_>) -> Result<SlotMats, OpError> {
-        let (_, base) = self.slot_base(s);
+        self.place_at(self.slot_base(s).1, ex)
+    }
+
+    /// [`ExpertTier::place`] for a slot starting at word `base` of its buffer.
+    fn place_at(&self, base: usize, ex: &HostExpert<'_>) -> Result<SlotMats, OpError> {
         let mut at = base;
         let mut put = |m: &HostMatrix<'_>, what: &str| -> Result<Placed, OpError> {
             let layout = TypeLayout::of(m.dtype).ok_or_else(|| OpError::Weight {
@@ -506,8 +629,8 @@ fn host_expert_ffn(
 struct Batch {
     /// (expert id, slot) of the experts whose copies are in the buffer.
     experts: Vec<(u32, usize)>,
-    /// Copies staging → pool: (staging offset, pool buffer, pool offset, bytes).
-    copies: Vec<(u64, usize, u64, u64)>,
+    /// Copies staging → pool or host tier: (staging offset, destination, its offset, bytes).
+    copies: Vec<(u64, wgpu::Buffer, u64, u64)>,
     /// Bytes written into the staging buffer.
     used_bytes: u64,
 }
@@ -547,6 +670,14 @@ impl WgpuBackend {
         if slots_per_buffer == 0 {
             return Err(unsupported("max_slots_per_buffer is 0".into()));
         }
+        if opts.miss == MissPolicy::Host
+            && !self.ctx.device.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+        {
+            return Err(unsupported(format!(
+                "misses read from host memory need storage buffers in host memory (MAPPABLE_PRIMARY_BUFFERS), which {} does not offer",
+                self.ctx.adapter.name
+            )));
+        }
         let device = &self.ctx.device;
         let mut pool = Vec::new();
         let mut left = opts.n_slots;
@@ -584,6 +715,8 @@ impl WgpuBackend {
             staging,
             upload_bytes_per_s: 0.0,
             readback: Mutex::new(None),
+            profile: Mutex::new(TierProfile::default()),
+            spin_readback: !super::env_flag("DISKFORMER_READBACK_BLOCK"),
             state: Mutex::new(TierState {
                 owner: vec![None; n_slots],
                 mats: vec![None; n_slots],
@@ -596,6 +729,8 @@ impl WgpuBackend {
                 cpu_secs_per_expert_token: None,
                 region_of: Vec::new(),
                 region_layers: Vec::new(),
+                last_layer: None,
+                host: HostTierState::default(),
             }),
         };
         tier.upload_bytes_per_s = self.measure_upload(&tier)?;
@@ -689,6 +824,7 @@ impl WgpuBackend {
                 b
             }
         };
+        let t0 = Instant::now();
         {
             let mut p = lock(&self.ctx.pending);
             p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: rb.clone(), dst_at: 0, size });
@@ -696,7 +832,59 @@ impl WgpuBackend {
             // The host waits for this result: the ring starts over, as after `read_back`.
             p.params_base = 0;
         }
-        self.read_mapped("route", &rb, size, n_bytes)
+        let t1 = Instant::now();
+        let out = if tier.spin_readback {
+            self.read_mapped_spin(&rb, size, n_bytes)
+        } else {
+            self.read_mapped("route", &rb, size, n_bytes)
+        };
+        let mut prof = lock(&tier.profile);
+        prof.readback_submit_secs += (t1 - t0).as_secs_f64();
+        prof.readback_wait_secs += t1.elapsed().as_secs_f64();
+        prof.readbacks += 1;
+        out
+    }
+
+    /// `read_mapped` polling the device in a loop instead of blocking in the driver: the
+    /// callback of `map_async` runs inside `poll` once the GPU is done, so spinning on
+    /// `PollType::Poll` sees it without a futex wake-up (slow in a VM). After a few thousand
+    /// polls the thread yields, so a long wait does not starve the thread pool.
+    fn read_mapped_spin(&self, buffer: &wgpu::Buffer, size: u64, n_bytes: u64) -> Result<Vec<u8>, OpError> {
+        let failed = |why: String| OpError::Unsupported { op: "route", backend: "wgpu", why };
+        let waiting = self.ctx.profile.as_ref().map(|_| Instant::now());
+        let done = Arc::new(AtomicU8::new(STAGING_PENDING));
+        let flag = done.clone();
+        buffer.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
+            flag.store(if r.is_ok() { STAGING_READY } else { STAGING_FAILED }, Ordering::Release);
+        });
+        let mut polls = 0u32;
+        while done.load(Ordering::Acquire) == STAGING_PENDING {
+            self.ctx
+                .device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| failed(format!("device lost while waiting: {e}")))?;
+            polls += 1;
+            if polls > 2000 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
+            let mut p = lock(p);
+            p.wait_secs += t.elapsed().as_secs_f64();
+            p.readbacks += 1;
+        }
+        if done.load(Ordering::Acquire) != STAGING_READY {
+            return Err(failed("buffer mapping failed".into()));
+        }
+        let out = buffer
+            .slice(..size)
+            .get_mapped_range()
+            .map(|view| view[..n_bytes as usize].to_vec())
+            .map_err(|e| failed(format!("buffer mapping failed: {e:?}")));
+        buffer.unmap();
+        out
     }
 
     /// Whether this back end pages experts through a GPU pool.
@@ -705,8 +893,14 @@ impl WgpuBackend {
     }
 
     /// Per-layer counters of the GPU expert tier, indexed by layer (`None` without a tier).
+    /// Under [`MissPolicy::Host`] the last step's selections are counted first (its id log is
+    /// read back; a failed readback leaves them out).
     pub fn expert_tier_stats(&self) -> Option<Vec<ExpertTierStats>> {
-        self.experts.as_ref().map(|t| lock(&t.state).stats.clone())
+        self.experts.as_ref().map(|t| {
+            let mut st = lock(&t.state);
+            let _ = self.drain_log(t, &mut st);
+            st.stats.clone()
+        })
     }
 
     /// The counters of every layer added up (`None` without a tier).
@@ -717,10 +911,13 @@ impl WgpuBackend {
         Some(t)
     }
 
-    /// Sets the tier's counters to zero (the pool keeps its contents).
+    /// Sets the tier's counters and host-time profile to zero (the pool keeps its contents).
     pub fn reset_expert_tier_stats(&self) {
         if let Some(t) = &self.experts {
-            lock(&t.state).stats.iter_mut().for_each(|s| *s = ExpertTierStats::default());
+            let mut st = lock(&t.state);
+            let _ = self.drain_log(t, &mut st);
+            st.stats.iter_mut().for_each(|s| *s = ExpertTierStats::default());
+            *lock(&t.profile) = TierProfile::default();
         }
     }
 
@@ -743,7 +940,8 @@ impl WgpuBackend {
     /// A table of the tier's per-layer counters and their total, for `--stats`.
     pub fn format_expert_tier_stats(&self) -> Option<String> {
         let t = self.experts.as_ref()?;
-        let st = lock(&t.state);
+        let mut st = lock(&t.state);
+        let _ = self.drain_log(t, &mut st);
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let mut out = format!(
             "GPU expert tier: {} slots of {:.2} MiB ({:.1} MiB pool, {:?}, misses {:?}), staging {} x {:.1} MiB, upload {:.2} GB/s measured{}\n",
@@ -758,10 +956,19 @@ impl WgpuBackend {
             st.cpu_secs_per_expert_token
                 .map_or(String::new(), |s| format!(", CPU {:.3} ms per expert and token", s * 1e3)),
         );
-        out.push_str("layer  selected      hits    misses   uploads  upload MiB  cpu experts  evicted  hit rate\n");
+        if t.reads_host() {
+            out.push_str(&format!(
+                "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss\n",
+                mib(st.host.bytes),
+                st.host.layers.iter().flatten().count()
+            ));
+        }
+        out.push_str(
+            "layer  selected      hits    misses   uploads  upload MiB  cpu experts  evicted  host reads  hit rate\n",
+        );
         let row = |name: String, s: &ExpertTierStats| {
             format!(
-                "{name:>5} {:>9} {:>9} {:>9} {:>9} {:>11.1} {:>12} {:>8} {:>8.1}%\n",
+                "{name:>5} {:>9} {:>9} {:>9} {:>9} {:>11.1} {:>12} {:>8} {:>11} {:>8.1}%\n",
                 s.selections,
                 s.hits,
                 s.misses,
@@ -769,6 +976,7 @@ impl WgpuBackend {
                 mib(s.bytes_uploaded),
                 s.cpu_computed,
                 s.evictions,
+                s.host_reads,
                 100.0 * s.hits as f64 / s.selections.max(1) as f64
             )
         };
@@ -780,6 +988,7 @@ impl WgpuBackend {
             }
         }
         out.push_str(&row("all".into(), &total));
+        out.push_str(&lock(&t.profile).report());
         Some(out)
     }
 
@@ -866,6 +1075,7 @@ impl WgpuBackend {
         spec: &MoeSpec,
         by_expert: &[Vec<(u32, u32)>],
     ) -> Result<WgpuTensor, OpError> {
+        let t_start = Instant::now();
         let layer = experts.layer;
         let n = x.rows();
         let n_embd = x.width();
@@ -875,6 +1085,10 @@ impl WgpuBackend {
         let range = tier.regions[st.region(layer, &tier.regions)].clone();
         st.tick += 1;
         let tick = st.tick;
+        if st.last_layer.is_none_or(|l| layer <= l) {
+            lock(&tier.profile).steps += 1;
+        }
+        st.last_layer = Some(layer);
         let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
         if tier.opts.policy == SlotPolicy::Lfu {
             st.score[layer].iter_mut().for_each(|s| *s *= LFU_DECAY);
@@ -888,31 +1102,7 @@ impl WgpuBackend {
             s.hits += hits.len() as u64;
             s.misses += misses.len() as u64;
         }
-        // Which misses the CPU computes.
-        let expert_bytes_est = tier.opts.slot_bytes as f64;
-        let upload_secs = expert_bytes_est / tier.upload_bytes_per_s.max(1.0);
-        // An upload serves this call and every later hit on its slot; the CPU serves this call
-        // only. So the upload's cost is divided by the selections per upload seen so far (all
-        // layers): high while the pool holds what the router picks, near 1 when it thrashes.
-        // Before any upload it is the selection count itself, so a cold pool fills first.
-        let (selections, uploads) =
-            st.stats.iter().fold((0u64, 0u64), |(sel, up), s| (sel + s.selections, up + s.uploads));
-        let uses_per_upload = selections as f64 / uploads.max(1) as f64;
-        let mut on_cpu = vec![false; spec.n_expert];
-        let mut first_unmeasured = st.cpu_secs_per_expert_token.is_none();
-        for &e in &misses {
-            on_cpu[e as usize] = match tier.opts.miss {
-                MissPolicy::Upload => false,
-                MissPolicy::Cpu => true,
-                MissPolicy::Auto => match st.cpu_secs_per_expert_token {
-                    // Measured on first use: the first miss goes to the CPU.
-                    None => std::mem::take(&mut first_unmeasured),
-                    Some(per_token) => {
-                        per_token * (by_expert[e as usize].len() as f64) * uses_per_upload.max(1.0) < upload_secs
-                    }
-                },
-            };
-        }
+        let on_cpu = self.choose_cpu_misses(tier, st, &misses, by_expert, spec.n_expert);
         let n_gpu = hits.len() + misses.iter().filter(|&&e| !on_cpu[e as usize]).count();
         let pairs = moe::pairs_fit(n, routing.k, n_embd, spec.n_ff) && n_gpu <= range.len();
         // The grouped path adds each expert into `out` as it goes; the per-pair kernels write
@@ -939,8 +1129,9 @@ impl WgpuBackend {
                 )?,
             }
         }
+        let t_decided = Instant::now();
         let any_cpu = misses.iter().any(|&e| on_cpu[e as usize]);
-        let host = if any_cpu {
+        let mut host = if any_cpu {
             let x_host = self.to_host(x)?;
             let w_host = self.to_host(routing.weights)?;
             let bias = |b: &Option<WgpuTensor>| b.as_ref().map(|b| self.to_host(b)).transpose();
@@ -953,20 +1144,24 @@ impl WgpuBackend {
         } else {
             None
         };
-        let mut host = host;
+        let t_store = Instant::now();
         let out_ref = out.as_ref();
         let mut batch = Batch { experts: Vec::new(), copies: Vec::new(), used_bytes: 0 };
         // Repacked bytes of types whose GPU layout differs from the file's (the mapped view is
         // write-only, so they are assembled here and copied once).
         let mut scratch: Vec<u8> = Vec::new();
+        let (mut cpu_secs, mut fill_secs) = (0.0f64, 0.0f64);
+        let matmul_mode = tier.opts.cpu_matmul;
         let compute = &mut |group: &[HostExpert<'_>]| -> Result<(), OpError> {
             for ex in group {
                 let e = ex.id as usize;
-                let toks = by_expert.get(e).ok_or_else(|| OpError::ShapeMismatch {
-                    op: "moe_ffn store",
-                    expected: format!("expert ids < {}", spec.n_expert),
-                    got: vec![e],
-                })?;
+                if e >= by_expert.len() {
+                    return Err(OpError::ShapeMismatch {
+                        op: "moe_ffn store",
+                        expected: format!("expert ids < {}", spec.n_expert),
+                        got: vec![e],
+                    });
+                }
                 if (ex.up.n_out, ex.up.k, ex.down.n_out, ex.down.k) != (spec.n_ff, n_embd, n_embd, spec.n_ff) {
                     return Err(OpError::ShapeMismatch {
                         op: "moe_ffn store",
@@ -974,100 +1169,215 @@ impl WgpuBackend {
                         got: vec![ex.up.n_out, ex.up.k, ex.down.n_out, ex.down.k],
                     });
                 }
-                if on_cpu[e] {
-                    let Some((x_host, w_host, biases, cpu_out)) = host.as_mut() else { continue };
-                    let k = routing.k;
+            }
+            let (cpu_group, gpu_group): (Vec<&HostExpert<'_>>, Vec<&HostExpert<'_>>) =
+                group.iter().partition(|ex| on_cpu[ex.id as usize]);
+            // The CPU's experts and the uploads' staging fills run at once (both on the thread
+            // pool): the layer waits for the longer of the two, not their sum.
+            let mut cpu_work = || -> Result<Vec<f64>, OpError> {
+                let Some((x_host, w_host, biases, cpu_out)) = host.as_mut() else { return Ok(Vec::new()) };
+                let mut per_token = Vec::with_capacity(cpu_group.len());
+                for ex in &cpu_group {
+                    let toks = &by_expert[ex.id as usize];
                     let rows: Vec<f32> = toks
                         .iter()
                         .flat_map(|&(t, _)| x_host[t as usize * n_embd..(t as usize + 1) * n_embd].iter().copied())
                         .collect();
                     let tw: Vec<(usize, f32)> = toks.iter().map(|&(t, w)| (t as usize, w_host[w as usize])).collect();
-                    debug_assert!(toks.iter().all(|&(_, w)| (w as usize) < n * k));
                     let t0 = Instant::now();
-                    host_expert_ffn(tier.opts.cpu_matmul, &rows, &tw, ex, biases, spec, cpu_out)?;
-                    let per_token = t0.elapsed().as_secs_f64() / toks.len() as f64;
-                    st.cpu_secs_per_expert_token =
-                        Some(st.cpu_secs_per_expert_token.map_or(per_token, |old| 0.8 * old + 0.2 * per_token));
-                    st.stats[layer].cpu_computed += 1;
-                    continue;
+                    host_expert_ffn(matmul_mode, &rows, &tw, ex, biases, spec, cpu_out)?;
+                    per_token.push(t0.elapsed().as_secs_f64() / toks.len().max(1) as f64);
                 }
-                // Upload: a victim among the slots this call does not still need.
-                let slot = match st.victim(tier.opts.policy, &busy, range.clone()) {
-                    Some(s) => s,
-                    None => {
-                        self.finish_batch(
-                            tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out_ref,
-                        )?;
-                        st.victim(tier.opts.policy, &busy, range.clone()).ok_or_else(|| OpError::Unsupported {
-                            op: "moe_ffn",
-                            backend: "wgpu",
-                            why: "no GPU expert slot is free".into(),
-                        })?
-                    }
-                };
-                let mats = tier.place(slot, ex)?;
-                let expert_gpu_bytes: u64 = [mats.gate, Some(mats.up), Some(mats.down)]
-                    .iter()
-                    .flatten()
-                    .map(|p| (4 * p.n_out * p.layout.row_words(p.k)) as u64)
-                    .sum();
-                if batch.used_bytes + expert_gpu_bytes > tier.opts.staging_bytes {
-                    self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out_ref)?;
+                Ok(per_token)
+            };
+            let mut upload_work = || -> Result<(), OpError> {
+                for ex in &gpu_group {
+                    self.stage_upload(
+                        tier,
+                        st,
+                        ex,
+                        layer,
+                        tick,
+                        &range,
+                        &mut batch,
+                        &mut busy,
+                        &mut scratch,
+                        x,
+                        by_expert,
+                        experts,
+                        spec,
+                        routing,
+                        out_ref,
+                    )?;
                 }
-                if let Some((ol, oe)) = st.owner[slot].take() {
-                    st.slot_of[ol as usize][oe as usize] = NO_SLOT;
-                    st.stats[layer].evictions += 1;
-                }
-                st.owner[slot] = Some((layer as u32, ex.id));
-                st.slot_of[layer][e] = slot as u32;
-                st.mats[slot] = Some(mats);
-                st.last_use[slot] = tick;
-                busy[slot] = true;
-                let staging = &tier.staging[st.next_staging];
-                if batch.used_bytes == 0 {
-                    self.wait_staging(staging)?;
-                }
-                let (buf, _) = tier.slot_base(slot);
-                for (p, m) in [(mats.gate, ex.gate), (Some(mats.up), Some(ex.up)), (Some(mats.down), Some(ex.down))] {
-                    let (Some(p), Some(m)) = (p, m) else { continue };
-                    let size = (4 * p.n_out * p.layout.row_words(p.k)) as u64;
-                    let at = batch.used_bytes;
-                    {
-                        let mut view = staging
-                            .buffer
-                            .get_mapped_range_mut(at..at + size)
-                            .map_err(|e| self.map_error("staging", e))?;
-                        if repacks_in_place(&p.layout, m.k) {
-                            copy_parallel(view.slice(..), m.bytes);
-                        } else {
-                            scratch.resize(size as usize, 0);
-                            repack_into(&p.layout, m.bytes, m.n_out, m.k, &mut scratch);
-                            copy_parallel(view.slice(..), &scratch);
-                        }
-                    }
-                    batch.copies.push((at, buf, 4 * p.word0 as u64, size));
-                    // Mapped ranges start on 8 bytes; copies on 4.
-                    batch.used_bytes = (at + size).next_multiple_of(8);
-                }
-                let s = &mut st.stats[layer];
-                s.uploads += 1;
-                s.bytes_uploaded += expert_gpu_bytes;
-                batch.experts.push((ex.id, slot));
+                Ok(())
+            };
+            let t0 = Instant::now();
+            let (cpu_res, up_res, up_secs) = if cpu_group.is_empty() || gpu_group.is_empty() {
+                let up = upload_work();
+                let up_secs = t0.elapsed().as_secs_f64();
+                (cpu_work(), up, up_secs)
+            } else {
+                let (c, (u, s)) = rayon::join(cpu_work, || {
+                    let t = Instant::now();
+                    let u = upload_work();
+                    (u, t.elapsed().as_secs_f64())
+                });
+                (c, u, s)
+            };
+            up_res?;
+            let per_token = cpu_res?;
+            fill_secs += up_secs;
+            for p in per_token {
+                cpu_secs += p;
+                st.cpu_secs_per_expert_token = Some(st.cpu_secs_per_expert_token.map_or(p, |old| 0.8 * old + 0.2 * p));
+                st.stats[layer].cpu_computed += 1;
             }
             Ok(())
         };
         if !misses.is_empty() {
             tier.store.with_host_experts(layer, &misses, compute)?;
         }
+        let t_record = Instant::now();
         self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out_ref)?;
         let y = match out {
             Some(out) => out,
             None => self.tier_pairs(tier, st, x, routing, experts, spec, &on_cpu)?,
         };
-        match host {
-            Some((_, _, _, cpu_out)) => self.add(&y, &self.from_host(&cpu_out, &[n, n_embd])?),
-            None => Ok(y),
+        let y = match host {
+            Some((_, _, _, cpu_out)) => self.add(&y, &self.from_host(&cpu_out, &[n, n_embd])?)?,
+            None => y,
+        };
+        let mut prof = lock(&tier.profile);
+        prof.calls += 1;
+        prof.decide_secs += (t_decided - t_start).as_secs_f64();
+        prof.cpu_readback_secs += (t_store - t_decided).as_secs_f64();
+        prof.store_secs += (t_record - t_store).as_secs_f64();
+        prof.cpu_secs += cpu_secs;
+        prof.fill_secs += fill_secs;
+        prof.record_secs += t_record.elapsed().as_secs_f64();
+        Ok(y)
+    }
+
+    /// Which of this call's misses the CPU computes (indexed by expert id). `Auto`: an expert
+    /// goes to the CPU when its measured CPU time is below its upload's share (an upload serves
+    /// this call and every later hit on its slot, so its cost is divided by the selections per
+    /// upload seen so far: high while the pool holds what the router picks, near 1 when it
+    /// thrashes; before any upload it is the selection count, so a cold pool fills first). Then,
+    /// since the CPU's experts and the uploads run at once, uploads move to the CPU while that
+    /// shortens the longer of the two.
+    fn choose_cpu_misses(
+        &self,
+        tier: &ExpertTier,
+        st: &TierState,
+        misses: &[u32],
+        by_expert: &[Vec<(u32, u32)>],
+        n_expert: usize,
+    ) -> Vec<bool> {
+        let mut on_cpu = vec![false; n_expert];
+        let upload_secs = tier.opts.slot_bytes as f64 / tier.upload_bytes_per_s.max(1.0);
+        let (selections, uploads) =
+            st.stats.iter().fold((0u64, 0u64), |(sel, up), s| (sel + s.selections, up + s.uploads));
+        let uses_per_upload = (selections as f64 / uploads.max(1) as f64).max(1.0);
+        match tier.opts.miss {
+            MissPolicy::Upload | MissPolicy::Host => return on_cpu,
+            MissPolicy::Cpu => {
+                misses.iter().for_each(|&e| on_cpu[e as usize] = true);
+                return on_cpu;
+            }
+            MissPolicy::Auto => {}
         }
+        let Some(per_token) = st.cpu_secs_per_expert_token else {
+            // Measured on first use: the first miss goes to the CPU.
+            if let Some(&e) = misses.first() {
+                on_cpu[e as usize] = true;
+            }
+            return on_cpu;
+        };
+        let cpu_cost = |e: u32| per_token * by_expert[e as usize].len() as f64;
+        let (mut cpu_total, mut up_total) = (0.0, 0.0);
+        let mut uploaded = Vec::new();
+        for &e in misses {
+            if cpu_cost(e) * uses_per_upload < upload_secs {
+                on_cpu[e as usize] = true;
+                cpu_total += cpu_cost(e);
+            } else {
+                up_total += upload_secs;
+                uploaded.push(e);
+            }
+        }
+        // Cheapest on the CPU first.
+        uploaded.sort_by(|&a, &b| cpu_cost(a).total_cmp(&cpu_cost(b)));
+        for e in uploaded {
+            if cpu_total + cpu_cost(e) >= up_total - upload_secs || super::env_flag("DISKFORMER_NO_MISS_SPLIT") {
+                break;
+            }
+            on_cpu[e as usize] = true;
+            cpu_total += cpu_cost(e);
+            up_total -= upload_secs;
+        }
+        on_cpu
+    }
+
+    /// Writes one missed expert into the current staging buffer and gives it a victim slot
+    /// among those this call does not still need (submitting the batch first when no slot is
+    /// free or the staging buffer is full).
+    #[allow(clippy::too_many_arguments)] // moe_ffn's inputs, the tier's state and the batch
+    fn stage_upload(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        ex: &HostExpert<'_>,
+        layer: usize,
+        tick: u64,
+        range: &std::ops::Range<usize>,
+        batch: &mut Batch,
+        busy: &mut [bool],
+        scratch: &mut Vec<u8>,
+        x: &WgpuTensor,
+        by_expert: &[Vec<(u32, u32)>],
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        routing: &RouteView<'_>,
+        out: Option<&WgpuTensor>,
+    ) -> Result<(), OpError> {
+        let e = ex.id as usize;
+        let slot = match st.victim(tier.opts.policy, busy, range.clone()) {
+            Some(s) => s,
+            None => {
+                self.finish_batch(tier, st, batch, busy, x, by_expert, experts, spec, routing, out)?;
+                st.victim(tier.opts.policy, busy, range.clone()).ok_or_else(|| OpError::Unsupported {
+                    op: "moe_ffn",
+                    backend: "wgpu",
+                    why: "no GPU expert slot is free".into(),
+                })?
+            }
+        };
+        let mats = tier.place(slot, ex)?;
+        let expert_gpu_bytes: u64 = [mats.gate, Some(mats.up), Some(mats.down)]
+            .iter()
+            .flatten()
+            .map(|p| (4 * p.n_out * p.layout.row_words(p.k)) as u64)
+            .sum();
+        if batch.used_bytes + expert_gpu_bytes > tier.opts.staging_bytes {
+            self.finish_batch(tier, st, batch, busy, x, by_expert, experts, spec, routing, out)?;
+        }
+        if let Some((ol, oe)) = st.owner[slot].take() {
+            st.slot_of[ol as usize][oe as usize] = NO_SLOT;
+            st.stats[layer].evictions += 1;
+        }
+        st.owner[slot] = Some((layer as u32, ex.id));
+        st.slot_of[layer][e] = slot as u32;
+        st.mats[slot] = Some(mats);
+        st.last_use[slot] = tick;
+        busy[slot] = true;
+        let (buf, _) = tier.slot_base(slot);
+        self.stage_matrices(tier, st, ex, &mats, &tier.pool[buf], batch, scratch)?;
+        let s = &mut st.stats[layer];
+        s.uploads += 1;
+        s.bytes_uploaded += expert_gpu_bytes;
+        batch.experts.push((ex.id, slot));
+        Ok(())
     }
 
     /// The per-pair kernels over the experts of this call that hold a slot (all of them but
@@ -1111,6 +1421,7 @@ impl WgpuBackend {
             gate: mats.gate.map(|g| (pool, g.layout)),
             up: (pool, mats.up.layout),
             down: (pool, mats.down.layout),
+            host: None,
         };
         let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
         self.moe_pairs(
@@ -1122,6 +1433,46 @@ impl WgpuBackend {
             biases,
             spec,
         )
+    }
+
+    /// Writes the matrices of `ex` into the current staging buffer (from `batch.used_bytes` on,
+    /// which must leave room for them) in the GPU layout, and adds their copies to `dst` at
+    /// the words `mats` gives.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_matrices(
+        &self,
+        tier: &ExpertTier,
+        st: &TierState,
+        ex: &HostExpert<'_>,
+        mats: &SlotMats,
+        dst: &wgpu::Buffer,
+        batch: &mut Batch,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), OpError> {
+        let staging = &tier.staging[st.next_staging];
+        if batch.used_bytes == 0 {
+            self.wait_staging(staging)?;
+        }
+        for (p, m) in [(mats.gate, ex.gate), (Some(mats.up), Some(ex.up)), (Some(mats.down), Some(ex.down))] {
+            let (Some(p), Some(m)) = (p, m) else { continue };
+            let size = (4 * p.n_out * p.layout.row_words(p.k)) as u64;
+            let at = batch.used_bytes;
+            {
+                let mut view =
+                    staging.buffer.get_mapped_range_mut(at..at + size).map_err(|e| self.map_error("staging", e))?;
+                if repacks_in_place(&p.layout, m.k) {
+                    copy_parallel(view.slice(..), m.bytes);
+                } else {
+                    scratch.resize(size as usize, 0);
+                    repack_into(&p.layout, m.bytes, m.n_out, m.k, scratch);
+                    copy_parallel(view.slice(..), scratch);
+                }
+            }
+            batch.copies.push((at, dst.clone(), 4 * p.word0 as u64, size));
+            // Mapped ranges start on 8 bytes; copies on 4.
+            batch.used_bytes = (at + size).next_multiple_of(8);
+        }
+        Ok(())
     }
 
     /// Submits the batch's copies from its staging buffer, re-maps that buffer for later, and
@@ -1144,23 +1495,7 @@ impl WgpuBackend {
         if batch.copies.is_empty() {
             return Ok(());
         }
-        let staging = &tier.staging[st.next_staging];
-        staging.buffer.unmap();
-        {
-            let mut p = lock(&self.ctx.pending);
-            for &(src_at, buf, dst_at, size) in &batch.copies {
-                p.cmds.push(Cmd::Copy {
-                    src: staging.buffer.clone(),
-                    src_at,
-                    dst: tier.pool[buf].clone(),
-                    dst_at,
-                    size,
-                });
-            }
-            self.ctx.flush_locked(&mut p);
-        }
-        self.remap_staging(staging);
-        st.next_staging = (st.next_staging + 1) % STAGING_BUFFERS;
+        self.submit_staged(tier, st, batch);
         for (id, slot) in std::mem::take(&mut batch.experts) {
             let Some(out) = out else { continue };
             self.expert_from_slot(
@@ -1177,8 +1512,6 @@ impl WgpuBackend {
             )?;
             busy[slot] = false;
         }
-        batch.copies.clear();
-        batch.used_bytes = 0;
         Ok(())
     }
 
@@ -1210,6 +1543,462 @@ impl WgpuBackend {
         let m = ExpertMats { gate: gate.as_ref().map(|(w, r)| (w, *r)), up: (&up.0, up.1), down: (&down.0, down.1) };
         self.expert_on_gpu(x, e, toks, &m, experts, spec, routing, out)
     }
+}
+
+/// Bytes of the id log when first made (grown when a step logs more).
+const LOG_MIN_BYTES: u64 = 16 << 10;
+
+impl ExpertTier {
+    /// Whether misses are read from the host tier ([`MissPolicy::Host`]).
+    pub(super) fn reads_host(&self) -> bool {
+        self.opts.miss == MissPolicy::Host
+    }
+
+    /// The placement [`ExpertTier::place_at`] gives matrices of the same types and shapes as
+    /// `like`, for a slot starting at word `base`.
+    fn place_like(&self, base: usize, like: &SlotMats) -> SlotMats {
+        let mut at = base;
+        let mut put = |p: &Placed| {
+            let rw = p.layout.row_words(p.k);
+            let word0 = at.next_multiple_of(rw.max(1));
+            at = word0 + p.n_out * rw;
+            Placed { word0, ..*p }
+        };
+        let gate = like.gate.as_ref().map(&mut put);
+        let up = put(&like.up);
+        let down = put(&like.down);
+        SlotMats { gate, up, down }
+    }
+}
+
+/// A table entry: where the expert is and its matrices' first words there.
+fn table_entry(place: u32, m: &SlotMats) -> [u32; 4] {
+    [place, m.gate.map_or(0, |g| g.word0 as u32), m.up.word0 as u32, m.down.word0 as u32]
+}
+
+/// Bytes of a slot's matrices as stored (without alignment padding).
+fn mats_bytes(m: &SlotMats) -> u64 {
+    [m.gate, Some(m.up), Some(m.down)].iter().flatten().map(|p| (4 * p.n_out * p.layout.row_words(p.k)) as u64).sum()
+}
+
+impl WgpuBackend {
+    /// `moe_ffn` under [`MissPolicy::Host`]. A decode step (few tokens) is the per-pair kernels
+    /// with the slot table: each pair's expert is read from its pool slot or from the host
+    /// tier, whichever the table says; the ids stay on the GPU (copied into the log, read back
+    /// once per step) so nothing waits. A prefill batch reads its ids back and computes each
+    /// expert from wherever it is. The pool changes only between steps ([`Self::refill_pool`]).
+    pub(super) fn moe_ffn_host_tier(
+        &self,
+        tier: &ExpertTier,
+        x: &WgpuTensor,
+        routing: &crate::backend::Routing<Self>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+    ) -> Result<WgpuTensor, OpError> {
+        let t_start = Instant::now();
+        let layer = experts.layer;
+        let (n, n_embd, k) = (x.rows(), x.width(), routing.k);
+        let mut guard = lock(&tier.state);
+        let st = &mut *guard;
+        st.ensure_layer(layer, spec.n_expert);
+        let region = st.region(layer, &tier.regions);
+        if st.last_layer.is_none_or(|l| layer <= l) {
+            lock(&tier.profile).steps += 1;
+            self.refill_pool(tier, st)?;
+        }
+        st.last_layer = Some(layer);
+        self.ensure_host_layer(tier, st, layer, spec.n_expert)?;
+        self.write_slot_table(st)?;
+        let (host_buf, m0) = match &st.host.layers[layer] {
+            Some(h) => (h.buffer.clone(), h.mats[0]),
+            None => unreachable!("ensure_host_layer made the layer's copy"),
+        };
+        let t_decided = Instant::now();
+        let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
+        let y = if moe::pairs_fit(n, k, n_embd, spec.n_ff) {
+            let ids_uploaded;
+            let (ids_buf, at) = if routing.ids.is_empty() {
+                self.log_ids(tier, st, layer, &routing.weights.buf.buffer, n * k)?;
+                (&routing.weights.buf.buffer, (n * k) as u32)
+            } else {
+                self.note_selections(tier, st, layer, &routing.ids);
+                ids_uploaded = self.upload("moe ids", bytemuck::cast_slice(&routing.ids))?;
+                (&ids_uploaded.buffer, 0)
+            };
+            let pool = &tier.pool[region];
+            let fused = moe::FusedMats {
+                gate: m0.gate.map(|g| (pool, g.layout)),
+                up: (pool, m0.up.layout),
+                down: (pool, m0.down.layout),
+                host: Some(&host_buf),
+            };
+            let table_gpu = st.host.table_gpu.clone().ok_or_else(|| OpError::Unsupported {
+                op: "moe_ffn",
+                backend: "wgpu",
+                why: "the expert tier's slot table was not written".into(),
+            })?;
+            let table =
+                moe::PairTable::Slots { ids: ids_buf, at, slots: &table_gpu, slots_at: (layer * st.host.row) as u32 };
+            self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &fused, biases, spec)?
+        } else {
+            let ids = self.routing_ids(routing)?;
+            self.note_selections(tier, st, layer, &ids);
+            let view = RouteView { ids: &ids, weights: &routing.weights, k };
+            let mut by_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); spec.n_expert];
+            for (i, &e) in ids.iter().enumerate() {
+                by_expert[e as usize].push(((i / k) as u32, i as u32));
+            }
+            let out = self.from_host(&vec![0f32; n * n_embd], &[n, n_embd])?;
+            for (e, toks) in by_expert.iter().enumerate() {
+                if toks.is_empty() {
+                    continue;
+                }
+                let slot = st.slot_of[layer][e];
+                let (buffer, mats) = match slot {
+                    NO_SLOT => (
+                        &host_buf,
+                        st.host.layers[layer].as_ref().map(|h| h.mats[e]).ok_or_else(|| OpError::Unsupported {
+                            op: "moe_ffn",
+                            backend: "wgpu",
+                            why: format!("layer {layer} has no host copy"),
+                        })?,
+                    ),
+                    s => (
+                        &tier.pool[tier.slot_base(s as usize).0],
+                        st.mats[s as usize].ok_or_else(|| OpError::Unsupported {
+                            op: "moe_ffn",
+                            backend: "wgpu",
+                            why: format!("expert slot {s} is marked held but has no matrices"),
+                        })?,
+                    ),
+                };
+                let gate = mats.gate.map(|p| slot_weight(buffer, &p));
+                let up = slot_weight(buffer, &mats.up);
+                let down = slot_weight(buffer, &mats.down);
+                let m = ExpertMats {
+                    gate: gate.as_ref().map(|(w, r)| (w, *r)),
+                    up: (&up.0, up.1),
+                    down: (&down.0, down.1),
+                };
+                self.expert_on_gpu(x, e, toks, &m, experts, spec, &view, &out)?;
+            }
+            out
+        };
+        let mut prof = lock(&tier.profile);
+        prof.calls += 1;
+        prof.decide_secs += (t_decided - t_start).as_secs_f64();
+        prof.record_secs += t_decided.elapsed().as_secs_f64();
+        Ok(y)
+    }
+
+    /// Counts one call's selections (`ids`, any order, repeats allowed) of `layer`: policy
+    /// scores, hits and misses as the pool stood during the call; misses wait for the refill.
+    fn note_selections(&self, tier: &ExpertTier, st: &mut TierState, layer: usize, ids: &[u32]) {
+        st.tick += 1;
+        let tick = st.tick;
+        let mut used = ids.to_vec();
+        used.sort_unstable();
+        used.dedup();
+        if tier.opts.policy == SlotPolicy::Lfu {
+            st.score[layer].iter_mut().for_each(|s| *s *= LFU_DECAY);
+            used.iter().for_each(|&e| st.score[layer][e as usize] += 1.0);
+        }
+        st.stats[layer].selections += used.len() as u64;
+        for e in used {
+            match st.slot_of[layer][e as usize] {
+                NO_SLOT => {
+                    st.stats[layer].misses += 1;
+                    st.stats[layer].host_reads += 1;
+                    st.host.pending_misses.push((layer as u32, e));
+                }
+                s => {
+                    st.stats[layer].hits += 1;
+                    st.last_use[s as usize] = tick;
+                }
+            }
+        }
+    }
+
+    /// Copies `n_ids` ids (after the `n_ids` routing weights in `src`) into the id log.
+    fn log_ids(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        layer: usize,
+        src: &wgpu::Buffer,
+        n_ids: usize,
+    ) -> Result<(), OpError> {
+        let bytes = 4 * n_ids as u64;
+        let room = st.host.log.as_ref().map_or(0, |l| l.size());
+        if st.host.log_used + bytes > room {
+            // Full (a step of more calls than the log was made for): read what it has, and
+            // make a larger one if one call's ids still do not fit.
+            self.drain_log(tier, st)?;
+            if bytes > room {
+                let size = (2 * room).max(LOG_MIN_BYTES).max(bytes.next_power_of_two());
+                let log = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("expert id log"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                st.host.bytes = st.host.bytes - room + size;
+                st.host.log = Some(log);
+            }
+        }
+        let log = st.host.log.clone().ok_or_else(|| OpError::Unsupported {
+            op: "moe_ffn",
+            backend: "wgpu",
+            why: "no id log".into(),
+        })?;
+        let at = st.host.log_used;
+        self.copy(src, bytes, &log, at, bytes);
+        st.host.log_entries.push((layer, n_ids, at));
+        st.host.log_used = at + bytes;
+        Ok(())
+    }
+
+    /// Reads the id log back (submitting what is pending; the GPU is normally done with the
+    /// step already, the host having read its token) and counts its selections.
+    fn drain_log(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
+        if st.host.log_entries.is_empty() {
+            return Ok(());
+        }
+        let Some(log) = st.host.log.clone() else { return Ok(()) };
+        let t0 = Instant::now();
+        {
+            let mut p = lock(&self.ctx.pending);
+            self.ctx.flush_locked(&mut p);
+        }
+        let t1 = Instant::now();
+        let used = st.host.log_used;
+        let bytes = self.read_mapped_spin(&log, log.size(), used)?;
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        for (layer, n_ids, at) in std::mem::take(&mut st.host.log_entries) {
+            let w0 = (at / 4) as usize;
+            let ids = words[w0..w0 + n_ids].to_vec();
+            self.note_selections(tier, st, layer, &ids);
+        }
+        st.host.log_used = 0;
+        let mut prof = lock(&tier.profile);
+        prof.readback_submit_secs += (t1 - t0).as_secs_f64();
+        prof.readback_wait_secs += t1.elapsed().as_secs_f64();
+        prof.readbacks += 1;
+        Ok(())
+    }
+
+    /// Between steps: counts the previous step's selections, then copies its misses from the
+    /// host tier into pool slots (a GPU copy, ordered before this step's kernels) where the
+    /// policy says they are worth more than the slot's expert (LFU: a higher score; LRU:
+    /// always), and updates the slot table.
+    fn refill_pool(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
+        self.drain_log(tier, st)?;
+        let mut misses = std::mem::take(&mut st.host.pending_misses);
+        misses.sort_unstable();
+        misses.dedup();
+        if tier.opts.policy == SlotPolicy::Lfu {
+            // The most popular first, so that a full pool takes the best of them.
+            misses
+                .sort_by(|a, b| st.score[b.0 as usize][b.1 as usize].total_cmp(&st.score[a.0 as usize][a.1 as usize]));
+        }
+        let busy = vec![false; tier.opts.n_slots];
+        let tick = st.tick;
+        for (layer, e) in misses {
+            let (l, e) = (layer as usize, e as usize);
+            if st.slot_of[l][e] != NO_SLOT {
+                continue;
+            }
+            let Some(host_mats) = st.host.layers.get(l).and_then(|h| h.as_ref()).map(|h| h.mats[e]) else { continue };
+            let range = tier.regions[st.region(l, &tier.regions)].clone();
+            let Some(slot) = st.victim(tier.opts.policy, &busy, range) else { continue };
+            if let (SlotPolicy::Lfu, Some((ol, oe))) = (tier.opts.policy, st.owner[slot]) {
+                if st.score[ol as usize][oe as usize] >= st.score[l][e] {
+                    continue;
+                }
+            }
+            if let Some((ol, oe)) = st.owner[slot].take() {
+                let (ol, oe) = (ol as usize, oe as usize);
+                st.slot_of[ol][oe] = NO_SLOT;
+                st.stats[l].evictions += 1;
+                if let Some(h) = st.host.layers.get(ol).and_then(|h| h.as_ref()) {
+                    st.host.table[ol * st.host.row + oe] = table_entry(IN_HOST, &h.mats[oe]);
+                }
+            }
+            let (buf, base) = tier.slot_base(slot);
+            let slot_mats = tier.place_like(base, &host_mats);
+            let host_buf = st.host.layers[l].as_ref().map(|h| h.buffer.clone()).ok_or_else(|| {
+                OpError::Unsupported { op: "moe_ffn", backend: "wgpu", why: format!("layer {l} has no host copy") }
+            })?;
+            for (from, to) in [
+                (host_mats.gate, slot_mats.gate),
+                (Some(host_mats.up), Some(slot_mats.up)),
+                (Some(host_mats.down), Some(slot_mats.down)),
+            ] {
+                let (Some(from), Some(to)) = (from, to) else { continue };
+                let size = (4 * from.n_out * from.layout.row_words(from.k)) as u64;
+                self.copy(&host_buf, 4 * from.word0 as u64, &tier.pool[buf], 4 * to.word0 as u64, size);
+            }
+            st.owner[slot] = Some((layer, e as u32));
+            st.slot_of[l][e] = slot as u32;
+            st.mats[slot] = Some(slot_mats);
+            st.last_use[slot] = tick;
+            st.host.table[l * st.host.row + e] = table_entry(IN_POOL, &slot_mats);
+            st.host.table_dirty = true;
+            let s = &mut st.stats[l];
+            s.uploads += 1;
+            s.bytes_uploaded += mats_bytes(&slot_mats);
+        }
+        Ok(())
+    }
+
+    /// Writes the slot table's host copy to the GPU when it changed (a copy in recording order,
+    /// so kernels recorded before it read the old table and those after it the new one).
+    fn write_slot_table(&self, st: &mut TierState) -> Result<(), OpError> {
+        if !st.host.table_dirty {
+            return Ok(());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(&st.host.table);
+        let size = bytes.len() as u64;
+        if st.host.table_gpu.as_ref().is_none_or(|t| t.size() < size) {
+            st.host.table_gpu = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("expert slot table"),
+                size: size.next_power_of_two().max(256),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let staged = self.upload("expert slot table", bytes)?;
+        if let Some(t) = &st.host.table_gpu {
+            self.copy(&staged.buffer, 0, t, 0, size);
+        }
+        st.host.table_dirty = false;
+        Ok(())
+    }
+
+    /// Makes `layer`'s host copy on its first call: a buffer in host memory (see
+    /// [`host_tier_buffer`]) filled with every expert of the layer through the staging ring,
+    /// in the pool's slot layout; the slot table's row of the layer points into it.
+    fn ensure_host_layer(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        layer: usize,
+        n_expert: usize,
+    ) -> Result<(), OpError> {
+        if st.host.layers.get(layer).is_some_and(|h| h.is_some()) {
+            return Ok(());
+        }
+        let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
+        if st.host.row == 0 {
+            st.host.row = n_expert;
+        } else if n_expert != st.host.row {
+            return Err(unsupported(format!(
+                "layer {layer} has {n_expert} experts where the first layer had {}",
+                st.host.row
+            )));
+        }
+        let bytes = n_expert as u64 * tier.opts.slot_bytes;
+        if bytes > self.ctx.max_binding {
+            return Err(unsupported(format!(
+                "layer {layer}'s {n_expert} experts take {bytes} bytes, more than the storage binding limit {}",
+                self.ctx.max_binding
+            )));
+        }
+        if let Some(budget) = tier.opts.host_budget_bytes {
+            if st.host.bytes + bytes > budget {
+                return Err(unsupported(format!(
+                    "the RAM budget of {budget} bytes is too small for the host tier: {} bytes held, layer {layer} needs {bytes} more",
+                    st.host.bytes
+                )));
+            }
+        }
+        let buffer = host_tier_buffer(&self.ctx.device, bytes);
+        let ids: Vec<u32> = (0..n_expert as u32).collect();
+        let mut mats: Vec<Option<SlotMats>> = vec![None; n_expert];
+        let mut batch = Batch { experts: Vec::new(), copies: Vec::new(), used_bytes: 0 };
+        let mut scratch = Vec::new();
+        let slot_words = tier.slot_words;
+        tier.store.with_host_experts(layer, &ids, &mut |group: &[HostExpert<'_>]| {
+            for ex in group {
+                let e = ex.id as usize;
+                if e >= n_expert {
+                    return Err(unsupported(format!("the store lent expert {e} of a layer of {n_expert}")));
+                }
+                let m = tier.place_at(e * slot_words, ex)?;
+                if batch.used_bytes + mats_bytes(&m) + 24 > tier.opts.staging_bytes {
+                    self.submit_staged(tier, st, &mut batch);
+                }
+                self.stage_matrices(tier, st, ex, &m, &buffer, &mut batch, &mut scratch)?;
+                mats[e] = Some(m);
+            }
+            Ok(())
+        })?;
+        self.submit_staged(tier, st, &mut batch);
+        let mats: Vec<SlotMats> = mats
+            .into_iter()
+            .enumerate()
+            .map(|(e, m)| m.ok_or_else(|| unsupported(format!("the store did not lend expert {e} of layer {layer}"))))
+            .collect::<Result<_, _>>()?;
+        let row = st.host.row;
+        if st.host.table.len() < (layer + 1) * row {
+            st.host.table.resize((layer + 1) * row, [IN_HOST, 0, 0, 0]);
+        }
+        for (e, m) in mats.iter().enumerate() {
+            st.host.table[layer * row + e] = table_entry(IN_HOST, m);
+        }
+        st.host.table_dirty = true;
+        st.host.bytes += bytes;
+        if st.host.layers.len() <= layer {
+            st.host.layers.resize_with(layer + 1, || None);
+        }
+        st.host.layers[layer] = Some(HostLayer { buffer, mats });
+        Ok(())
+    }
+
+    /// Submits the copies of the current staging buffer and moves the ring on.
+    fn submit_staged(&self, tier: &ExpertTier, st: &mut TierState, batch: &mut Batch) {
+        if batch.copies.is_empty() {
+            return;
+        }
+        let staging = &tier.staging[st.next_staging];
+        staging.buffer.unmap();
+        {
+            let mut p = lock(&self.ctx.pending);
+            for (src_at, dst, dst_at, size) in batch.copies.drain(..) {
+                p.cmds.push(Cmd::Copy { src: staging.buffer.clone(), src_at, dst, dst_at, size });
+            }
+            self.ctx.flush_locked(&mut p);
+        }
+        self.remap_staging(staging);
+        st.next_staging = (st.next_staging + 1) % STAGING_BUFFERS;
+        batch.used_bytes = 0;
+    }
+
+    /// Bytes the host tier holds in host memory (its layers' copies and the id log; `None`
+    /// without a tier). wgpu counts them among its buffers ([`Self::device_buffer_bytes`]), but
+    /// they are not in device memory.
+    pub fn expert_host_tier_bytes(&self) -> Option<u64> {
+        self.experts.as_ref().map(|t| lock(&t.state).host.bytes)
+    }
+}
+
+/// A buffer of `bytes` in host memory that kernels may read (over PCIe on a discrete GPU).
+/// wgpu has no memory-location hint, but its Vulkan back end places a buffer by its map
+/// usage: `MAP_READ` asks gpu-allocator for `HOST_VISIBLE | HOST_COHERENT | HOST_CACHED`
+/// memory (system RAM; `MAP_WRITE` would prefer device-local host-visible memory, ReBAR,
+/// which is GPU memory). `MAP_READ` beside `STORAGE` needs `MAPPABLE_PRIMARY_BUFFERS`
+/// (requested by [`WgpuBackend::new`] when offered; checked by `with_expert_store`). The
+/// buffer is never mapped: it is filled by copies from the staging ring.
+fn host_tier_buffer(device: &wgpu::Device, bytes: u64) -> wgpu::Buffer {
+    device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("expert host tier"),
+        size: bytes.next_multiple_of(256),
+        usage: wgpu::BufferUsages::MAP_READ
+            | wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    })
 }
 
 #[cfg(test)]

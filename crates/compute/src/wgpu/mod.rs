@@ -625,6 +625,8 @@ impl WgpuBackend {
         if summary.shader_f16 {
             features |= wgpu::Features::SHADER_F16;
         }
+        // Storage buffers with a map usage: the expert tier's host-memory copy (experts.rs).
+        features |= adapter.features() & wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("diskformer"),
@@ -1578,7 +1580,8 @@ impl Backend for WgpuBackend {
         // On the GPU. The ids come back (one small readback) when the host needs them: to find
         // the expert pool's misses, or to group a prefill batch by expert. A resident model's
         // decode step leaves them on the GPU, where the per-pair MoE kernels read them: no sync.
-        let ids_on_gpu = self.experts.is_none() && logits.rows() <= moe::MAX_FUSED_TOKENS;
+        // The tier's host-memory mode logs the ids on the GPU and reads them once per step.
+        let ids_on_gpu = self.experts.as_ref().is_none_or(|t| t.reads_host()) && logits.rows() <= moe::MAX_FUSED_TOKENS;
         if let Some(r) = self.route_gpu(logits, selection_bias, spec, ids_on_gpu)? {
             return Ok(r);
         }
@@ -1636,6 +1639,9 @@ impl Backend for WgpuBackend {
                 got: vec![e as usize],
             });
         }
+        if let Some(tier) = self.experts.as_ref().filter(|t| t.reads_host()) {
+            return self.moe_ffn_host_tier(tier, x, routing, experts, spec);
+        }
         // Decode on resident experts: every (token, expert) pair in two dispatches, when each
         // stacked matrix is one buffer (a stack over the storage-binding limit is split into
         // chunks, and takes the grouped path).
@@ -1662,7 +1668,7 @@ impl Backend for WgpuBackend {
                     routing.ids.iter().map(|&e| [e, e * strides[0], e * strides[1], e * strides[2]]).collect(),
                 )
             };
-            let mats = moe::FusedMats { gate, up, down };
+            let mats = moe::FusedMats { gate, up, down, host: None };
             let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
             return self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &mats, biases, spec);
         }

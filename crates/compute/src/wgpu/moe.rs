@@ -77,6 +77,41 @@ pub(super) enum PairTable<'a> {
         /// Words per expert of the gate, up and down stacks.
         strides: [u32; 3],
     },
+    /// The expert ids in `ids` from word `at` on (t-major), each looked up in the expert tier's
+    /// table `slots` from entry `slots_at` on: `[where, gate word, up word, down word]` per
+    /// expert of the layer, `where` 1 when the expert is read from host memory
+    /// ([`FusedMats::host`]), 0 when it holds a slot of the pool.
+    Slots {
+        /// The buffer holding the ids.
+        ids: &'a wgpu::Buffer,
+        /// Word of the first id.
+        at: u32,
+        /// The tier's table of `vec4<u32>` entries.
+        slots: &'a wgpu::Buffer,
+        /// Entry of the layer's expert 0.
+        slots_at: u32,
+    },
+}
+
+/// Which table code a kernel is built with (see [`PairTable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TableKind {
+    /// In the parameters.
+    Host,
+    /// From GPU-routed ids and stack strides.
+    Gpu,
+    /// From GPU-routed ids and the tier's slot table, with a host-memory copy of the products.
+    Slots,
+}
+
+impl PairTable<'_> {
+    fn kind(&self) -> TableKind {
+        match self {
+            PairTable::Host(_) => TableKind::Host,
+            PairTable::Gpu { .. } => TableKind::Gpu,
+            PairTable::Slots { .. } => TableKind::Slots,
+        }
+    }
 }
 
 /// The buffers and types of a layer's expert matrices, as the kernels bind them.
@@ -87,6 +122,8 @@ pub(super) struct FusedMats<'a> {
     pub(super) up: (&'a wgpu::Buffer, TypeLayout),
     /// Down weights.
     pub(super) down: (&'a wgpu::Buffer, TypeLayout),
+    /// The host-memory buffer holding the layer's experts, same types (with [`PairTable::Slots`]).
+    pub(super) host: Option<&'a wgpu::Buffer>,
 }
 
 /// Rows per workgroup and invocations of both kernels: `DISKFORMER_MOE_MATVEC=ROWSxWG` for
@@ -206,11 +243,11 @@ const SG_ARGS: &str =
     "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,";
 
 /// The parts of a kernel that depend on where its table comes from: the params field, the
-/// table binding (`t_binding`, the first after the kernel's own) with `entry()`, and the
-/// uniform's binding index.
-fn table_parts(gpu_table: bool, t_binding: u32) -> (String, String, u32) {
-    if gpu_table {
-        (
+/// table bindings (from `t_binding`, the first after the kernel's own) with `entry()` and
+/// `in_host()`, and the uniform's binding index.
+fn table_parts(kind: TableKind, t_binding: u32) -> (String, String, u32) {
+    match kind {
+        TableKind::Gpu => (
             String::new(),
             format!(
                 "@group(0) @binding({t_binding}) var<storage, read> T: array<u32>;\n\
@@ -218,19 +255,44 @@ fn table_parts(gpu_table: bool, t_binding: u32) -> (String, String, u32) {
                  return vec4<u32>(e, e * P.stride_g, e * P.stride_u, e * P.stride_d);\n}}"
             ),
             t_binding + 1,
-        )
-    } else {
-        (
+        ),
+        TableKind::Slots => (
+            String::new(),
+            format!(
+                "@group(0) @binding({t_binding}) var<storage, read> T: array<u32>;\n\
+                 @group(0) @binding({}) var<storage, read> S: array<vec4<u32>>;\n\
+                 @group(0) @binding({}) var<storage, read> WH: array<u32>;\n\
+                 fn entry(p: u32) -> vec4<u32> {{\n    let e = T[P.table_at + p];\n    \
+                 let s = S[P.slots_at + e];\n    return vec4<u32>(e, s.y, s.z, s.w);\n}}\n\
+                 fn in_host(p: u32) -> bool {{\n    return S[P.slots_at + T[P.table_at + p]].x == 1u;\n}}",
+                t_binding + 1,
+                t_binding + 2
+            ),
+            t_binding + 3,
+        ),
+        TableKind::Host => (
             format!("    table: array<vec4<u32>, {MAX_HOST_PAIRS}>,"),
             "fn entry(p: u32) -> vec4<u32> {\n    return P.table[p];\n}".into(),
             t_binding,
-        )
+        ),
     }
 }
 
+/// The function `name` of a kernel template (from `fn name(` to its closing brace at the start
+/// of a line), renamed `name_h` and calling `dot8_h`/`dot8_uh` (the host-memory copies of the
+/// weight types' code) instead of `dot8`/`dot8_u`.
+fn host_copy(template: &str, name: &str) -> String {
+    let start = template.find(&format!("fn {name}(")).expect("the kernel template defines the function");
+    let len = template[start..].find("\n}\n").expect("the function ends with a brace at the start of a line") + 2;
+    template[start..start + len]
+        .replace(&format!("fn {name}("), &format!("fn {name}_h("))
+        .replace("dot8_u(", "dot8_uh(")
+        .replace("dot8(", "dot8_h(")
+}
+
 /// Common template substitutions of both kernels.
-fn finish(src: &str, (rows, wg): (u32, u32), nv: u32, subgroups: bool, gpu_table: bool, t_binding: u32) -> String {
-    let (field, table, p_binding) = table_parts(gpu_table, t_binding);
+fn finish(src: &str, (rows, wg): (u32, u32), nv: u32, subgroups: bool, kind: TableKind, t_binding: u32) -> String {
+    let (field, table, p_binding) = table_parts(kind, t_binding);
     src.replace("{{TABLE_FIELD}}", &field)
         .replace("{{TABLE}}", &table)
         .replace("{{P_BINDING}}", &p_binding.to_string())
@@ -249,20 +311,51 @@ pub(super) fn gate_up_source(
     up: &TypeLayout,
     shape: (u32, u32),
     subgroups: bool,
-    gpu_table: bool,
+    kind: TableKind,
 ) -> String {
+    let gate_code = gate.unwrap_or(up);
+    let (products, products_h) = if kind == TableKind::Slots {
+        (
+            "    var acc: array<f32, NV>;\n    if (in_host(pair)) {\n        acc = products_h(ent, xb, row0, lid);\n    } \
+             else {\n        acc = products(ent, xb, row0, lid);\n    }"
+                .to_string(),
+            format!(
+                "{}\n{}\n{}",
+                quant_code(gate_code, Some(("_h", "WH"))),
+                quant_code(up, Some(("_uh", "WH"))),
+                host_copy(GATE_UP, "products")
+            ),
+        )
+    } else {
+        ("    var acc = products(ent, xb, row0, lid);".to_string(), String::new())
+    };
     let src = GATE_UP
-        .replace("{{QUANT_G}}", &quant_code(gate.unwrap_or(up), None))
+        .replace("{{QUANT_G}}", &quant_code(gate_code, None))
         .replace("{{QUANT_U}}", &quant_code(up, Some(("_u", "WU"))))
         .replace("{{ACT}}", ACT)
+        .replace("{{PRODUCTS_H}}", &products_h)
+        .replace("{{PRODUCTS}}", &products)
         .replace("{{GATED}}", if gate.is_some() { "true" } else { "false" });
-    finish(&src, shape, 2 * shape.0, subgroups, gpu_table, 6)
+    finish(&src, shape, 2 * shape.0, subgroups, kind, 6)
 }
 
 /// The down kernel for this weight type.
-pub(super) fn down_source(down: &TypeLayout, shape: (u32, u32), subgroups: bool, gpu_table: bool) -> String {
-    let src = DOWN.replace("{{QUANT}}", &quant_code(down, None));
-    finish(&src, shape, shape.0, subgroups, gpu_table, 5)
+pub(super) fn down_source(down: &TypeLayout, shape: (u32, u32), subgroups: bool, kind: TableKind) -> String {
+    let (rows, rows_h) = if kind == TableKind::Slots {
+        (
+            "        if (in_host(pair)) {\n            acc = down_rows_h(acc, ent, w, hb, row0, lid);\n        } else {\n            \
+             acc = down_rows(acc, ent, w, hb, row0, lid);\n        }"
+                .to_string(),
+            format!("{}\n{}", quant_code(down, Some(("_h", "WH"))), host_copy(DOWN, "down_rows")),
+        )
+    } else {
+        ("        acc = down_rows(acc, ent, w, hb, row0, lid);".to_string(), String::new())
+    };
+    let src = DOWN
+        .replace("{{QUANT}}", &quant_code(down, None))
+        .replace("{{DOWN_ROWS_H}}", &rows_h)
+        .replace("{{DOWN_ROWS}}", &rows);
+    finish(&src, shape, shape.0, subgroups, kind, 5)
 }
 
 impl WgpuBackend {
@@ -296,10 +389,19 @@ impl WgpuBackend {
         }
         let shape = kernel_shape();
         let sg = self.ctx.subgroups;
-        let gpu_table = matches!(table, PairTable::Gpu { .. });
-        let (table_buf, table_at, strides) = match table {
-            PairTable::Gpu { buffer, at, strides } => (Some(*buffer), *at, *strides),
-            PairTable::Host(_) => (None, 0, [0; 3]),
+        let kind = table.kind();
+        // Buffers bound after each kernel's own: the ids, then the slot table and the host copy.
+        let (table_bufs, table_at, strides, slots_at): (Vec<&wgpu::Buffer>, u32, [u32; 3], u32) = match table {
+            PairTable::Gpu { buffer, at, strides } => (vec![*buffer], *at, *strides, 0),
+            PairTable::Slots { ids, at, slots, slots_at } => {
+                let host = mats.host.ok_or_else(|| OpError::Unsupported {
+                    op: "moe_ffn pairs",
+                    backend: "wgpu",
+                    why: "a slot table without the host-memory buffer of the layer's experts".into(),
+                })?;
+                (vec![*ids, *slots, host], *at, [0; 3], *slots_at)
+            }
+            PairTable::Host(_) => (Vec::new(), 0, [0; 3], 0),
         };
         let table_words: Vec<u32> = match table {
             PairTable::Host(t) => {
@@ -307,17 +409,17 @@ impl WgpuBackend {
                 w.resize(4 * MAX_HOST_PAIRS, 0);
                 w
             }
-            PairTable::Gpu { .. } => Vec::new(),
+            PairTable::Gpu { .. } | PairTable::Slots { .. } => Vec::new(),
         };
         let (gl, ul, dl) = (mats.gate.map(|g| g.1), mats.up.1, mats.down.1);
         let key = format!(
-            "moe_gate_up {} {} {}x{} sg{sg} gpu_table{gpu_table}",
+            "moe_gate_up {} {} {}x{} sg{sg} {kind:?}",
             gl.map_or("ungated", |l| l.name),
             ul.name,
             shape.0,
             shape.1
         );
-        let pipe = self.ctx.pipeline(&key, || gate_up_source(gl.as_ref(), &ul, shape, sg, gpu_table));
+        let pipe = self.ctx.pipeline(&key, || gate_up_source(gl.as_ref(), &ul, shape, sg, kind));
         let (op, alpha, limit) = match mats.gate {
             Some(_) => Self::glu_code(spec.glu),
             None => (act_code(spec.glu.ungated_act()), 0.0, 0.0),
@@ -341,7 +443,7 @@ impl WgpuBackend {
             strides[0],
             strides[1],
             strides[2],
-            0,
+            slots_at,
         ];
         words.extend_from_slice(&table_words);
         let mut bufs: Vec<&wgpu::Buffer> = vec![
@@ -352,11 +454,11 @@ impl WgpuBackend {
             up_bias.map_or(dummy, |b| &b.buf.buffer),
             &h.buf.buffer,
         ];
-        bufs.extend(table_buf);
+        bufs.extend(&table_bufs);
         self.dispatch(pipe, &bufs, &words, [ff.div_ceil(shape.0 as usize) as u32, n_pairs as u32, 1]);
 
-        let key = format!("moe_down {} {}x{} sg{sg} gpu_table{gpu_table}", dl.name, shape.0, shape.1);
-        let pipe = self.ctx.pipeline(&key, || down_source(&dl, shape, sg, gpu_table));
+        let key = format!("moe_down {} {}x{} sg{sg} {kind:?}", dl.name, shape.0, shape.1);
+        let pipe = self.ctx.pipeline(&key, || down_source(&dl, shape, sg, kind));
         let y = self.alloc("moe out", &[n_tok, n_embd])?;
         let mut words = vec![
             ff as u32,
@@ -370,12 +472,12 @@ impl WgpuBackend {
             strides[0],
             strides[1],
             strides[2],
-            0,
+            slots_at,
         ];
         words.extend_from_slice(&table_words);
         let mut bufs: Vec<&wgpu::Buffer> =
             vec![mats.down.0, &h.buf.buffer, weights.0, down_bias.map_or(dummy, |b| &b.buf.buffer), &y.buf.buffer];
-        bufs.extend(table_buf);
+        bufs.extend(&table_bufs);
         self.dispatch(pipe, &bufs, &words, [n_embd.div_ceil(shape.0 as usize) as u32, n_tok as u32, 1]);
         Ok(y)
     }
@@ -482,18 +584,29 @@ mod tests {
         for t in types {
             let l = TypeLayout::of(t).unwrap();
             for sg in [false, true] {
-                for gpu_table in [false, true] {
+                for kind in [TableKind::Host, TableKind::Gpu, TableKind::Slots] {
                     for shape in [(1, 64), (2, 128)] {
-                        let what = format!("{} {shape:?} sg {sg} gpu_table {gpu_table}", l.name);
-                        parse(&format!("gate_up {what}"), &gate_up_source(Some(&l), &l, shape, sg, gpu_table));
-                        parse(&format!("down {what}"), &down_source(&l, shape, sg, gpu_table));
+                        let what = format!("{} {shape:?} sg {sg} {kind:?}", l.name);
+                        parse(&format!("gate_up {what}"), &gate_up_source(Some(&l), &l, shape, sg, kind));
+                        parse(&format!("down {what}"), &down_source(&l, shape, sg, kind));
                     }
                 }
             }
             // Mixed gate/up types and ungated experts.
             let q6 = TypeLayout::of(Q6_K).unwrap();
-            parse(&format!("gate_up {} + q6_k", l.name), &gate_up_source(Some(&l), &q6, (1, 64), true, false));
-            parse(&format!("gate_up ungated {}", l.name), &gate_up_source(None, &l, (1, 64), false, true));
+            parse(
+                &format!("gate_up {} + q6_k", l.name),
+                &gate_up_source(Some(&l), &q6, (1, 64), true, TableKind::Host),
+            );
+            parse(&format!("gate_up ungated {}", l.name), &gate_up_source(None, &l, (1, 64), false, TableKind::Gpu));
+            parse(
+                &format!("gate_up {} + q6_k slots", l.name),
+                &gate_up_source(Some(&l), &q6, (1, 64), true, TableKind::Slots),
+            );
+            parse(
+                &format!("gate_up ungated {} slots", l.name),
+                &gate_up_source(None, &l, (1, 64), false, TableKind::Slots),
+            );
         }
     }
 

@@ -6,7 +6,9 @@
 // groups, y: tokens.
 // Template parameters (experts.rs): QUANT (the down type's dq8/dot8 over W), WG, ROWS, NV (= ROWS),
 // SKIP, TABLE_FIELD, TABLE (with the table binding T, 5, when the GPU routed), P_BINDING, SG_ARGS,
-// REDUCE. Pairs whose entry is SKIP (computed on the CPU) are left out. Needs n_ff a multiple of 8.
+// REDUCE, DOWN_ROWS (acc from down_rows(), or, with the tier's slot table, from down_rows_h() for
+// a pair whose expert is read from host memory), DOWN_ROWS_H (that copy). Pairs whose entry is
+// SKIP (computed on the CPU) are left out. Needs n_ff a multiple of 8.
 struct Params {
     n_ff: u32,
     n_embd: u32,
@@ -19,7 +21,7 @@ struct Params {
     stride_g: u32,
     stride_u: u32,
     stride_d: u32,
-    _p0: u32,
+    slots_at: u32,
 {{TABLE_FIELD}}
 }
 
@@ -42,6 +44,32 @@ const SKIP: u32 = {{SKIP}};
 var<workgroup> red: array<f32, {{RED_LEN}}>;
 var<workgroup> tot: array<f32, {{NV}}>;
 
+// acc plus this invocation's share of w · down rows row0.. of pair entry `ent` over H from hb
+// (rows past the end repeat the last row: computed, never written). A function so that the host
+// tier's copy (down_rows_h, reading WH) is the same code.
+fn down_rows(acc_in: array<f32, NV>, ent: vec4<u32>, w: f32, hb: u32, row0: u32, lid: u32) -> array<f32, NV> {
+    var acc = acc_in;
+    let n_groups = P.n_ff / 8u;
+    let gpb = BV / 8u;
+    var rb: array<u32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        rb[r] = ent.w + min(row0 + r, P.n_embd - 1u) * P.rw_d;
+    }
+    for (var g = lid; g < n_groups; g += WG) {
+        let xa = H[hb + 2u * g];
+        let xc = H[hb + 2u * g + 1u];
+        let xsum = dot(xa, vec4<f32>(1.0)) + dot(xc, vec4<f32>(1.0));
+        let bo = (g / gpb) * BW;
+        let jj = g % gpb;
+        for (var r = 0u; r < ROWS; r++) {
+            acc[r] += w * dot8(rb[r] + bo, jj, xa, xc, xsum);
+        }
+    }
+    return acc;
+}
+
+{{DOWN_ROWS_H}}
+
 @compute @workgroup_size({{WG}})
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -53,10 +81,7 @@ fn main(
     if (tok >= P.n_tok || row0 >= P.n_embd) {
         return;
     }
-    let n_groups = P.n_ff / 8u;
-    let gpb = BV / 8u;
     var acc: array<f32, NV>;
-    var rb: array<u32, ROWS>;
     for (var j = 0u; j < P.k_top; j++) {
         let pair = tok * P.k_top + j;
         let ent = entry(pair);
@@ -65,19 +90,7 @@ fn main(
         }
         let w = RW[P.weights_at + pair];
         let hb = pair * (P.n_ff / 4u);
-        for (var r = 0u; r < ROWS; r++) {
-            rb[r] = ent.w + min(row0 + r, P.n_embd - 1u) * P.rw_d;
-        }
-        for (var g = lid; g < n_groups; g += WG) {
-            let xa = H[hb + 2u * g];
-            let xc = H[hb + 2u * g + 1u];
-            let xsum = dot(xa, vec4<f32>(1.0)) + dot(xc, vec4<f32>(1.0));
-            let bo = (g / gpb) * BW;
-            let jj = g % gpb;
-            for (var r = 0u; r < ROWS; r++) {
-                acc[r] += w * dot8(rb[r] + bo, jj, xa, xc, xsum);
-            }
-        }
+{{DOWN_ROWS}}
     }
 {{REDUCE}}
     if (lid < ROWS && row0 + lid < P.n_embd) {

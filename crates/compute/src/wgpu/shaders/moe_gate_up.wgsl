@@ -14,7 +14,8 @@
 // stacks' words per expert (stride_*). A pair whose expert the CPU computes has the entry SKIP.
 // Template parameters (experts.rs): QUANT_G / QUANT_U (the weight types' dq8/dot8 over W and over
 // WU, names suffixed _u), WG, ROWS, NV (= 2 * ROWS), GATED, SKIP, TABLE_FIELD, TABLE, P_BINDING,
-// SG_ARGS, REDUCE, ACT.
+// SG_ARGS, REDUCE, ACT, PRODUCTS (acc from products(), or, with the tier's slot table, from
+// products_h() for a pair whose expert is read from host memory), PRODUCTS_H (that copy).
 // Needs n_embd a multiple of 8.
 struct Params {
     n_embd: u32,
@@ -32,7 +33,7 @@ struct Params {
     stride_g: u32,
     stride_u: u32,
     stride_d: u32,
-    _p0: u32,
+    slots_at: u32,
 {{TABLE_FIELD}}
 }
 
@@ -61,25 +62,11 @@ const SKIP: u32 = {{SKIP}};
 var<workgroup> red: array<f32, {{RED_LEN}}>;
 var<workgroup> tot: array<f32, {{NV}}>;
 
-@compute @workgroup_size({{WG}})
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-    {{SG_ARGS}}
-) {
-    // Uniform per workgroup, so the barriers below are reached by all or none.
-    let pair = wid.y;
-    let row0 = wid.x * ROWS;
-    if (pair >= P.n_pairs || row0 >= P.n_ff) {
-        return;
-    }
-    let ent = entry(pair);
-    if (ent.x == SKIP) {
-        return;
-    }
-    let xb = (pair / P.k_top) * (P.n_embd / 4u);
+// This invocation's share of the gate rows (acc[0..ROWS]) and up rows (acc[ROWS..NV]) of pair
+// entry `ent` for rows row0.. (rows past the end repeat the last row: computed, never written).
+// A function so that the host tier's copy (products_h, reading WH) is the same code.
+fn products(ent: vec4<u32>, xb: u32, row0: u32, lid: u32) -> array<f32, NV> {
     let n_groups = P.n_embd / 8u;
-    // Rows past the end repeat the last row: computed, never written.
     var rg: array<u32, ROWS>;
     var ru: array<u32, ROWS>;
     for (var r = 0u; r < ROWS; r++) {
@@ -87,7 +74,6 @@ fn main(
         rg[r] = ent.y + row * P.rw_g;
         ru[r] = ent.z + row * P.rw_u;
     }
-    // Gate rows in acc[0..ROWS], up rows in acc[ROWS..NV].
     var acc: array<f32, NV>;
     for (var g = lid; g < n_groups; g += WG) {
         let xa = X[xb + 2u * g];
@@ -106,6 +92,29 @@ fn main(
             acc[ROWS + r] += dot8_u(ru[r] + bou, ju, xa, xc, xsum);
         }
     }
+    return acc;
+}
+
+{{PRODUCTS_H}}
+
+@compute @workgroup_size({{WG}})
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    {{SG_ARGS}}
+) {
+    // Uniform per workgroup, so the barriers below are reached by all or none.
+    let pair = wid.y;
+    let row0 = wid.x * ROWS;
+    if (pair >= P.n_pairs || row0 >= P.n_ff) {
+        return;
+    }
+    let ent = entry(pair);
+    if (ent.x == SKIP) {
+        return;
+    }
+    let xb = (pair / P.k_top) * (P.n_embd / 4u);
+{{PRODUCTS}}
 {{REDUCE}}
     if (lid < ROWS && row0 + lid < P.n_ff) {
         let row = row0 + lid;
