@@ -1067,11 +1067,39 @@ mod gpu_ops {
         );
     }
 
-    /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s.
+    /// What one dispatch costs apart from its work (issue 5), one line per condition: wall time
+    /// per dispatch over a batch (submit to completion) and, where the adapter has timestamp
+    /// queries, GPU time per dispatch. `--ignored perf_dispatch` runs only this.
+    fn dispatch_costs(g: &WgpuBackend) {
+        const N_DISPATCHES: usize = 1000;
+        for c in g.perf_dispatch(N_DISPATCHES).expect("dispatch probe") {
+            let gpu = match c.gpu_secs {
+                Some(s) => format!("{:.2} us GPU", s * 1e6),
+                None => "no timestamp queries".to_string(),
+            };
+            println!(
+                "dispatch cost [{}]: {:.2} us wall, {gpu} per dispatch ({:.2} us host recording)",
+                c.case,
+                c.wall_secs * 1e6,
+                c.encode_secs * 1e6
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
+    fn perf_dispatch() {
+        let Some(g) = gpu("backend_ops") else { return };
+        dispatch_costs(&g);
+    }
+
+    /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s, and
+    /// the per-dispatch costs of `perf_dispatch`.
     #[test]
     #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
     fn perf() {
         let Some(g) = gpu("backend_ops") else { return };
+        dispatch_costs(&g);
         let stream_bytes: u64 = (1u64 << 30).min(g.max_binding_bytes());
         let t_stream = g.perf_stream(stream_bytes, 20).expect("stream");
         println!(

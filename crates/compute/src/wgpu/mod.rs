@@ -35,6 +35,7 @@
 //! The CPU back end is the reference and needs no device; this one is for machines with a GPU.
 //! Tests compare the two op by op (`tests/backend_ops.rs`) and model by model.
 
+mod dispatch_probe;
 mod experts;
 mod fused;
 mod int8;
@@ -52,6 +53,8 @@ use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
+#[doc(hidden)]
+pub use dispatch_probe::DispatchCost;
 pub use int8::Q8Act;
 use layout::TypeLayout;
 pub use shaders::MatvecShape;
