@@ -100,6 +100,35 @@ fn prefill_tiles_give_the_same_bits_as_one_token_at_a_time() {
     }
 }
 
+/// The 32-value types with odd and even block counts per row: the decode kernel takes Q4_0 and
+/// Q4_1 blocks two at a time with a last lone block, the prefill tiles one at a time; both must
+/// give each output the same bits.
+#[test]
+fn decode_block_pairs_and_a_lone_last_block_match_prefill_bits() {
+    let mut rng = Rng::new(0x0DDB10C);
+    for &dtype in &[GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for (n_out, blocks, n_tok) in [(9, 1, 3), (17, 3, 9), (8, 2, 2), (23, 65, 5), (16, 64, 16)] {
+            let k = 32 * blocks;
+            let w = random_rows(dtype, n_out, k, &mut rng);
+            let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
+            let mut batch = vec![0f32; n_tok * n_out];
+            quant::matmul(dtype, &w, n_out, k, &x, &mut batch, MatmulMode::QuantizedActivations).unwrap();
+            for t in 0..n_tok {
+                let mut one = vec![0f32; n_out];
+                let xt = &x[t * k..(t + 1) * k];
+                quant::matmul(dtype, &w, n_out, k, xt, &mut one, MatmulMode::QuantizedActivations).unwrap();
+                for o in 0..n_out {
+                    assert_eq!(
+                        batch[t * n_out + o].to_bits(),
+                        one[o].to_bits(),
+                        "{dtype} blocks={blocks} n_tok={n_tok} t={t} o={o}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// ggml tests/test-quantize-fns.cpp: weights `0.1 + 2 cos(i)` quantized with the reference
 /// quantizer, activations `0.1 + 2 cos(i + 1)` quantized on the fly, 4096 values;
 /// `|vec_dot - f32 dot| / 4096` below MAX_DOT_PRODUCT_ERROR (0.02), _LOWBIT (0.04) for Q2_K,

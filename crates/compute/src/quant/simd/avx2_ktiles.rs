@@ -160,8 +160,8 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm256_setzero_ps();
     for ib in 0..nb {
-        prefetch_next_rows(rows, nb, block_bytes(T), ib);
         let at = ib * block_bytes(T);
+        prefetch_next_rows(rows, nb * block_bytes(T), at, block_bytes(T));
         let xq = token_quants(&xs, ib);
         let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
         if T == Q4_K {

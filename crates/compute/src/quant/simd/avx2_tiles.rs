@@ -103,47 +103,110 @@ pub(super) unsafe fn f16x4(p: &[*const u8; 4], offset: usize) -> __m128 {
 }
 
 /// The two f16 values at `p[i] + offset` and `p[i] + offset + 2` of eight rows, as eight f32
-/// lanes each (a block's `d` and, for Q4_1, `m`): one 32-bit load per row, then a byte
-/// shuffle and a lane permute separate the two.
+/// lanes each (a block's `d` and, for Q4_1, `m`): one 32-bit load per row, the halves packed
+/// four to a 64-bit integer register, then one conversion per half. Packing in integer
+/// registers keeps the work off the vector ports, which the decode kernels saturate (lane
+/// inserts cost a vector micro-op each: about 12 per call against 4 now).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn f16_pairs8(p: &[*const u8; 8], offset: usize) -> (__m256, __m256) {
-    let word = |i: usize| (p[i].add(offset) as *const i32).read_unaligned();
-    let lo = _mm_insert_epi32(
-        _mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(word(0)), word(1), 1), word(2), 2),
-        word(3),
-        3,
-    );
-    let hi = _mm_insert_epi32(
-        _mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(word(4)), word(5), 1), word(6), 2),
-        word(7),
-        3,
-    );
-    // Per 128-bit lane: [first halves of the four words | second halves].
-    let split = _mm256_setr_epi8(
-        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-    );
-    let halves = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), split);
-    let ordered = _mm256_permute4x64_epi64(halves, 0b11_01_10_00);
-    (_mm256_cvtph_ps(_mm256_castsi256_si128(ordered)), _mm256_cvtph_ps(_mm256_extracti128_si256(ordered, 1)))
+    let word: [u64; 8] = std::array::from_fn(|i| (p[i].add(offset) as *const u32).read_unaligned() as u64);
+    let firsts = |a: usize| {
+        (word[a] & 0xFFFF) | (word[a + 1] & 0xFFFF) << 16 | (word[a + 2] & 0xFFFF) << 32 | (word[a + 3] & 0xFFFF) << 48
+    };
+    let seconds =
+        |a: usize| word[a] >> 16 | word[a + 1] >> 16 << 16 | word[a + 2] >> 16 << 32 | word[a + 3] >> 16 << 48;
+    let halves = |lo: u64, hi: u64| _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64));
+    (halves(firsts(0), firsts(4)), halves(seconds(0), seconds(4)))
 }
 
-/// Asks for the weight bytes the next call will read, a share per block: the next group of
-/// eight rows starts right after `rows[7]` (rows are consecutive in the matrix), and block `ib`
-/// of this call prefetches the `ib`-th `8 * block_bytes` of it. The hardware prefetchers do
-/// not cover eight interleaved row streams of a few cache lines each (1152 bytes per Q4_0 row
-/// of 2048 values): with this, one thread's one-token matmul over such rows went from about
-/// 0.35 to 0.6-0.8 of a plain streaming read of the same bytes (tests/quant_speed.rs; Q4_0
-/// 5.9 -> 12-13 GB/s, Q4_K 5.3 -> 13-15 GB/s), where rows of 32768 values had 0.74 without it.
-/// Prefetching two groups ahead measured the same. A prefetch never faults, so the last
-/// group's look past the end of the matrix is harmless.
+/// Asks for the weight bytes the next call will read, a share per step: the next group of
+/// eight rows starts right after `rows[7]` (rows are consecutive in the matrix, `row_bytes`
+/// each), and a step that reads bytes `at..at + len` of each of the eight rows prefetches
+/// bytes `8 at..8 (at + len)` of the next group, so the whole group arrives over one call. The
+/// hardware prefetchers do not cover eight interleaved row streams of a few cache lines each
+/// (1152 bytes per Q4_0 row of 2048 values): with this, one thread's one-token matmul over such
+/// rows went from about 0.35 to 0.6-0.8 of a plain streaming read of the same bytes
+/// (tests/quant_speed.rs; Q4_0 5.9 -> 12-13 GB/s, Q4_K 5.3 -> 13-15 GB/s), where rows of 32768
+/// values had 0.74 without it. Prefetching two groups ahead measured the same. A prefetch
+/// never faults, so the last group's look past the end of the matrix is harmless.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn prefetch_next_rows(rows: &[*const u8; 8], nb: usize, block_bytes: usize, ib: usize) {
-    let step = 8 * block_bytes;
-    let at = rows[7].wrapping_add(nb * block_bytes + ib * step);
-    for offset in (0..step).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(offset) as *const i8);
+pub(super) unsafe fn prefetch_next_rows(rows: &[*const u8; 8], row_bytes: usize, at: usize, len: usize) {
+    let from = rows[7].wrapping_add(row_bytes + 8 * at);
+    for offset in (0..8 * len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(offset) as *const i8);
+    }
+}
+
+/// The integer sums of eight rows of Q4_0 or Q4_1 (unsigned nibble levels) with two
+/// consecutive blocks at `at` and `at + block_bytes`: `x_lo` holds the activations of values
+/// 0..16 of the first block then of the second, `x_hi` those of values 16..32.
+///
+/// Each row's two blocks go into one register (first block in the low 128-bit lane), so one
+/// mask gives the low nibbles (values 0..16) of both and one shift and mask the high ones; the
+/// two `maddubs` add up to 16 lanes per row, eight per block, of four products each. The
+/// horizontal tree then reduces the eight rows' vectors for both blocks at once: half the
+/// horizontal adds per block of the one-block kernel, which were its most expensive
+/// instructions (three micro-ops each on one port of Zen 3; llvm-mca: 19.6 -> 15 cycles per
+/// block of eight rows). Overflow: a lane of four products is at most 4 * 15 * 127 = 7620,
+/// two rounds of adds give 16 products (30480) in i16, and the last round is a `madd` into i32.
+/// Returns `sum(u * x)` per row for the first block and for the second, in i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibble_pair_sums<const T: u8>(
+    rows: &[*const u8; 8],
+    at: usize,
+    x_lo: __m256i,
+    x_hi: __m256i,
+) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let quants = if T == Q4_1 { 4 } else { 2 };
+    let v: [__m256i; 8] = std::array::from_fn(|r| {
+        let first = rows[r].add(at + quants) as *const __m128i;
+        let second = rows[r].add(at + block_bytes(T) + quants) as *const __m128i;
+        let q = _mm256_loadu2_m128i(second, first);
+        let lo = _mm256_and_si256(q, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi))
+    });
+    let h01 = _mm256_hadd_epi16(v[0], v[1]);
+    let h23 = _mm256_hadd_epi16(v[2], v[3]);
+    let h45 = _mm256_hadd_epi16(v[4], v[5]);
+    let h67 = _mm256_hadd_epi16(v[6], v[7]);
+    // Per block (128-bit lane): [r0 r0 r1 r1 r2 r2 r3 r3] and the same for rows 4..8.
+    let ones = _mm256_set1_epi16(1);
+    let a = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones);
+    let b = _mm256_madd_epi16(_mm256_hadd_epi16(h45, h67), ones);
+    // a = [r0..r3 of the first block | r0..r3 of the second], b the same for rows 4..8.
+    (_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31))
+}
+
+/// Adds one block's exact integer sums `s` (eight rows, `sum(u * x)`) to the accumulators:
+/// the level offset comes off as `offset * sum(x)`, then `acc = fma(float(s), d_w * d_x, acc)`
+/// (and for Q4_1 the min term into `acc_m`), the same operations whichever kernel computed `s`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_block<const T: u8>(
+    mut s: __m256i,
+    rows: &[*const u8; 8],
+    at: usize,
+    x: &ActRow<'_>,
+    ib: usize,
+    acc: &mut __m256,
+    acc_m: &mut __m256,
+) {
+    let sx = *x.sums.get_unchecked(ib) as i32;
+    if level_offset(T) != 0 {
+        s = _mm256_sub_epi32(s, _mm256_set1_epi32(level_offset(T) * sx));
+    }
+    let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
+    let (dw, mw) = f16_pairs8(rows, at);
+    let scale = _mm256_mul_ps(dw, dx);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, *acc);
+    if has_min(T) {
+        let min_scale = _mm256_mul_ps(mw, dx);
+        *acc_m = _mm256_fmadd_ps(_mm256_set1_ps(sx as f32), min_scale, *acc_m);
     }
 }
 
@@ -155,13 +218,29 @@ pub(super) unsafe fn prefetch_next_rows(rows: &[*const u8; 8], nb: usize, block_
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
     assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
+    let row_bytes = nb * block_bytes(T);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm256_setzero_ps();
-    for ib in 0..nb {
-        prefetch_next_rows(rows, nb, block_bytes(T), ib);
-        let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i);
+    let mut ib = 0;
+    if T == Q4_0 || T == Q4_1 {
+        while ib + 2 <= nb {
+            let at = ib * block_bytes(T);
+            prefetch_next_rows(rows, row_bytes, at, 2 * block_bytes(T));
+            let x0 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i);
+            let x1 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib + 32) as *const __m256i);
+            let (x_lo, x_hi) = (_mm256_permute2x128_si256(x0, x1, 0x20), _mm256_permute2x128_si256(x0, x1, 0x31));
+            let (first, second) = nibble_pair_sums::<T>(rows, at, x_lo, x_hi);
+            add_block::<T>(first, rows, at, &x, ib, &mut acc, &mut acc_m);
+            add_block::<T>(second, rows, at + block_bytes(T), &x, ib + 1, &mut acc, &mut acc_m);
+            ib += 2;
+        }
+    }
+    // Q5_0 and Q8_0 block by block, and the last block of an odd count of Q4_0/Q4_1 blocks.
+    for ib in ib..nb {
         let at = ib * block_bytes(T);
-        let mut s = if T == Q4_0 || T == Q4_1 {
+        prefetch_next_rows(rows, row_bytes, at, block_bytes(T));
+        let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i);
+        let s = if T == Q4_0 || T == Q4_1 {
             // Levels <= 15: a maddubs lane is at most 3810 in magnitude, so the eight lanes of a
             // row's 128-bit half add up in i16 (30480): three rounds of i16 horizontal adds give
             // [r0 .. r7] per half, without the eight madds of the i32 fold below.
@@ -191,18 +270,7 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
                 _mm256_permute2x128_si256(h0123, h4567, 0x31),
             )
         };
-        let sx = *x.sums.get_unchecked(ib) as i32;
-        if level_offset(T) != 0 {
-            s = _mm256_sub_epi32(s, _mm256_set1_epi32(level_offset(T) * sx));
-        }
-        let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
-        let (dw, mw) = f16_pairs8(rows, at);
-        let scale = _mm256_mul_ps(dw, dx);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
-        if has_min(T) {
-            let min_scale = _mm256_mul_ps(mw, dx);
-            acc_m = _mm256_fmadd_ps(_mm256_set1_ps(sx as f32), min_scale, acc_m);
-        }
+        add_block::<T>(s, rows, at, &x, ib, &mut acc, &mut acc_m);
     }
     if has_min(T) {
         acc = _mm256_add_ps(acc, acc_m);
