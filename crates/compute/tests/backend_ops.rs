@@ -30,7 +30,7 @@ mod gpu_ops {
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{self, GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
-    use compute::wgpu::{MatvecShape, WgpuBackend};
+    use compute::wgpu::{MatvecShape, Q8Shape, WgpuBackend};
     use compute::{AttnStep, Backend, Experts, HostWeight};
     use gguf::{GgufModel, GgufWriter};
     use rand::rngs::StdRng;
@@ -1133,12 +1133,13 @@ mod gpu_ops {
                 timings.push((kernel, secs));
             }
             // The int8-activation kernel (activations quantized once, outside the timing: its
-            // cost per token is the `quantize_q8` line below).
-            for rows in [1, 2, 4] {
-                for wg in [32, 64, 128, 256] {
-                    if let Some(secs) = g.perf_matvec_q8(&x, &w, MatvecShape { rows, wg }, 50).expect("matvec_q8") {
-                        timings.push((format!("matvec_q8 {rows}x{wg}"), secs));
-                    }
+            // cost per token is the `quantize_q8` line below), every variant (Q8Shape::parse:
+            // ROWSxWG, tTPR invocations per row slot, uUNROLL blocks per iteration; each is
+            // selectable with DISKFORMER_MATVEC_Q8).
+            for v in Q8_PERF_SHAPES {
+                let shape = Q8Shape::parse(v).expect("valid shape");
+                if let Some(secs) = g.perf_matvec_q8(&x, &w, shape, 50).expect("matvec_q8") {
+                    timings.push((format!("matvec_q8 {shape}"), secs));
                 }
             }
             for (kernel, secs) in timings {
@@ -1175,6 +1176,82 @@ mod gpu_ops {
             let x = g.from_host(&rand_vec(&mut rng, k, 1.0), &[1, k]).unwrap();
             let secs = g.perf_quantize_q8(&x, 50).expect("quantize");
             println!("quantize_q8 1x{k}: {:.1} us", secs * 1e6);
+        }
+        perf_groups(&g, &mut rng);
+    }
+
+    /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,
+    /// unrolled loops).
+    const Q8_PERF_SHAPES: [&str; 20] = [
+        "1x64",
+        "2x64",
+        "4x64",
+        "1x128",
+        "2x128",
+        "1x64u2",
+        "2x64u2",
+        "2x128u2",
+        "1x256t8",
+        "1x256t16",
+        "2x256t16",
+        "1x256t32",
+        "2x256t32",
+        "4x128t32",
+        "1x128t16",
+        "1x256t8u2",
+        "1x256t16u2",
+        "2x256t16u2",
+        "1x256t32u2",
+        "2x128t32u2",
+    ];
+
+    /// One 8B decode layer's grouped products with int8 activations, each timed with its
+    /// quantization: q/k/v (4096, 1024, 1024 rows x 4096) in one multi-weight dispatch against
+    /// three, and gate/up (14336 rows x 4096) with the GLU in one dispatch (which also writes the
+    /// int8 blocks for the down projection) against two products, the glu kernel and a
+    /// quantization; the GLU kernel in every shape that quantizes its result
+    /// (DISKFORMER_GLU_Q8 picks it).
+    fn perf_groups(g: &WgpuBackend, rng: &mut StdRng) {
+        let g = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        let k = 4096usize;
+        let x = g.from_host(&rand_vec(rng, k, 1.0), &[1, k]).unwrap();
+        for t in [GgmlType::Q4_0, GgmlType::Q4_K] {
+            let tn = type_name(t);
+            let tensors: Vec<_> = [("q", 4096usize), ("k", 1024), ("v", 1024), ("gate", 14336), ("up", 14336)]
+                .iter()
+                .map(|&(n, rows)| (format!("{n}_{tn}"), t, vec![rows, k], Vec::new()))
+                .collect();
+            let file = WeightFile::new(&format!("perf-groups-{tn}"), &tensors);
+            let ws: Vec<_> = tensors.iter().map(|(n, ..)| g.weight(&file.get(n)).expect("upload")).collect();
+            let qkv = [&ws[0], &ws[1], &ws[2]];
+            let qkv_bytes = (6144 * k / t.block_elems() * t.block_bytes()) as f64;
+            let plain = Q8Shape::parse("1x64").expect("valid");
+            for (label, fused) in [("3 dispatches", None), ("1 dispatch 1x64", Some(plain))] {
+                let secs = g.perf_group_q8(&x, &qkv, None, fused, 50).expect("qkv");
+                println!(
+                    "group {tn} q/k/v 6144x{k} [{label}, with quantize_q8]: {:.1} us, {:.1} GB/s",
+                    secs * 1e6,
+                    qkv_bytes / secs / 1e9
+                );
+            }
+            let gu = [&ws[3], &ws[4]];
+            let gu_bytes = (2 * 14336 * k / t.block_elems() * t.block_bytes()) as f64;
+            let silu = Glu::Plain(Act::Silu);
+            let secs = g.perf_group_q8(&x, &gu, Some(silu), None, 50).expect("gate/up");
+            println!(
+                "group {tn} gate/up+glu 2x14336x{k} [gate, up, glu, quantize_q8 + quantize_q8 of x]: {:.1} us, {:.1} GB/s",
+                secs * 1e6,
+                gu_bytes / secs / 1e9
+            );
+            for v in ["1x256t8", "2x128t8", "1x128t4", "4x64t8", "2x256t16", "1x256t8u2", "2x128t8u2", "1x64t2"] {
+                let shape = Q8Shape::parse(v).expect("valid");
+                let secs = g.perf_group_q8(&x, &gu, Some(silu), Some(shape), 50).expect("glu");
+                println!(
+                    "group {tn} gate/up+glu 2x14336x{k} [1 dispatch {shape} + quantize_q8 of x]: {:.1} us, {:.1} GB/s",
+                    secs * 1e6,
+                    gu_bytes / secs / 1e9
+                );
+            }
         }
     }
 }

@@ -9,8 +9,11 @@
 //!   the same positions with the same spec), instead of once per `rope` call.
 //! - [`Backend::matmul_add`]: the residual added by the product's kernel (its accumulate
 //!   option) into the residual's own buffer: no add dispatch.
-//! - [`Backend::matmul_many`]: with int8 activations, one quantization of the shared input for
-//!   all of q/k/v (or gate/up) instead of one per product.
+//! - [`Backend::matmul_many`]: with int8 activations, one dispatch of the multi-weight int8 kernel
+//!   for q/k/v (or gate/up) of one type (`int8.rs`); mixed types quantize the shared input once
+//!   and run one product each.
+//! - [`Backend::matmul_glu`]: gate, up and the GLU in one int8 dispatch that also writes the
+//!   result's int8 blocks for the down projection (`int8.rs`).
 //!
 //! `DISKFORMER_NO_FUSE=1` turns all of it off (the op-by-op graph, one rope table upload per
 //! `rope`), so one binary measures both.
@@ -231,6 +234,16 @@ impl WgpuBackend {
     ) -> Result<[WgpuTensor; N], OpError> {
         for w in ws {
             expect_width("matmul_many", x, w.k)?;
+        }
+        // q/k/v (or gate/up) of one type: one int8 dispatch for all of them.
+        if N >= 2 {
+            if let Some(ys) = self.matmul_many_q8(x, &ws, self.ctx.matvec_q8.plain)? {
+                return ys.try_into().map_err(|v: Vec<WgpuTensor>| OpError::ShapeMismatch {
+                    op: "matmul_many",
+                    expected: format!("{N} outputs"),
+                    got: vec![v.len()],
+                });
+            }
         }
         let n_int8 = if self.ctx.fuse { ws.iter().filter(|w| self.int8_takes(x, w)).count() } else { 0 };
         let xq = if n_int8 >= 2 { self.quantize_activations(x)? } else { None };

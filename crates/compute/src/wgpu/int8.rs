@@ -19,12 +19,11 @@
 //! `eval`'s) keeps f32 activations; `DISKFORMER_GPU_F32_ACT=1` forces f32 activations whatever
 //! was asked, for comparisons.
 
-use super::shaders::{self, Plain};
-use super::{
-    expect_width, grid, lock, Cmd, MatvecShape, PooledBuffer, Span, WgpuBackend, WgpuTensor, WgpuWeight, STORAGE,
-};
+use super::shaders::{self, Plain, Q8Kind, Q8Shape};
+use super::{expect_width, grid, lock, Cmd, Pending, PooledBuffer, Span, WgpuBackend, WgpuTensor, WgpuWeight, STORAGE};
 use crate::error::OpError;
 use crate::quant::MatmulMode;
+use crate::spec::Glu;
 
 /// Values per activation block (one scale and one sum each).
 const BLOCK: usize = 32;
@@ -60,37 +59,117 @@ impl std::fmt::Debug for Q8Act {
     }
 }
 
-/// The last activations quantized by the automatic int8 path, so that products reading the same
-/// activations one after another (q, k and v; gate and up) quantize them once even when the
-/// caller does not use [`WgpuBackend::quantize_activations`]: a dispatch saved is several
-/// microseconds of host time.
+/// The last activations quantized by the automatic int8 path (or by a kernel that writes the int8
+/// blocks of its own output, like the GLU kernel), so that products reading the same activations
+/// one after another (q, k and v; gate and up; the down projection after the GLU) quantize them
+/// once even when the caller does not use [`WgpuBackend::quantize_activations`]: a dispatch saved
+/// is several microseconds.
 ///
-/// The entry is valid while the quantizing dispatch is still in the pending list at `marker - 1`
-/// and no command recorded after it binds the activations' buffer (every write to a buffer is a
-/// recorded dispatch or copy, including the upload into a buffer the pool handed out again). A
-/// submit empties the list and so invalidates it. The int8 buffers are the cache's own and are
-/// rewritten by the next quantization, which is safe because commands run in recording order.
+/// The entry is valid while the dispatch that wrote the blocks is still in the pending list at
+/// `marker - 1` (binding the activations and the pair) and no command recorded after it binds the
+/// activations' buffer (every write to a buffer is a recorded dispatch or copy, including the
+/// upload into a buffer the pool handed out again). A submit empties the list and so invalidates
+/// it. The int8 buffers are the cache's own: two pairs used in turn, because a kernel that reads
+/// one token's blocks may write the next activations' blocks in the same dispatch (gate/up read
+/// them, the GLU writes its result's); the pair not holding the entry is the one written next.
+/// Rewriting a pair is safe because commands run in recording order.
 #[derive(Default)]
 pub(super) struct Q8Cache {
-    qs: Option<wgpu::Buffer>,
-    ds: Option<wgpu::Buffer>,
-    x: Option<wgpu::Buffer>,
+    pairs: [Option<(wgpu::Buffer, wgpu::Buffer)>; 2],
+    /// The pair holding `entry`'s blocks.
+    current: usize,
+    entry: Option<Q8Entry>,
+}
+
+struct Q8Entry {
+    x: wgpu::Buffer,
     width: usize,
+    qs: wgpu::Buffer,
+    ds: wgpu::Buffer,
     marker: usize,
 }
 
-/// The int8 kernel's shape: `DISKFORMER_MATVEC_Q8=ROWSxWG` for experiments, else 1 row per
-/// 64-invocation workgroup (the f32 kernel's measured best; the perf test sweeps both).
-pub(super) fn default_q8_shape() -> MatvecShape {
-    std::env::var("DISKFORMER_MATVEC_Q8")
-        .ok()
-        .and_then(|v| {
-            let (rows, wg) = v.split_once('x')?;
-            let shape = MatvecShape { rows: rows.parse().ok()?, wg: wg.parse().ok()? };
-            (shape.rows >= 1 && shape.rows <= 16 && shape.wg.is_power_of_two() && (32..=256).contains(&shape.wg))
-                .then_some(shape)
-        })
-        .unwrap_or(MatvecShape { rows: 1, wg: 64 })
+impl Q8Cache {
+    /// The int8 blocks of `x` (`width` values per row) when the entry is still valid.
+    fn lookup(&self, x: &wgpu::Buffer, width: usize, pending: &Pending) -> Option<(wgpu::Buffer, wgpu::Buffer)> {
+        let e = self.entry.as_ref()?;
+        if &e.x != x || e.width != width {
+            return None;
+        }
+        let written_here = match pending.cmds.get(e.marker.wrapping_sub(1)) {
+            Some(Cmd::Dispatch { buffers, .. }) => {
+                buffers.contains(x) && buffers.contains(&e.qs) && buffers.contains(&e.ds)
+            }
+            _ => false,
+        };
+        let untouched = || {
+            pending.cmds[e.marker..].iter().all(|c| match c {
+                Cmd::Dispatch { buffers, .. } => !buffers.contains(x),
+                Cmd::Copy { dst, .. } => dst != x,
+            })
+        };
+        (written_here && untouched()).then(|| (e.qs.clone(), e.ds.clone()))
+    }
+}
+
+/// The int8 kernels' shapes: the plain products' (`DISKFORMER_MATVEC_Q8=ROWSxWG[tTPR][uUNROLL]`,
+/// see [`Q8Shape::parse`]) and the GLU kernel's (`DISKFORMER_GLU_Q8`, whose workgroups must
+/// cover whole 32-row blocks to quantize their result; other shapes leave the quantization to
+/// the down projection).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Q8Config {
+    pub(super) plain: Q8Shape,
+    pub(super) glu: Q8Shape,
+}
+
+/// [`Q8Config`] from the environment, else the defaults: 1 row per 64-invocation workgroup for
+/// the plain products (the f32 kernel's measured best, within a few % of 2x64 on the H200), and
+/// for the GLU 32 rows per 256-invocation workgroup, 8 invocations per row (one block of the
+/// result per workgroup).
+pub(super) fn default_q8_config() -> Q8Config {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| Q8Shape::parse(&v));
+    Q8Config {
+        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1 }),
+        glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1 }),
+    }
+}
+
+/// Words of the int8 kernels' parameters (matvec_q8.wgsl's `Params`).
+#[derive(Default)]
+struct Q8Params {
+    k: u32,
+    row_words: u32,
+    xb0: u32,
+    accumulate: u32,
+    n_rows: [u32; 3],
+    groups: [u32; 3],
+    w_row0: u32,
+    out_col0: u32,
+    glu: (u32, f32, f32),
+    quantize: bool,
+}
+
+impl Q8Params {
+    fn words(&self) -> [u32; 16] {
+        [
+            self.k,
+            self.row_words,
+            self.xb0,
+            self.accumulate,
+            self.n_rows[0],
+            self.n_rows[1],
+            self.n_rows[2],
+            self.groups[0],
+            self.groups[1],
+            self.groups[2],
+            self.w_row0,
+            self.out_col0,
+            self.glu.0,
+            self.glu.1.to_bits(),
+            self.glu.2.to_bits(),
+            self.quantize as u32,
+        ]
+    }
 }
 
 impl WgpuBackend {
@@ -182,7 +261,7 @@ impl WgpuBackend {
                         got: vec![q.n_tok, q.width],
                     });
                 }
-                self.matvec_q8_span(&q.qs.buffer, &q.ds.buffer, q.width, w, y, r, self.ctx.matvec_q8, accumulate);
+                self.matvec_q8_span(&q.qs.buffer, &q.ds.buffer, q.width, w, y, r, self.ctx.matvec_q8.plain, accumulate);
                 Ok(())
             }
             _ => self.product_f32(x, w, y, r, accumulate),
@@ -202,56 +281,80 @@ impl WgpuBackend {
         if !self.int8_applies(x, w, r.x_col0) {
             return Ok(false);
         }
-        let mut cache = lock(&self.ctx.q8_cache);
-        let xb = &x.buf.buffer;
-        let valid = cache.x.as_ref() == Some(xb) && cache.width == x.width() && {
-            let pending = lock(&self.ctx.pending);
-            let quantized_here = match pending.cmds.get(cache.marker.wrapping_sub(1)) {
-                Some(Cmd::Dispatch { buffers, .. }) => {
-                    buffers.len() == 3
-                        && &buffers[0] == xb
-                        && Some(&buffers[1]) == cache.qs.as_ref()
-                        && Some(&buffers[2]) == cache.ds.as_ref()
-                }
-                _ => false,
-            };
-            quantized_here
-                && pending.cmds[cache.marker..].iter().all(|c| match c {
-                    Cmd::Dispatch { buffers, .. } => !buffers.contains(xb),
-                    Cmd::Copy { dst, .. } => dst != xb,
-                })
-        };
-        if !valid {
-            let n_blocks = x.len() / BLOCK;
-            let c = &mut *cache;
-            let (qs_bytes, ds_bytes) = ((x.len() as u64).max(16), (8 * n_blocks as u64).max(16));
-            for (buf, bytes, label) in [(&mut c.qs, qs_bytes, "q8 cache qs"), (&mut c.ds, ds_bytes, "q8 cache ds")] {
-                if buf.as_ref().is_none_or(|b| b.size() < bytes) {
-                    *buf = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some(label),
-                        size: bytes.next_power_of_two(),
-                        usage: STORAGE,
-                        mapped_at_creation: false,
-                    }));
-                }
-            }
-            let (qs, ds) = (cache.qs.clone().expect("made above"), cache.ds.clone().expect("made above"));
-            self.dispatch(
-                self.plain(Plain::QuantizeQ8),
-                &[xb, &qs, &ds],
-                &[n_blocks as u32, 0, 0, 0],
-                grid(n_blocks.div_ceil(64)),
-            );
-            // An early submit inside `dispatch` empties the list: the marker then points past
-            // its end and the entry is never found valid.
-            cache.marker = lock(&self.ctx.pending).cmds.len();
-            cache.x = Some(xb.clone());
-            cache.width = x.width();
-        }
-        let (qs, ds) = (cache.qs.clone().expect("set when valid"), cache.ds.clone().expect("set when valid"));
-        drop(cache);
-        self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, self.ctx.matvec_q8, accumulate);
+        let (qs, ds) = self.q8_blocks(x);
+        self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, self.ctx.matvec_q8.plain, accumulate);
         Ok(true)
+    }
+
+    /// The int8 blocks of `x` (one token, whole blocks): the cached ones while still valid, else
+    /// a quantization recorded now into the cache's next pair and cached.
+    pub(super) fn q8_blocks(&self, x: &WgpuTensor) -> (wgpu::Buffer, wgpu::Buffer) {
+        let xb = &x.buf.buffer;
+        let cached = {
+            let cache = lock(&self.ctx.q8_cache);
+            let pending = lock(&self.ctx.pending);
+            cache.lookup(xb, x.width(), &pending)
+        };
+        if let Some(pair) = cached {
+            return pair;
+        }
+        let (qs, ds) = self.q8_target(x.len());
+        let n_blocks = x.len() / BLOCK;
+        self.dispatch(
+            self.plain(Plain::QuantizeQ8),
+            &[xb, &qs, &ds],
+            &[n_blocks as u32, 0, 0, 0],
+            grid(n_blocks.div_ceil(64)),
+        );
+        self.q8_register(xb, x.width());
+        (qs, ds)
+    }
+
+    /// The pair of buffers (packed bytes, per-block (d, d * sum)) into which the next dispatch
+    /// that quantizes `n_values` activations should write: the cache's pair that does not hold
+    /// the current entry, so a kernel may read the current blocks and write new ones. Call
+    /// [`q8_register`](Self::q8_register) right after recording that dispatch.
+    pub(super) fn q8_target(&self, n_values: usize) -> (wgpu::Buffer, wgpu::Buffer) {
+        let mut cache = lock(&self.ctx.q8_cache);
+        let next = 1 - cache.current;
+        let (qs_bytes, ds_bytes) = ((n_values as u64).max(16), (8 * (n_values / BLOCK) as u64).max(16));
+        let fits = cache.pairs[next].as_ref().is_some_and(|(q, d)| q.size() >= qs_bytes && d.size() >= ds_bytes);
+        if !fits {
+            let make = |bytes: u64, label: &str| {
+                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: bytes.next_power_of_two(),
+                    usage: STORAGE,
+                    mapped_at_creation: false,
+                })
+            };
+            cache.pairs[next] = Some((make(qs_bytes, "q8 cache qs"), make(ds_bytes, "q8 cache ds")));
+        }
+        cache.pairs[next].clone().expect("made above")
+    }
+
+    /// Records that the dispatch recorded last wrote the int8 blocks of `x` (`width` values per
+    /// row) into the pair [`q8_target`](Self::q8_target) gave, so that the next products of `x`
+    /// read them instead of quantizing again.
+    pub(super) fn q8_register(&self, x: &wgpu::Buffer, width: usize) {
+        let mut cache = lock(&self.ctx.q8_cache);
+        let next = 1 - cache.current;
+        let Some((qs, ds)) = cache.pairs[next].clone() else { return };
+        cache.current = next;
+        // An early submit inside `dispatch` empties the list: the marker then points past its
+        // end and the entry is never found valid.
+        let marker = lock(&self.ctx.pending).cmds.len();
+        cache.entry = Some(Q8Entry { x: x.clone(), width, qs, ds, marker });
+    }
+
+    /// The pipeline of an int8 kernel for `w`'s type.
+    fn q8_pipeline(&self, w: &WgpuWeight, shape: Q8Shape, kind: Q8Kind) -> std::sync::Arc<wgpu::ComputePipeline> {
+        let l = w.layout;
+        let sg = self.ctx.subgroups;
+        let key = format!("matvec_q8 {} {shape} {kind:?} sg{sg}", l.name);
+        self.ctx.pipeline(&key, || {
+            shaders::matvec_q8(&l, shape, kind, sg).expect("callers check that the type has an int8 kernel")
+        })
     }
 
     /// One token's product through `matvec_q8.wgsl` (the weight type must have a `dot32`).
@@ -264,43 +367,172 @@ impl WgpuBackend {
         w: &WgpuWeight,
         y: &WgpuTensor,
         r: Span,
-        shape: MatvecShape,
+        shape: Q8Shape,
         acc: bool,
     ) {
         let Span { x_col0, w_row0, n_rows, y_col0 } = r;
-        let k = w.k;
-        let l = w.layout;
-        let sg = self.ctx.subgroups;
-        let key = format!("matvec_q8 {} {}x{} sg{sg}", l.name, shape.rows, shape.wg);
-        let pipe = self.ctx.pipeline(&key, || {
-            shaders::matvec_q8(&l, shape, sg).expect("callers check that the type has an int8 kernel")
-        });
+        let pipe = self.q8_pipeline(w, shape, Q8Kind::Weights(1));
+        let rpw = shape.rows_per_group() as usize;
+        debug_assert!(x_col0 + w.k <= width);
         for c in &w.chunks {
             let lo = w_row0.max(c.row0);
             let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);
             if lo >= hi {
                 continue;
             }
-            self.dispatch(
-                pipe.clone(),
-                &[&c.buffer, qs, ds, &y.buf.buffer],
-                &[
-                    k as u32,
-                    (hi - lo) as u32,
-                    1,
-                    l.row_words(k) as u32,
-                    (lo - c.row0) as u32,
-                    y.width() as u32,
-                    (y_col0 + lo - w_row0) as u32,
-                    (width / BLOCK) as u32,
-                    x_col0 as u32,
-                    acc as u32,
-                    0,
-                    0,
-                ],
-                grid((hi - lo).div_ceil(shape.rows as usize)),
-            );
+            let n_groups = (hi - lo).div_ceil(rpw);
+            let p = Q8Params {
+                k: w.k as u32,
+                row_words: w.layout.row_words(w.k) as u32,
+                xb0: (x_col0 / BLOCK) as u32,
+                accumulate: acc as u32,
+                n_rows: [(hi - lo) as u32, 0, 0],
+                groups: [0, 0, n_groups as u32],
+                w_row0: (lo - c.row0) as u32,
+                out_col0: (y_col0 + lo - w_row0) as u32,
+                ..Q8Params::default()
+            };
+            self.dispatch(pipe.clone(), &[qs, ds, &c.buffer, &y.buf.buffer], &p.words(), grid(n_groups));
         }
+    }
+
+    /// Whether one int8 kernel can serve all of `ws` against `x`: int8 activations apply to each,
+    /// they share one type with an int8 kernel and the width, and each fits one binding.
+    fn int8_group_applies(&self, x: &WgpuTensor, ws: &[&WgpuWeight]) -> bool {
+        let Some(first) = ws.first() else { return false };
+        self.ctx.fuse
+            && ws.iter().all(|w| {
+                self.int8_applies(x, w, 0)
+                    && w.layout.dtype == first.layout.dtype
+                    && w.k == first.k
+                    && w.k == x.width()
+                    && w.chunks.len() == 1
+                    && w.n_rows > 0
+            })
+    }
+
+    /// `[x · W0ᵀ, x · W1ᵀ, ...]` for up to three weights of one type and width in ONE dispatch of
+    /// the int8 kernel (q/k/v: one dispatch instead of three); `None` when it does not apply
+    /// (more than one token, int8 activations off, mixed types or widths, a weight split over
+    /// several bindings), and the caller takes the products one by one.
+    pub(super) fn matmul_many_q8(
+        &self,
+        x: &WgpuTensor,
+        ws: &[&WgpuWeight],
+        shape: Q8Shape,
+    ) -> Result<Option<Vec<WgpuTensor>>, OpError> {
+        if !(1..=3).contains(&ws.len()) || !self.int8_group_applies(x, ws) {
+            return Ok(None);
+        }
+        let mut ys = Vec::with_capacity(ws.len());
+        for w in ws {
+            ys.push(self.alloc("matmul", &[1, w.n_rows])?);
+        }
+        let (qs, ds) = self.q8_blocks(x);
+        let rpw = shape.rows_per_group() as usize;
+        // groups[0], groups[1]: first workgroups of weights 1 and 2; groups[2]: the grid's end.
+        let mut n_rows = [0u32; 3];
+        let mut groups = [0u32; 3];
+        let mut end = 0usize;
+        for (i, w) in ws.iter().enumerate() {
+            n_rows[i] = w.n_rows as u32;
+            if i > 0 {
+                groups[i - 1] = end as u32;
+            }
+            end += w.n_rows.div_ceil(rpw);
+        }
+        groups[2] = end as u32;
+        let p = Q8Params {
+            k: x.width() as u32,
+            row_words: ws[0].layout.row_words(ws[0].k) as u32,
+            n_rows,
+            groups,
+            ..Q8Params::default()
+        };
+        let mut buffers: Vec<&wgpu::Buffer> = vec![&qs, &ds];
+        for (w, y) in ws.iter().zip(&ys) {
+            buffers.push(&w.chunks[0].buffer);
+            buffers.push(&y.buf.buffer);
+        }
+        let pipe = self.q8_pipeline(ws[0], shape, Q8Kind::Weights(ws.len() as u32));
+        self.dispatch(pipe, &buffers, &p.words(), grid(end));
+        Ok(Some(ys))
+    }
+
+    /// `glu(x · Gᵀ, x · Uᵀ)` in ONE dispatch of the int8 GLU kernel, which also writes the
+    /// result's int8 blocks into the cache (when `shape` covers whole 32-row blocks and the width
+    /// is whole blocks), so the down projection that reads it quantizes nothing; `None` when it
+    /// does not apply (as [`matmul_many_q8`](Self::matmul_many_q8), plus gate and up of one
+    /// shape).
+    pub(super) fn matmul_glu_q8(
+        &self,
+        x: &WgpuTensor,
+        gate: &WgpuWeight,
+        up: &WgpuWeight,
+        glu: Glu,
+        shape: Q8Shape,
+    ) -> Result<Option<WgpuTensor>, OpError> {
+        if gate.n_rows != up.n_rows || !self.int8_group_applies(x, &[gate, up]) {
+            return Ok(None);
+        }
+        let n = gate.n_rows;
+        let h = self.alloc("matmul_glu", &[1, n])?;
+        let (qs, ds) = self.q8_blocks(x);
+        let rpw = shape.rows_per_group() as usize;
+        let quantize = rpw.is_multiple_of(BLOCK) && n.is_multiple_of(BLOCK);
+        let (hq, hd) = self.q8_target(n);
+        let n_groups = n.div_ceil(rpw);
+        let p = Q8Params {
+            k: x.width() as u32,
+            row_words: gate.layout.row_words(gate.k) as u32,
+            n_rows: [n as u32, 0, 0],
+            groups: [0, 0, n_groups as u32],
+            glu: Self::glu_code(glu),
+            quantize,
+            ..Q8Params::default()
+        };
+        let pipe = self.q8_pipeline(gate, shape, Q8Kind::Glu);
+        self.dispatch(
+            pipe,
+            &[&qs, &ds, &gate.chunks[0].buffer, &up.chunks[0].buffer, &h.buf.buffer, &hq, &hd],
+            &p.words(),
+            grid(n_groups),
+        );
+        if quantize {
+            self.q8_register(&h.buf.buffer, n);
+        }
+        Ok(Some(h))
+    }
+
+    /// `Backend::matmul_glu` on the GPU: one int8 dispatch when it applies, else the products
+    /// (with one shared quantization) and the `glu` kernel.
+    pub(super) fn matmul_glu_fused(
+        &self,
+        x: &WgpuTensor,
+        gate: &WgpuWeight,
+        up: &WgpuWeight,
+        glu: Glu,
+    ) -> Result<WgpuTensor, OpError> {
+        expect_width("matmul_glu gate", x, gate.k)?;
+        expect_width("matmul_glu up", x, up.k)?;
+        if let Some(h) = self.matmul_glu_q8(x, gate, up, glu, self.ctx.matvec_q8.glu)? {
+            return Ok(h);
+        }
+        let [g, u] = self.matmul_many_fused(x, [gate, up])?;
+        crate::Backend::glu(self, &g, &u, glu)
+    }
+
+    fn check_q8_shape(shape: Q8Shape) -> Result<(), OpError> {
+        if shape.is_valid() {
+            return Ok(());
+        }
+        Err(OpError::Unsupported {
+            op: "matvec_q8",
+            backend: "wgpu",
+            why: format!(
+                "workgroup shape {shape:?}: rows 1..=8, wg a power of two in 32..=256, tpr a power of two up to wg, unroll 1 or 2"
+            ),
+        })
     }
 
     /// One token's `x · Wᵀ` through the int8 kernel with `shape` (tests compare every shape with
@@ -310,9 +542,11 @@ impl WgpuBackend {
         &self,
         x: &WgpuTensor,
         w: &WgpuWeight,
-        shape: MatvecShape,
+        shape: impl Into<Q8Shape>,
     ) -> Result<WgpuTensor, OpError> {
+        let shape = shape.into();
         expect_width("matvec_q8", x, w.k)?;
+        Self::check_q8_shape(shape)?;
         if x.rows() != 1 || !w.k.is_multiple_of(BLOCK) || shaders::dot32_source(w.layout.dtype).is_none() {
             return Err(OpError::ShapeMismatch {
                 op: "matvec_q8",
@@ -326,6 +560,42 @@ impl WgpuBackend {
         Ok(y)
     }
 
+    /// The multi-weight int8 kernel with `shape` (tests compare it with the CPU); an error when it
+    /// does not apply (this entry does not fall back, so a test knows which kernel ran).
+    #[doc(hidden)]
+    pub fn matmul_many_q8_with_shape(
+        &self,
+        x: &WgpuTensor,
+        ws: &[&WgpuWeight],
+        shape: Q8Shape,
+    ) -> Result<Vec<WgpuTensor>, OpError> {
+        Self::check_q8_shape(shape)?;
+        self.matmul_many_q8(x, ws, shape)?.ok_or_else(|| OpError::Unsupported {
+            op: "matmul_many_q8",
+            backend: "wgpu",
+            why: format!("{} weights: the multi-weight int8 kernel does not apply", ws.len()),
+        })
+    }
+
+    /// The int8 GLU kernel with `shape` (tests compare it with the CPU); an error when it does not
+    /// apply.
+    #[doc(hidden)]
+    pub fn matmul_glu_q8_with_shape(
+        &self,
+        x: &WgpuTensor,
+        gate: &WgpuWeight,
+        up: &WgpuWeight,
+        glu: Glu,
+        shape: Q8Shape,
+    ) -> Result<WgpuTensor, OpError> {
+        Self::check_q8_shape(shape)?;
+        self.matmul_glu_q8(x, gate, up, glu, shape)?.ok_or(OpError::Unsupported {
+            op: "matmul_glu_q8",
+            backend: "wgpu",
+            why: "the int8 GLU kernel does not apply".into(),
+        })
+    }
+
     /// Seconds per int8 product `x · Wᵀ` with `shape`, the quantization of `x` done once outside
     /// the timing (for `--perf`); `None` when the type has no int8 kernel.
     #[doc(hidden)]
@@ -333,12 +603,13 @@ impl WgpuBackend {
         &self,
         x: &WgpuTensor,
         w: &WgpuWeight,
-        shape: MatvecShape,
+        shape: Q8Shape,
         reps: usize,
     ) -> Result<Option<f64>, OpError> {
         if shaders::dot32_source(w.layout.dtype).is_none() || !w.k.is_multiple_of(BLOCK) {
             return Ok(None);
         }
+        Self::check_q8_shape(shape)?;
         let q = self.quantize_q8(x)?;
         let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
         self.time_reps(reps, || {
@@ -346,6 +617,45 @@ impl WgpuBackend {
             Ok(())
         })
         .map(Some)
+    }
+
+    /// Seconds per group of int8 products of one token `x` (for `--perf`), each repetition with
+    /// its own quantization: with `fused = Some(shape)`, one multi-weight dispatch (or, when `glu`
+    /// is given, the GLU kernel over `ws[0]` gate and `ws[1]` up) of that shape; with `None`,
+    /// what the op-by-op graph records (each product, then the `glu` kernel and the quantization
+    /// the down projection needs).
+    #[doc(hidden)]
+    pub fn perf_group_q8(
+        &self,
+        x: &WgpuTensor,
+        ws: &[&WgpuWeight],
+        glu: Option<Glu>,
+        fused: Option<Q8Shape>,
+        reps: usize,
+    ) -> Result<f64, OpError> {
+        let plain = self.ctx.matvec_q8.plain;
+        self.time_reps(reps, || {
+            // Every repetition quantizes x, as every decode step does.
+            lock(&self.ctx.q8_cache).entry = None;
+            match (fused, glu) {
+                (Some(shape), Some(glu)) => drop(self.matmul_glu_q8_with_shape(x, ws[0], ws[1], glu, shape)?),
+                (Some(shape), None) => drop(self.matmul_many_q8_with_shape(x, ws, shape)?),
+                (None, _) => {
+                    let (qs, ds) = self.q8_blocks(x);
+                    let mut ys = Vec::new();
+                    for w in ws {
+                        let y = self.alloc("perf", &[1, w.n_rows])?;
+                        self.matvec_q8_span(&qs, &ds, x.width(), w, &y, Span::whole(w), plain, false);
+                        ys.push(y);
+                    }
+                    if let Some(glu) = glu {
+                        let h = crate::Backend::glu(self, &ys[0], &ys[1], glu)?;
+                        self.q8_blocks(&h);
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Seconds per quantization of `x` to int8 blocks (for `--perf`).

@@ -57,8 +57,8 @@ use crate::weight::HostWeight;
 pub use dispatch_probe::DispatchCost;
 pub use int8::Q8Act;
 use layout::TypeLayout;
-pub use shaders::MatvecShape;
 use shaders::Plain;
+pub use shaders::{MatvecShape, Q8Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -300,8 +300,8 @@ struct Ctx {
     /// The decode kernel's workgroup shape; `None` (DISKFORMER_NO_MATVEC=1) sends one-token
     /// products through the general `matmul` kernel.
     matvec: Option<MatvecShape>,
-    /// The int8 decode kernel's workgroup shape (DISKFORMER_MATVEC_Q8).
-    matvec_q8: MatvecShape,
+    /// The int8 decode kernels' workgroup shapes (DISKFORMER_MATVEC_Q8, DISKFORMER_GLU_Q8).
+    matvec_q8: int8::Q8Config,
     /// DISKFORMER_GPU_F32_ACT=1: f32 activations even where int8 ones were asked for.
     force_f32_act: bool,
     /// The last int8 quantization of the automatic path (reused by the next product of the
@@ -660,7 +660,7 @@ impl WgpuBackend {
             unroll: !env_flag("DISKFORMER_NO_UNROLL"),
             tiled: !env_flag("DISKFORMER_NO_TILED"),
             matvec: (!env_flag("DISKFORMER_NO_MATVEC")).then(default_matvec_shape),
-            matvec_q8: int8::default_q8_shape(),
+            matvec_q8: int8::default_q8_config(),
             force_f32_act: env_flag("DISKFORMER_GPU_F32_ACT"),
             q8_cache: Mutex::new(int8::Q8Cache::default()),
             max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) & !255,
@@ -1400,6 +1400,16 @@ impl Backend for WgpuBackend {
 
     fn matmul_many<const N: usize>(&self, x: &WgpuTensor, ws: [&WgpuWeight; N]) -> Result<[WgpuTensor; N], OpError> {
         self.matmul_many_fused(x, ws)
+    }
+
+    fn matmul_glu(
+        &self,
+        x: &WgpuTensor,
+        gate_w: &WgpuWeight,
+        up_w: &WgpuWeight,
+        glu: Glu,
+    ) -> Result<WgpuTensor, OpError> {
+        self.matmul_glu_fused(x, gate_w, up_w, glu)
     }
 
     fn matmul_add(&self, x: &WgpuTensor, w: &WgpuWeight, residual: WgpuTensor) -> Result<WgpuTensor, OpError> {

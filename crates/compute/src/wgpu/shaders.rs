@@ -257,28 +257,377 @@ pub fn dot32_source(dtype: GgmlType) -> Option<&'static str> {
     })
 }
 
-/// The int8-activation decode matrix-vector product for one weight type (`None` when the type has
-/// no `dot32`): the f32 kernel's workgroup shape and closing reduction, 32 values per invocation
-/// and iteration.
-pub fn matvec_q8(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> Option<String> {
-    let dot32 = dot32_source(layout.dtype)?;
-    let (reduce, sg_args) = if subgroups {
-        (
-            REDUCE_ROWS_SUBGROUP,
-            "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,",
-        )
+/// The shape of the int8 decode kernel (`matvec_q8.wgsl`): `wg` invocations in row slots of `tpr`
+/// invocations, each slot holding `rows` rows in registers (a workgroup covers
+/// `rows * wg / tpr` rows), `unroll` activation blocks per loop iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Q8Shape {
+    /// Rows per slot (they share the activation loads).
+    pub rows: u32,
+    /// Invocations per workgroup (a power of two, 32..=256).
+    pub wg: u32,
+    /// Invocations per row slot (a power of two dividing `wg`; `wg`: every invocation on the same
+    /// rows, reduced through subgroups when available).
+    pub tpr: u32,
+    /// Activation blocks per loop iteration (1 or 2).
+    pub unroll: u32,
+}
+
+impl Q8Shape {
+    /// Rows a workgroup covers.
+    pub fn rows_per_group(self) -> u32 {
+        self.rows * (self.wg / self.tpr)
+    }
+
+    /// Whether the kernel can be built with this shape.
+    pub fn is_valid(self) -> bool {
+        (1..=8).contains(&self.rows)
+            && self.wg.is_power_of_two()
+            && (32..=256).contains(&self.wg)
+            && self.tpr.is_power_of_two()
+            && self.tpr <= self.wg
+            && (1..=2).contains(&self.unroll)
+    }
+
+    /// `ROWSxWG[tTPR][uUNROLL]`, e.g. `2x64` (every invocation on the same rows, one block per
+    /// iteration) or `1x256t8u2`; `None` when malformed or invalid.
+    pub fn parse(s: &str) -> Option<Q8Shape> {
+        let (rows, rest) = s.split_once('x')?;
+        let (rest, unroll) = match rest.split_once('u') {
+            Some((r, u)) => (r, u.parse().ok()?),
+            None => (rest, 1),
+        };
+        let (wg, tpr) = match rest.split_once('t') {
+            Some((w, t)) => (w.parse().ok()?, Some(t.parse().ok()?)),
+            None => (rest.parse().ok()?, None),
+        };
+        let shape = Q8Shape { rows: rows.parse().ok()?, wg, tpr: tpr.unwrap_or(wg), unroll };
+        shape.is_valid().then_some(shape)
+    }
+
+    /// The shapes the int8 kernel is compiled for in tests (every one must parse and agree with
+    /// the CPU): the classic ones and the row-slot ones with and without unrolling.
+    pub const TESTED: [Q8Shape; 6] = [
+        Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1 },
+        Q8Shape { rows: 2, wg: 128, tpr: 128, unroll: 2 },
+        Q8Shape { rows: 4, wg: 64, tpr: 64, unroll: 1 },
+        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1 },
+        Q8Shape { rows: 2, wg: 128, tpr: 16, unroll: 2 },
+        Q8Shape { rows: 1, wg: 32, tpr: 4, unroll: 2 },
+    ];
+}
+
+impl From<MatvecShape> for Q8Shape {
+    fn from(s: MatvecShape) -> Q8Shape {
+        Q8Shape { rows: s.rows, wg: s.wg, tpr: s.wg, unroll: 1 }
+    }
+}
+
+impl std::fmt::Display for Q8Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.rows, self.wg)?;
+        if self.tpr != self.wg {
+            write!(f, "t{}", self.tpr)?;
+        }
+        if self.unroll != 1 {
+            write!(f, "u{}", self.unroll)?;
+        }
+        Ok(())
+    }
+}
+
+/// What one int8 kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Q8Kind {
+    /// Products of 1..=3 weights of one type and width against the same activations, their
+    /// workgroups one after another in the grid, each into its own output.
+    Weights(u32),
+    /// gate and up paired: glu(gate, up) per row, optionally with the result's int8 blocks.
+    Glu,
+}
+
+/// The activation block `q` of the loop and the weight block offset / sub-block it meets.
+const Q8_LOAD: &str = "            let x0{S} = XQ[2u * (P.xb0 + q{S})];
+            let x1{S} = XQ[2u * (P.xb0 + q{S}) + 1u];
+            let xd{S} = XD[P.xb0 + q{S}];
+            let bo{S} = (q{S} / spb) * BW;
+            let j{S} = q{S} % spb;
+";
+
+/// The main loop over activation blocks; `{ACC}` adds one block `{S}` to the accumulators.
+fn q8_loop(unroll: u32, acc: &str) -> String {
+    let one = |sfx: &str| Q8_LOAD.replace("{S}", sfx);
+    let add = |sfx: &str| acc.replace("{S}", sfx);
+    let mut s = String::from("        var q = lane;\n");
+    if unroll == 2 {
+        s += "        for (; q + TPR < n_blocks; q += 2u * TPR) {\n            let qa = q;\n            let qb = q + TPR;\n";
+        s += &one("a");
+        s += &one("b");
+        s += &add("a");
+        s += &add("b");
+        s += "        }\n";
+    }
+    s += "        for (; q < n_blocks; q += TPR) {\n            let qa = q;\n";
+    s += &one("a");
+    s += &add("a");
+    s += "        }\n";
+    s
+}
+
+/// Stores `s` at `{Y}[o]`, or adds it (P.accumulate).
+const Q8_STORE: &str =
+    "if (P.accumulate != 0u) {\n                {Y}[o] += s;\n            } else {\n                {Y}[o] = s;\n            }";
+
+/// One weight's part of a plain int8 kernel: `{G}` its workgroup index, `{N}` its row count,
+/// `{DOT}` its dot product, `{Y}` its output, `{WR}` / `{OC}` its first row and output column.
+fn q8_weight_body(shape: Q8Shape, subgroups: bool) -> String {
+    let mut s = String::from(
+        "        let n_rows = {N};
+        let wrow0 = ({G}) * RPW;
+        let row0 = wrow0 + slot * ROWS;
+        // Rows past the end repeat the last row: computed, never written.
+        var rb: array<u32, ROWS>;
+        for (var r = 0u; r < ROWS; r++) {
+            rb[r] = ({WR} + min(row0 + r, n_rows - 1u)) * P.row_words;
+        }
+        var acc: array<f32, ROWS>;
+",
+    );
+    s += &q8_loop(
+        shape.unroll,
+        "            for (var r = 0u; r < ROWS; r++) {\n                acc[r] += {DOT}(rb[r] + bo{S}, j{S}, x0{S}, x1{S}, xd{S});\n            }\n",
+    );
+    let store = Q8_STORE;
+    if shape.tpr != shape.wg {
+        // Row slots: every slot's partial sums side by side, one invocation per row adds its TPR.
+        s += &format!(
+            "        for (var r = 0u; r < ROWS; r++) {{
+            red[(slot * ROWS + r) * TPR + lane] = acc[r];
+        }}
+        workgroupBarrier();
+        if (lid < RPW && wrow0 + lid < n_rows) {{
+            var s = 0.0;
+            for (var i = 0u; i < TPR; i++) {{
+                s += red[lid * TPR + i];
+            }}
+            let o = {{OC}} + wrow0 + lid;
+            {store}
+        }}
+"
+        );
+    } else if subgroups {
+        s += &format!(
+            "        for (var r = 0u; r < ROWS; r++) {{
+            let s = subgroupAdd(acc[r]);
+            if (sg_lane == 0u) {{
+                red[r * n_sg + sg_id] = s;
+            }}
+        }}
+        workgroupBarrier();
+        if (lid < ROWS && row0 + lid < n_rows) {{
+            var s = 0.0;
+            for (var i = 0u; i < n_sg; i++) {{
+                s += red[lid * n_sg + i];
+            }}
+            let o = {{OC}} + row0 + lid;
+            {store}
+        }}
+"
+        );
     } else {
-        (REDUCE_ROWS_SHARED, "")
+        s += &format!(
+            "        for (var r = 0u; r < ROWS; r++) {{
+            red[r * WG + lid] = acc[r];
+        }}
+        workgroupBarrier();
+        for (var h = WG / 2u; h > 0u; h >>= 1u) {{
+            if (lid < h) {{
+                for (var r = 0u; r < ROWS; r++) {{
+                    red[r * WG + lid] += red[r * WG + lid + h];
+                }}
+            }}
+            workgroupBarrier();
+        }}
+        if (lid < ROWS && row0 + lid < n_rows) {{
+            let s = red[lid * WG];
+            let o = {{OC}} + row0 + lid;
+            {store}
+        }}
+"
+        );
+    }
+    s
+}
+
+/// The GLU kernel's body: gate (W) and up (W1) rows of the same index, glu into Y, then the
+/// result's int8 blocks into QS/DS when P.quantize is set (as quantize_q8.wgsl computes them, so
+/// the down projection sees the same values as after a separate quantization).
+fn q8_glu_body(shape: Q8Shape) -> String {
+    let mut s = String::from(
+        "    let n_rows = P.n_rows0;
+    let wrow0 = g * RPW;
+    let row0 = wrow0 + slot * ROWS;
+    var rb: array<u32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        rb[r] = min(row0 + r, n_rows - 1u) * P.row_words;
+    }
+    var ag: array<f32, ROWS>;
+    var au: array<f32, ROWS>;
+    {
+",
+    );
+    s += &q8_loop(
+        shape.unroll,
+        "            for (var r = 0u; r < ROWS; r++) {\n                ag[r] += dot32(rb[r] + bo{S}, j{S}, x0{S}, x1{S}, xd{S});\n                au[r] += dot32_1(rb[r] + bo{S}, j{S}, x0{S}, x1{S}, xd{S});\n            }\n",
+    );
+    s += "    }
+    for (var r = 0u; r < ROWS; r++) {
+        red[(slot * ROWS + r) * TPR + lane] = ag[r];
+        red[(RPW + slot * ROWS + r) * TPR + lane] = au[r];
+    }
+    workgroupBarrier();
+    var h = 0.0;
+    if (lid < RPW) {
+        var sg = 0.0;
+        var su = 0.0;
+        for (var i = 0u; i < TPR; i++) {
+            sg += red[lid * TPR + i];
+            su += red[(RPW + lid) * TPR + i];
+        }
+        h = glu_value(sg, su);
+        if (wrow0 + lid < n_rows) {
+            Y[wrow0 + lid] = h;
+        }
+    }
+    if (P.quantize != 0u) {
+        // The partial sums are read; red now holds |h| for the block maxima.
+        workgroupBarrier();
+        if (lid < RPW) {
+            red[lid] = abs(h);
+        }
+        workgroupBarrier();
+        var d = 0.0;
+        if (lid < RPW) {
+            let b0 = lid - lid % 32u;
+            var amax = 0.0;
+            for (var i = 0u; i < 32u; i++) {
+                amax = max(amax, red[b0 + i]);
+            }
+            d = amax / 127.0;
+            let inv = select(0.0, 1.0 / d, d > 0.0);
+            qv[lid] = i32(round(h * inv));
+        }
+        workgroupBarrier();
+        if (lid < RPW / 4u && wrow0 + 4u * lid < n_rows) {
+            QS[wrow0 / 4u + lid] = pack4xI8(vec4<i32>(qv[4u * lid], qv[4u * lid + 1u], qv[4u * lid + 2u], qv[4u * lid + 3u]));
+        }
+        if (lid < RPW && lid % 32u == 0u && wrow0 + lid < n_rows) {
+            var qsum = 0;
+            for (var i = 0u; i < 32u; i++) {
+                qsum += qv[lid + i];
+            }
+            DS[(wrow0 + lid) / 32u] = vec2<f32>(d, d * f32(qsum));
+        }
+    }
+";
+    s
+}
+
+/// glu(gate, up) as glu.wgsl computes it.
+const Q8_GLU_VALUE: &str = "fn glu_value(gv: f32, uv: f32) -> f32 {
+    if (P.glu_op == 5u) {
+        let gc = min(gv, P.limit);
+        let uc = clamp(uv, -P.limit, P.limit);
+        return (uc + 1.0) * (gc / (1.0 + exp(-gc * P.alpha)));
+    }
+    return act(gv, P.glu_op) * uv;
+}";
+
+/// A weight type's `dot32` reading weight `i`'s binding (`W`, `W1`, `W2`) as `dot32`, `dot32_1`, ...
+fn dot32_for(src: &str, i: u32) -> String {
+    if i == 0 {
+        src.to_string()
+    } else {
+        src.replace("W[", &format!("W{i}[")).replace("fn dot32(", &format!("fn dot32_{i}("))
+    }
+}
+
+/// The int8-activation decode kernel for one weight type (`None` when the type has no `dot32`);
+/// see `matvec_q8.wgsl` for `kind` and `shape`. Multi-weight kernels need `shape` and the weights'
+/// row counts to fit the grid layout the caller computes with [`Q8Shape::rows_per_group`]; the
+/// GLU kernel quantizes its result only with whole 32-row blocks per workgroup.
+pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: bool) -> Option<String> {
+    let dot32 = dot32_source(layout.dtype)?;
+    let n_w = match kind {
+        Q8Kind::Weights(n) => n.clamp(1, 3),
+        Q8Kind::Glu => 2,
     };
+    let dots: String = (0..n_w).map(|i| dot32_for(dot32, i)).collect::<Vec<_>>().join("\n");
+    let wname = |i: u32| if i == 0 { "W".to_string() } else { format!("W{i}") };
+    let yname = |i: u32| if i == 0 { "Y".to_string() } else { format!("Y{i}") };
+    let mut bindings = String::new();
+    let mut b = 2;
+    let mut bind = |decl: String| {
+        bindings += &format!("@group(0) @binding({b}) {decl}\n");
+        b += 1;
+    };
+    let body = match kind {
+        Q8Kind::Weights(_) => {
+            for i in 0..n_w {
+                bind(format!("var<storage, read> {}: array<u32>;", wname(i)));
+                bind(format!("var<storage, read_write> {}: array<f32>;", yname(i)));
+            }
+            let part = q8_weight_body(shape, subgroups);
+            let group_starts = ["0u", "P.groups1", "P.groups2", "P.groups_end"];
+            let n_rows = ["P.n_rows0", "P.n_rows1", "P.n_rows2"];
+            let mut body = String::new();
+            for i in 0..n_w as usize {
+                let code = part
+                    .replace("{N}", n_rows[i])
+                    .replace("{G}", &format!("g - {}", group_starts[i]))
+                    .replace("{DOT}", ["dot32", "dot32_1", "dot32_2"][i])
+                    .replace("{Y}", &yname(i as u32))
+                    .replace("{WR}", if i == 0 { "P.w_row0" } else { "0u" })
+                    .replace("{OC}", if i == 0 { "P.out_col0" } else { "0u" });
+                // The weight a workgroup serves is uniform over it (it depends on the workgroup id).
+                let cond =
+                    if i + 1 == n_w as usize { String::new() } else { format!("if (g < {}) ", group_starts[i + 1]) };
+                let open = if i == 0 { format!("    {cond}{{\n") } else { format!(" else {cond}{{\n") };
+                body += &open;
+                body += &code;
+                body += "    }";
+            }
+            body + "\n"
+        }
+        Q8Kind::Glu => {
+            bind("var<storage, read> W: array<u32>;".into());
+            bind("var<storage, read> W1: array<u32>;".into());
+            bind("var<storage, read_write> Y: array<f32>;".into());
+            bind("var<storage, read_write> QS: array<u32>;".into());
+            bind("var<storage, read_write> DS: array<vec2<f32>>;".into());
+            q8_glu_body(shape)
+        }
+    };
+    bind("var<uniform> P: Params;".into());
+    let sg_wide = subgroups && shape.tpr == shape.wg && kind != Q8Kind::Glu;
+    let sg_args = if sg_wide {
+        "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,"
+    } else {
+        ""
+    };
+    let n_red = if kind == Q8Kind::Glu { 2 } else { 1 };
+    let act = if kind == Q8Kind::Glu { format!("{ACT}\n{Q8_GLU_VALUE}") } else { String::new() };
     Some(
         MATVEC_Q8
-            .replace("{{PARAMS}}", MATMUL_PARAMS)
-            .replace("{{QUANT}}", &format!("{}\n{dot32}", quant(layout)))
+            .replace("{{BINDINGS}}", &bindings)
+            .replace("{{QUANT}}", &format!("{}\n{dots}", quant(layout)))
+            .replace("{{ACT}}", &act)
             .replace("{{WG}}", &shape.wg.to_string())
+            .replace("{{TPR}}", &shape.tpr.to_string())
             .replace("{{ROWS}}", &shape.rows.to_string())
-            .replace("{{RED_LEN}}", &(shape.rows * shape.wg).to_string())
-            .replace("{{REDUCE_ROWS}}", reduce)
-            .replace("{{SG_ARGS}}", sg_args),
+            .replace("{{RED_LEN}}", &(n_red * shape.rows * shape.wg).max(32).to_string())
+            .replace("{{SG_ARGS}}", sg_args)
+            .replace("{{BODY}}", &body),
     )
 }
 
@@ -319,8 +668,14 @@ mod tests {
             for shape in MatvecShape::TESTED {
                 for sg in [false, true] {
                     parse(&format!("matvec {} {shape:?} subgroups {sg}", l.name), &matvec(&l, shape, sg));
-                    if let Some(src) = matvec_q8(&l, shape, sg) {
-                        parse(&format!("matvec_q8 {} {shape:?} subgroups {sg}", l.name), &src);
+                }
+            }
+            for shape in Q8Shape::TESTED {
+                for sg in [false, true] {
+                    for kind in [Q8Kind::Weights(1), Q8Kind::Weights(2), Q8Kind::Weights(3), Q8Kind::Glu] {
+                        if let Some(src) = matvec_q8(&l, shape, kind, sg) {
+                            parse(&format!("matvec_q8 {} {shape} {kind:?} subgroups {sg}", l.name), &src);
+                        }
                     }
                 }
             }
@@ -328,6 +683,31 @@ mod tests {
                 parse(&format!("matmul_tiled {} guard {guard}", l.name), &matmul_tiled(&l, guard));
             }
             parse(&format!("get_rows {}", l.name), &get_rows(&l));
+        }
+    }
+
+    /// Multi-weight kernels rename `W[` and `fn dot32(` per weight: a dot32 file must hold that
+    /// one function and nothing else that would be defined twice.
+    #[test]
+    fn dot32_files_define_only_dot32() {
+        use GgmlType::*;
+        for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K] {
+            let src = dot32_source(t).unwrap();
+            assert_eq!(src.matches("fn ").count(), 1, "{t}: only dot32");
+            assert!(src.contains("fn dot32("), "{t}");
+        }
+    }
+
+    #[test]
+    fn q8_shapes_parse() {
+        assert_eq!(Q8Shape::parse("2x64"), Some(Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 1 }));
+        assert_eq!(Q8Shape::parse("1x256t8u2"), Some(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 2 }));
+        assert_eq!(Q8Shape::parse("4x128u2"), Some(Q8Shape { rows: 4, wg: 128, tpr: 128, unroll: 2 }));
+        for bad in ["", "2", "2x", "2x63", "0x64", "1x64t128", "1x64u3", "1x64t3", "9x64"] {
+            assert_eq!(Q8Shape::parse(bad), None, "{bad}");
+        }
+        for s in Q8Shape::TESTED {
+            assert_eq!(Q8Shape::parse(&s.to_string()), Some(s));
         }
     }
 

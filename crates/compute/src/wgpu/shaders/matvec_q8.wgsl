@@ -1,4 +1,4 @@
-// Int8 decode matrix-vector product: y[out_col0 + r] (+)= sum_c x[x_col0 + c] * W[w_row0 + row0 + r, c]
+// Int8 decode matrix-vector products: y[out_col0 + r] (+)= sum_c x[x_col0 + c] * W[w_row0 + r, c]
 // with x quantized to int8 blocks of 32 (quantize_q8.wgsl) and the weights' integer values
 // multiplied four at a time by dot4I8Packed (one dp4a-class instruction where the device has
 // integer dot products; naga emulates it elsewhere). Scales, offsets and mins are applied once per
@@ -7,23 +7,63 @@
 // Why: the f32-activation kernel (matvec.wgsl) spends ~6 instructions per 4-bit weight value
 // turning it into a float, and each invocation's iteration moves only 4 bytes of Q4_0 weights; here
 // an iteration covers 32 values (18 bytes of Q4_0, 34 of Q8_0) in ~40 instructions.
-// Template parameters (see shaders.rs): PARAMS, QUANT (a weight type's BV, BW and dot32 from
-// quant/i8/), WG, ROWS, RED_LEN, REDUCE_ROWS, SG_ARGS.
+//
+// One template, three uses (shaders.rs fills it):
+// - one weight (the plain product; row spans and column offsets for heads and experts);
+// - up to three weights of one type and width against the same activations (q/k/v): the
+//   workgroups of weight 0 come first in the grid, then those of weight 1 (from P.groups1), then
+//   weight 2 (from P.groups2); each weight writes its own output. One dispatch instead of three;
+// - gate and up paired (GLU): a workgroup computes the same rows of both, writes
+//   glu(gate, up) and, when P.quantize is set, the result's own int8 blocks (each workgroup covers
+//   whole 32-row blocks), so the down projection needs no quantize dispatch.
+//
+// Workgroup shape: WG invocations in SLOTS = WG / TPR row slots of TPR invocations each; a slot
+// holds ROWS rows in registers (they share the activation loads), so a workgroup covers
+// RPW = SLOTS * ROWS rows. TPR = WG is the classic shape (every invocation on the same rows). The
+// loop takes UNROLL blocks per iteration (more loads in flight).
+// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW and dot32 from quant/i8/,
+// with dot32_1 / dot32_2 reading W1 / W2), BINDINGS, ACT, WG, TPR, ROWS, RED_LEN, SG_ARGS, BODY.
 // Needs k and x_col0 multiples of 32 (the caller falls back to matvec.wgsl).
-{{PARAMS}}
+struct Params {
+    k: u32,
+    row_words: u32,
+    // First activation block (x_col0 / 32).
+    xb0: u32,
+    accumulate: u32,
+    n_rows0: u32,
+    n_rows1: u32,
+    n_rows2: u32,
+    // First workgroup of weights 1 and 2 in a multi-weight grid, and the grid's end.
+    groups1: u32,
+    groups2: u32,
+    groups_end: u32,
+    // Rows w_row0.. of weight 0's buffer, written from column out_col0 of its output.
+    w_row0: u32,
+    out_col0: u32,
+    // GLU: act code (act.wgsl; 5 = gpt-oss SwiGLU), its alpha and limit; quantize != 0 also
+    // writes the int8 blocks of the result.
+    glu_op: u32,
+    alpha: f32,
+    limit: f32,
+    quantize: u32,
+}
 
-@group(0) @binding(0) var<storage, read> W: array<u32>;
-@group(0) @binding(1) var<storage, read> XQ: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> XD: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(4) var<uniform> P: Params;
+@group(0) @binding(0) var<storage, read> XQ: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> XD: array<vec2<f32>>;
+{{BINDINGS}}
 
 {{QUANT}}
 
+{{ACT}}
+
 const WG: u32 = {{WG}}u;
+const TPR: u32 = {{TPR}}u;
+const SLOTS: u32 = WG / TPR;
 const ROWS: u32 = {{ROWS}}u;
+const RPW: u32 = SLOTS * ROWS;
 
 var<workgroup> red: array<f32, {{RED_LEN}}>;
+var<workgroup> qv: array<i32, RPW>;
 
 @compute @workgroup_size({{WG}})
 fn main(
@@ -33,28 +73,13 @@ fn main(
     {{SG_ARGS}}
 ) {
     // Uniform per workgroup, so the barriers below are reached by all or none.
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    if (row0 >= P.n_rows) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= P.groups_end) {
         return;
     }
     let n_blocks = P.k / 32u;
     let spb = BV / 32u;
-    let xb = P.x_col0 / 32u;
-    // Rows past the end repeat the last row: computed, never written.
-    var rb: array<u32, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-        rb[r] = (P.w_row0 + min(row0 + r, P.n_rows - 1u)) * P.row_words;
-    }
-    var acc: array<f32, ROWS>;
-    for (var q = lid; q < n_blocks; q += WG) {
-        let x0 = XQ[2u * (xb + q)];
-        let x1 = XQ[2u * (xb + q) + 1u];
-        let xds = XD[xb + q];
-        let bo = (q / spb) * BW;
-        let j = q % spb;
-        for (var r = 0u; r < ROWS; r++) {
-            acc[r] += dot32(rb[r] + bo, j, x0, x1, xds);
-        }
-    }
-{{REDUCE_ROWS}}
+    let slot = lid / TPR;
+    let lane = lid % TPR;
+{{BODY}}
 }

@@ -52,3 +52,9 @@ fn nib4(q: u32) -> vec4<f32> {
         ((q >> 5u) & top) | one,
     ));
 }
+
+// Four 6-bit values (bytes of q, each below 64) minus 32 as signed bytes: (q + 96) ^ 128 per byte,
+// no carries between bytes (Q6_K's int8 dot product).
+fn i8sub32(q: vec4<u32>) -> vec4<u32> {
+    return (q + vec4<u32>(0x60606060u)) ^ vec4<u32>(0x80808080u);
+}

@@ -3,11 +3,7 @@
 // Q = j % 4 of half h = j / 4: value l (0..32) takes nibble Q / 2 of ql[64h + 32 (Q % 2) + l], bits
 // 2Q..2Q+2 of qh[32h + l], and scale sc[8h + 2Q + l / 16]. y = d * sc * (q - 32): q - 32 is made a
 // signed byte in place ((q + 96) ^ 128 per byte, no carries since q < 64), so the offset needs no
-// activation sum (the two halves of the sub-block have different scales).
-fn i8sub32(q: vec4<u32>) -> vec4<u32> {
-    return (q + vec4<u32>(0x60606060u)) ^ vec4<u32>(0x80808080u);
-}
-
+// activation sum (the two halves of the sub-block have different scales; i8sub32 in common.wgsl).
 fn dot32(b: u32, j: u32, x0: vec4<u32>, x1: vec4<u32>, xds: vec2<f32>) -> f32 {
     let h = j / 4u;
     let quarter = j % 4u;

@@ -1,0 +1,344 @@
+//! The int8-activation kernels that compute several products in one dispatch, against the CPU:
+//! the multi-weight kernel (q/k/v of one type: `Backend::matmul_many`), the GLU kernel (gate, up
+//! and the GLU: `Backend::matmul_glu`) with the int8 blocks of its result read by the down
+//! projection, every workgroup shape the tests compile (`Q8Shape::TESTED`), every type with an
+//! int8 dot product, odd row counts and widths of one block past a multiple of 64.
+//!
+//! References: the CPU product of the activations rounded as the GPU rounds them (per 32 values
+//! d = max|x| / 127, round to even), bounded by f32 summation noise, and the exact CPU product,
+//! bounded by llama.cpp's tolerance for quantized-activation products (5e-4 normalised MSE).
+//! Dispatch counts come from `commands_submitted` (exact on any adapter).
+//!
+//! Needs the `wgpu` feature; no adapter is a failure unless `DISKFORMER_NO_GPU=1`.
+#![cfg_attr(not(feature = "wgpu"), allow(unused))]
+
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn gpu_int8_needs_the_wgpu_feature() {
+    println!("gpu_int8: compute was built without the wgpu feature; run with --features wgpu");
+}
+
+#[cfg(feature = "wgpu")]
+mod gpu_common;
+
+#[cfg(feature = "wgpu")]
+mod int8 {
+    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report};
+    use compute::cpu::{CpuBackend, CpuTensor};
+    use compute::quant::{self, GgmlType, MatmulMode};
+    use compute::spec::{Act, Glu};
+    use compute::wgpu::{Q8Shape, WgpuBackend, WgpuTensor, WgpuWeight};
+    use compute::{Backend, HostWeight};
+    use gguf::{GgufModel, GgufWriter};
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    /// f32 summation noise plus a rare value rounding the other way at a tie of round(x / d).
+    const ROUNDED_MAX_NMSE: f64 = 1e-6;
+    /// llama.cpp's test-backend-ops bound for quantized-activation products.
+    const EXACT_MAX_NMSE: f64 = 5e-4;
+
+    const INT8_TYPES: [GgmlType; 8] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
+    /// Weights quantized from random values into a temporary GGUF file (a `HostWeight` comes
+    /// from a file).
+    struct WeightFile {
+        model: Arc<GgufModel>,
+        path: PathBuf,
+    }
+
+    impl Drop for WeightFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    impl WeightFile {
+        /// `tensors`: (name, type, [rows, k]) filled with uniform values in [-1, 1).
+        fn new(tag: &str, rng: &mut StdRng, tensors: &[(String, GgmlType, [usize; 2])]) -> WeightFile {
+            let mut w = GgufWriter::new();
+            for (name, t, [rows, k]) in tensors {
+                w.add_tensor(name, *t, &[*k as u64, *rows as u64]).expect("declare tensor");
+            }
+            let path = std::env::temp_dir().join(format!("diskformer-gpu-int8-{}-{tag}.gguf", std::process::id()));
+            let mut sink = w.create(&path).expect("create weight file");
+            for (_, t, [rows, k]) in tensors {
+                let values = rand_vec(rng, rows * k, 1.0);
+                let mut bytes = vec![0u8; rows * k / t.block_elems() * t.block_bytes()];
+                quant::quantize(*t, &values, &mut bytes).expect("quantize");
+                sink.write_data(&bytes).expect("write");
+            }
+            sink.finish().expect("finish");
+            WeightFile { model: Arc::new(GgufModel::open(&path).expect("open weight file")), path }
+        }
+
+        fn get(&self, name: &str) -> HostWeight {
+            HostWeight::from_model(&self.model, name).expect("tensor present")
+        }
+    }
+
+    fn type_name(t: GgmlType) -> String {
+        format!("{t}").to_lowercase()
+    }
+
+    /// The activations as the int8 kernels see them (llama.cpp's quantize_row_q8_0 rounding).
+    fn q8_rounded(x: &CpuTensor) -> CpuTensor {
+        let mut data = x.data.clone();
+        for b in data.chunks_mut(32) {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for v in b.iter_mut() {
+                *v = (*v * inv).round_ties_even() * d;
+            }
+        }
+        CpuTensor { shape: x.shape.clone(), data }
+    }
+
+    fn up(g: &WgpuBackend, t: &CpuTensor) -> WgpuTensor {
+        g.from_host(&t.data, &t.shape).expect("upload")
+    }
+
+    /// Row counts and width for a type: odd counts, a multiple of 32 rows (the GLU's, whole int8
+    /// blocks), and for 32-value types a width of one block past a multiple of 64.
+    fn shapes(t: GgmlType) -> ([usize; 3], usize) {
+        if t.block_elems() == 32 {
+            ([37, 19, 64], 160)
+        } else {
+            // The GLU result is the down projection's row: whole 256-value blocks.
+            ([37, 19, 256], 512)
+        }
+    }
+
+    /// Commands recorded by `f` (submitted by the `sync` after it).
+    fn commands<T>(g: &WgpuBackend, f: impl FnOnce() -> T) -> (T, u64) {
+        g.sync();
+        let before = g.commands_submitted();
+        let out = f();
+        g.sync();
+        (out, g.commands_submitted() - before)
+    }
+
+    #[test]
+    fn multi_weight_and_glu_kernels_match_cpu() {
+        let Some(g) = gpu("gpu_int8") else { return };
+        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        if !g8.uses_int8_activations() {
+            println!("gpu_int8: not run: DISKFORMER_GPU_F32_ACT=1 keeps f32 activations");
+            return;
+        }
+        let seed = seed();
+        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        for t in INT8_TYPES {
+            type_cases(&g8, &c, t, &mut rng, &mut r);
+        }
+        mixed_cases(&g8, &c, &mut rng, &mut r);
+        r.finish();
+    }
+
+    /// One type: the multi-weight kernel for 2 and 3 weights and the GLU kernel with every
+    /// tested shape, then the `Backend` entries with their dispatch counts.
+    fn type_cases(g: &WgpuBackend, c: &CpuBackend, t: GgmlType, rng: &mut StdRng, r: &mut Report) {
+        let tn = type_name(t);
+        let (rows, k) = shapes(t);
+        let names = ["w0", "w1", "w2", "gate", "up", "down"];
+        let dims = [[rows[0], k], [rows[1], k], [rows[2], k], [rows[2], k], [rows[2], k], [37, rows[2]]];
+        let tensors: Vec<_> = names.iter().zip(dims).map(|(n, d)| (n.to_string(), t, d)).collect();
+        let file = WeightFile::new(&tn, rng, &tensors);
+        let hw: Vec<HostWeight> = names.iter().map(|n| file.get(n)).collect();
+        let cw: Vec<_> = hw.iter().map(|w| c.weight(w).expect("cpu weight")).collect();
+        let gw: Vec<WgpuWeight> = match hw.iter().map(|w| g.weight(w)).collect() {
+            Ok(w) => w,
+            Err(e) => return r.check(&format!("weights({tn})"), Err(e), &[], 0.0),
+        };
+        let x = tensor(rng, &[1, k], 1.0);
+        let xr = q8_rounded(&x);
+        let gx = up(g, &x);
+        let exact: Vec<_> = cw.iter().take(3).map(|w| c.matmul(&x, w).expect("cpu")).collect();
+        let rounded: Vec<_> = cw.iter().take(3).map(|w| c.matmul(&xr, w).expect("cpu")).collect();
+        let glus = [
+            ("silu", Glu::Plain(Act::Silu)),
+            ("gelu_tanh", Glu::Plain(Act::GeluTanh)),
+            ("swiglu_oai", Glu::SwiGluOai { alpha: 1.702, limit: 7.0 }),
+        ];
+        for shape in Q8Shape::TESTED {
+            for n in [2usize, 3] {
+                let ws: Vec<&WgpuWeight> = gw.iter().take(n).collect();
+                let case = format!("matmul_many_q8({tn}, {n} weights {rows:?}x{k}, {shape})");
+                match g.matmul_many_q8_with_shape(&gx, &ws, shape) {
+                    Ok(ys) => {
+                        for (i, y) in ys.iter().enumerate() {
+                            let got = g.to_host(y);
+                            if let Ok(v) = &got {
+                                r.check(
+                                    &format!("{case} w{i} vs exact"),
+                                    Ok(v.clone()),
+                                    &exact[i].data,
+                                    EXACT_MAX_NMSE,
+                                );
+                            }
+                            r.check(&format!("{case} w{i} vs rounded x"), got, &rounded[i].data, ROUNDED_MAX_NMSE);
+                        }
+                    }
+                    Err(e) => r.check(&case, Err(e), &[], 0.0),
+                }
+            }
+            for (gn, glu) in glus {
+                let want = glu_ref(c, &xr, &cw[3], &cw[4], glu);
+                let case = format!("matmul_glu_q8({tn}, {gn}, {}x{k}, {shape})", rows[2]);
+                let got = g.matmul_glu_q8_with_shape(&gx, &gw[3], &gw[4], glu, shape).and_then(|h| g.to_host(&h));
+                r.check(&case, got, &want.data, ROUNDED_MAX_NMSE);
+            }
+        }
+        // The back end's entries: q/k/v in one dispatch after one quantization.
+        let (ys, n_cmds) = commands(g, || g.matmul_many(&gx, [&gw[0], &gw[1], &gw[2]]));
+        r.exact(&format!("matmul_many({tn}, 3 weights) commands"), Ok(n_cmds), &2);
+        match ys {
+            Ok(ys) => {
+                for (i, y) in ys.iter().enumerate() {
+                    let case = format!("matmul_many({tn}, 3 weights) w{i}");
+                    r.check(&case, g.to_host(y), &rounded[i].data, ROUNDED_MAX_NMSE);
+                }
+            }
+            Err(e) => r.check(&format!("matmul_many({tn}, 3 weights)"), Err(e), &[], 0.0),
+        }
+        // gate/up/GLU then the down projection: quantize x, the GLU kernel (which writes the int8
+        // blocks of its result), the down product reading them: three commands where the op-by-op
+        // graph records six (quantize, gate, up, glu, quantize, down).
+        let glu = Glu::Plain(Act::Silu);
+        let h_ref = glu_ref(c, &xr, &cw[3], &cw[4], glu);
+        let down_ref = c.matmul(&q8_rounded(&h_ref), &cw[5]).expect("cpu");
+        let h_exact = glu_ref(c, &x, &cw[3], &cw[4], glu);
+        let down_exact = c.matmul(&h_exact, &cw[5]).expect("cpu");
+        let (out, n_cmds) = commands(g, || {
+            let h = g.matmul_glu(&gx, &gw[3], &gw[4], glu)?;
+            let y = g.matmul(&h, &gw[5])?;
+            Ok::<_, compute::OpError>((h, y))
+        });
+        r.exact(&format!("matmul_glu + down({tn}) commands"), Ok(n_cmds), &3);
+        match out {
+            Ok((h, y)) => {
+                r.check(&format!("matmul_glu({tn})"), g.to_host(&h), &h_ref.data, ROUNDED_MAX_NMSE);
+                let got = g.to_host(&y);
+                if let Ok(v) = &got {
+                    r.check(
+                        &format!("down after matmul_glu({tn}) vs exact"),
+                        Ok(v.clone()),
+                        &down_exact.data,
+                        4.0 * EXACT_MAX_NMSE,
+                    );
+                }
+                r.check(&format!("down after matmul_glu({tn}) vs rounded h"), got, &down_ref.data, ROUNDED_MAX_NMSE);
+            }
+            Err(e) => r.check(&format!("matmul_glu + down({tn})"), Err(e), &[], 0.0),
+        }
+    }
+
+    /// glu(x · Gᵀ, x · Uᵀ) on the CPU.
+    fn glu_ref(c: &CpuBackend, x: &CpuTensor, gate: &HostWeight, upw: &HostWeight, glu: Glu) -> CpuTensor {
+        let gv = c.matmul(x, gate).expect("cpu");
+        let uv = c.matmul(x, upw).expect("cpu");
+        c.glu(&gv, &uv, glu).expect("cpu")
+    }
+
+    /// What the fused entries do when one kernel cannot serve all weights: mixed types (one
+    /// quantization, one product each), gate and up of different lengths, a GLU result that is not
+    /// whole 32-value blocks (no int8 blocks written: the down projection quantizes it), several
+    /// tokens (exact kernels); and the cached blocks of a GLU result while other activations are
+    /// quantized in between, everything recorded before one readback.
+    fn mixed_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        let k = 256;
+        let tensors = vec![
+            ("q".to_string(), GgmlType::Q4_0, [37, k]),
+            ("k".to_string(), GgmlType::Q6_K, [19, k]),
+            ("v".to_string(), GgmlType::Q4_0, [19, k]),
+            ("gate".to_string(), GgmlType::Q4_K, [37, k]),
+            ("up".to_string(), GgmlType::Q4_K, [37, k]),
+            ("up64".to_string(), GgmlType::Q4_K, [64, k]),
+            ("gate64".to_string(), GgmlType::Q4_K, [64, k]),
+            ("down".to_string(), GgmlType::Q8_0, [29, 64]),
+        ];
+        let file = WeightFile::new("mixed", rng, &tensors);
+        let get = |n: &str| {
+            let h = file.get(n);
+            (c.weight(&h).expect("cpu weight"), g.weight(&h).expect("gpu weight"))
+        };
+        let [(cq, gq), (ck, gk), (cv, gv), (cg, gg), (cu, gu), (cu64, gu64), (cg64, gg64), (cd, gd)] =
+            ["q", "k", "v", "gate", "up", "up64", "gate64", "down"].map(get);
+        let x = tensor(rng, &[1, k], 1.0);
+        let xr = q8_rounded(&x);
+        let gx = up(g, &x);
+
+        let (ys, n_cmds) = commands(g, || g.matmul_many(&gx, [&gq, &gk, &gv]));
+        r.exact("matmul_many(q4_0, q6_k, q4_0) commands", Ok(n_cmds), &4);
+        match ys {
+            Ok(ys) => {
+                for (y, w, name) in [(&ys[0], &cq, "q"), (&ys[1], &ck, "k"), (&ys[2], &cv, "v")] {
+                    let want = c.matmul(&xr, w).expect("cpu");
+                    r.check(&format!("matmul_many(mixed types) {name}"), g.to_host(y), &want.data, ROUNDED_MAX_NMSE);
+                }
+            }
+            Err(e) => r.check("matmul_many(mixed types)", Err(e), &[], 0.0),
+        }
+
+        let glu = Glu::Plain(Act::Silu);
+        let refused = g.matmul_glu(&gx, &gg, &gu64, glu).is_err();
+        r.exact("matmul_glu(gate 37 rows, up 64) refused", Ok(refused), &true);
+
+        // 37 rows: the GLU kernel runs but writes no int8 blocks; the down projection quantizes.
+        let x37 = tensor(rng, &[1, k], 1.0);
+        let want_h = glu_ref(c, &q8_rounded(&x37), &cg, &cu, glu);
+        let got = g.matmul_glu(&up(g, &x37), &gg, &gu, glu).and_then(|h| g.to_host(&h));
+        r.check("matmul_glu(q4_k, 37 rows)", got, &want_h.data, ROUNDED_MAX_NMSE);
+
+        // Several tokens: the exact kernels and the glu kernel.
+        let x3 = tensor(rng, &[3, k], 1.0);
+        let want = glu_ref(c, &x3, &cg, &cu, glu);
+        let got = g.matmul_glu(&up(g, &x3), &gg, &gu, glu).and_then(|h| g.to_host(&h));
+        r.check("matmul_glu(q4_k, 3 tokens, exact)", got, &want.data, 1e-7);
+
+        // Recorded before one readback: h = glu(x2); another activation's products (its own
+        // quantization into the other pair); h's down projection (h's cached blocks); a second
+        // GLU whose input blocks are h's pair's neighbour; its down projection.
+        let x2 = tensor(rng, &[1, k], 1.0);
+        let x4 = tensor(rng, &[1, k], 1.0);
+        let h_ref = glu_ref(c, &q8_rounded(&x2), &cg64, &cu64, glu);
+        let h2_ref = glu_ref(c, &q8_rounded(&x4), &cg64, &cu64, glu);
+        let wants = [
+            c.matmul(&q8_rounded(&x4), &cq).expect("cpu"),
+            c.matmul(&q8_rounded(&h_ref), &cd).expect("cpu"),
+            c.matmul(&q8_rounded(&h2_ref), &cd).expect("cpu"),
+        ];
+        let recorded = (|| {
+            let (gx2, gx4) = (up(g, &x2), up(g, &x4));
+            let h = g.matmul_glu(&gx2, &gg64, &gu64, glu)?;
+            let other = g.matmul(&gx4, &gq)?;
+            let down_h = g.matmul(&h, &gd)?;
+            let h2 = g.matmul_glu(&gx4, &gg64, &gu64, glu)?;
+            let down_h2 = g.matmul(&h2, &gd)?;
+            Ok::<_, compute::OpError>([other, down_h, down_h2])
+        })();
+        match recorded {
+            Ok(ys) => {
+                for ((y, want), name) in ys.iter().zip(&wants).zip(["other activations", "down(h)", "down(h2)"]) {
+                    r.check(&format!("cached GLU blocks, {name}"), g.to_host(y), &want.data, ROUNDED_MAX_NMSE);
+                }
+            }
+            Err(e) => r.check("cached GLU blocks", Err(e), &[], 0.0),
+        }
+    }
+}
