@@ -134,6 +134,8 @@ mod gpu_ops {
         attention_cases(&g, &c, &mut rng, &mut r);
         fused_cases(&g, &c, &mut rng, &mut r);
         int8_cases(&g, &c, &mut rng, &mut r);
+        epilogue_q8_cases(&g, &c, &mut rng, &mut r);
+        attention_q8_cases(&g, &c, &mut rng, &mut r);
         tiled_cases(&g, &c, &mut rng, &mut r);
         moe_cases(&g, &c, &mut rng, &mut r);
         recurrent_cases(&g, &c, &mut rng, &mut r);
@@ -992,6 +994,200 @@ mod gpu_ops {
             let got = g8.weight(&hw).and_then(|w| host(g, g8.matmul_per_head(&up(g, &x), &w)));
             let case = format!("matmul_per_head int8 mode({}, heads={heads}, {n_out}x{kk})", type_name(t));
             r.check(&case, got, &want.data, auto_bound);
+        }
+    }
+
+    /// Norms that write their int8 blocks in their epilogue (decode, int8 activations on): the
+    /// norm's values against the CPU; the products of its result (a single product, q/k/v-style
+    /// `matmul_many`, an accumulating one) bit-identical to the same products of a fresh upload of
+    /// those values (which quantizes them with `quantize_q8`), and within the int8 bound of the
+    /// CPU product of the rounded values; and a norm result accumulated into (`matmul_add`) no
+    /// longer served from its stale blocks. Widths: 3 blocks, 9, and 257 (more blocks than the
+    /// norm's 256 invocations).
+    fn epilogue_q8_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        let int8 = g8.uses_int8_activations();
+        let bound = if int8 { INT8_ROUNDED_MAX_NMSE } else { DEFAULT_MAX_NMSE };
+        let round = |x: &CpuTensor| if int8 { q8_rounded(x) } else { x.clone() };
+        for k in [96usize, 288, 8224] {
+            let n_out = 5usize;
+            let tensors = vec![
+                ("a".to_string(), GgmlType::Q4_0, vec![n_out, k], rand_vec(rng, n_out * k, 1.0)),
+                ("b".to_string(), GgmlType::Q8_0, vec![n_out + 2, k], rand_vec(rng, (n_out + 2) * k, 1.0)),
+                ("sq".to_string(), GgmlType::Q8_0, vec![k, 64], rand_vec(rng, k * 64, 1.0)),
+            ];
+            let file = WeightFile::new(&format!("epilogue-q8-{k}"), &tensors);
+            let (ha, hb, hsq) = (file.get("a"), file.get("b"), file.get("sq"));
+            let (ca, cb, csq) = (c.weight(&ha).unwrap(), c.weight(&hb).unwrap(), c.weight(&hsq).unwrap());
+            let (ga, gb, gsq) = match (g.weight(&ha), g.weight(&hb), g.weight(&hsq)) {
+                (Ok(a), Ok(b), Ok(sq)) => (a, b, sq),
+                (a, b, sq) => {
+                    let e = [a.err(), b.err(), sq.err()].into_iter().flatten().next().expect("one failed");
+                    r.check(&format!("epilogue q8 weights (k={k})"), Err(e), &[], 0.0);
+                    continue;
+                }
+            };
+            let x = tensor(rng, &[1, k], 1.0);
+            let nw = tensor(rng, &[k], 1.0);
+            let nb = tensor(rng, &[k], 0.5);
+            let gnw = up(g, &nw);
+            let gnb = up(g, &nb);
+            for layer in [false, true] {
+                let op = if layer { "layer_norm" } else { "rms_norm" };
+                let want_y = if layer {
+                    c.layer_norm(&x, Some(&nw), Some(&nb), 1e-5).unwrap()
+                } else {
+                    c.rms_norm(&x, Some(&nw), 1e-5).unwrap()
+                };
+                let gy = if layer {
+                    g8.layer_norm(&up(g, &x), Some(&gnw), Some(&gnb), 1e-5)
+                } else {
+                    g8.rms_norm(&up(g, &x), Some(&gnw), 1e-5)
+                };
+                let gy = match gy {
+                    Ok(t) => t,
+                    Err(e) => {
+                        r.check(&format!("{op} with int8 epilogue (k={k})"), Err(e), &[], 0.0);
+                        continue;
+                    }
+                };
+                let y_host = g.to_host(&gy).expect("readback");
+                r.check(
+                    &format!("{op} with int8 epilogue (k={k})"),
+                    Ok(y_host.clone()),
+                    &want_y.data,
+                    DEFAULT_MAX_NMSE,
+                );
+                let fresh = up(g, &CpuTensor { shape: vec![1, k], data: y_host.clone() });
+                let y_rounded = round(&CpuTensor { shape: vec![1, k], data: y_host.clone() });
+                // One product.
+                let got = host(g, g8.matmul(&gy, &ga));
+                let same = host(g, g8.matmul(&fresh, &ga));
+                r.exact(
+                    &format!("{op} int8 epilogue -> matmul(q4_0) == fresh quantization (k={k})"),
+                    host(g, g8.matmul(&gy, &ga)),
+                    &same.unwrap_or_default(),
+                );
+                r.check(
+                    &format!("{op} int8 epilogue -> matmul(q4_0) vs cpu (k={k})"),
+                    got,
+                    &c.matmul(&y_rounded, &ca).unwrap().data,
+                    bound,
+                );
+                // Two products of one input (q/k/v).
+                let got =
+                    g8.matmul_many(&gy, [&ga, &gb]).and_then(|[p, q]| Ok([g.to_host(&p)?, g.to_host(&q)?].concat()));
+                let same =
+                    g8.matmul_many(&fresh, [&ga, &gb]).and_then(|[p, q]| Ok([g.to_host(&p)?, g.to_host(&q)?].concat()));
+                let (pa, pb) = (c.matmul(&y_rounded, &ca).unwrap(), c.matmul(&y_rounded, &cb).unwrap());
+                let want = [pa.data.as_slice(), pb.data.as_slice()].concat();
+                if let Ok(v) = &got {
+                    let case = format!("{op} int8 epilogue -> matmul_many(q4_0, q8_0) vs cpu (k={k})");
+                    r.check(&case, Ok(v.clone()), &want, bound);
+                }
+                r.exact(
+                    &format!("{op} int8 epilogue -> matmul_many(q4_0, q8_0) == fresh quantization (k={k})"),
+                    got,
+                    &same.unwrap_or_default(),
+                );
+                // Accumulating product (the residual connection).
+                let res = tensor(rng, &[1, n_out], 1.0);
+                let got = host(g, g8.matmul_add(&gy, &ga, up(g, &res)));
+                let want = c.add(&res, &c.matmul(&y_rounded, &ca).unwrap()).unwrap();
+                r.check(&format!("{op} int8 epilogue -> matmul_add(q4_0) vs cpu (k={k})"), got, &want.data, bound);
+                // The norm's result accumulated into: its blocks are stale and must not be used.
+                let z = tensor(rng, &[1, 64], 1.0);
+                let changed = g8.matmul_add(&up(g, &z), &gsq, gy).and_then(|t| host(g, g8.matmul(&t, &ga)));
+                let y2 = c
+                    .add(&CpuTensor { shape: vec![1, k], data: y_host }, &c.matmul(&round(&z), &csq).unwrap())
+                    .unwrap();
+                let want = c.matmul(&round(&y2), &ca).unwrap();
+                r.check(
+                    &format!("{op} int8 epilogue, result accumulated into, then matmul (k={k})"),
+                    changed,
+                    &want.data,
+                    bound,
+                );
+            }
+        }
+    }
+
+    /// The attention kernel writing its output's int8 blocks (decode, int8 activations on, head
+    /// size a multiple of 32), read by the output projection: bit-identical to the product of a
+    /// fresh upload of the attention's values, within the int8 bound of the CPU; and a head size
+    /// of 24 (blocks would straddle heads: no epilogue) checked the same way.
+    fn attention_q8_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        // One token's product takes int8 activations (the rounded values), several the exact ones.
+        let int8 = g8.uses_int8_activations();
+        for (hd, neox) in [(64usize, false), (24, true)] {
+            let spec = AttnSpec {
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                scale: 0.125,
+                window: None,
+                softcap: None,
+            };
+            let (qw, kw) = (spec.n_head * hd, spec.n_head_kv * hd);
+            let name = format!("o_{hd}");
+            let file =
+                WeightFile::new(&name, &[(name.clone(), GgmlType::Q8_0, vec![19, qw], rand_vec(rng, 19 * qw, 1.0))]);
+            let hw = file.get(&name);
+            let (cw, gw) = (c.weight(&hw).unwrap(), g.weight(&hw).unwrap());
+            let rope = RopeSpec::new(hd, 10000.0, neox);
+            let (mut cc, mut gc) = (c.new_cache(16, kw, kw).unwrap(), g.new_cache(16, kw, kw).unwrap());
+            for (pos0, n) in [(0usize, 3usize), (3, 1), (4, 1)] {
+                let positions: Vec<u32> = (pos0 as u32..(pos0 + n) as u32).collect();
+                let (q, k, v) = (tensor(rng, &[n, qw], 2.0), tensor(rng, &[n, kw], 2.0), tensor(rng, &[n, kw], 2.0));
+                let step = AttnStep {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    pos0,
+                    positions: &positions,
+                    rope: Some(&rope),
+                    spec: &spec,
+                    sinks: None,
+                };
+                let want_a = c.rope_attention(&step, &mut cc).unwrap();
+                let (gq, gk, gv) = (up(g, &q), up(g, &k), up(g, &v));
+                let gstep = AttnStep {
+                    q: &gq,
+                    k: &gk,
+                    v: &gv,
+                    pos0,
+                    positions: &positions,
+                    rope: Some(&rope),
+                    spec: &spec,
+                    sinks: None,
+                };
+                let case = format!("rope_attention int8 mode (hd {hd}, pos0={pos0}, n={n})");
+                let a = match g8.rope_attention(&gstep, &mut gc) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        r.check(&case, Err(e), &[], 0.0);
+                        continue;
+                    }
+                };
+                let a_host = g.to_host(&a).expect("readback");
+                r.check(&case, Ok(a_host.clone()), &want_a.data, DEFAULT_MAX_NMSE);
+                let got = host(g, g8.matmul(&a, &gw));
+                let fresh = up(g, &CpuTensor { shape: vec![n, qw], data: a_host.clone() });
+                r.exact(
+                    &format!("{case} -> matmul(q8_0) == fresh quantization"),
+                    host(g, g8.matmul(&a, &gw)),
+                    &host(g, g8.matmul(&fresh, &gw)).unwrap_or_default(),
+                );
+                let a_cpu = CpuTensor { shape: vec![n, qw], data: a_host };
+                let (xs, bound) = if n == 1 && int8 {
+                    (q8_rounded(&a_cpu), INT8_ROUNDED_MAX_NMSE)
+                } else {
+                    (a_cpu, DEFAULT_MAX_NMSE)
+                };
+                r.check(&format!("{case} -> matmul(q8_0) vs cpu"), got, &c.matmul(&xs, &cw).unwrap().data, bound);
+            }
         }
     }
 

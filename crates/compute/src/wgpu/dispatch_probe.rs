@@ -351,7 +351,7 @@ impl WgpuBackend {
         let dummy = probe.storage(16);
         for zero_init in [true, false] {
             let pipe = probe.pipeline("probe norm", &Plain::Norm.source(), zero_init);
-            let bg = probe.bind(&pipe, &[&x, &dummy, &dummy, &y, &norm_params]);
+            let bg = probe.bind(&pipe, &[&x, &dummy, &dummy, &y, &y, &y, &norm_params]);
             let items: Vec<Item> = (0..n).map(|_| Item { pipeline: &pipe, bind_group: &bg, groups: 1 }).collect();
             out.push(probe.measure(
                 format!("f) dependent: {n} x rms_norm of 1x{width} (norm.wgsl), zero_init {zero_init}"),

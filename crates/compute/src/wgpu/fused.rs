@@ -1,12 +1,15 @@
 //! Fused ops of the GPU back end: work that the op-by-op graph spreads over several dispatches
 //! done in one, to cut a decode step's dispatch count (each costs host time to record and encode,
-//! ~8 us on the H200, docs/NOTES.md).
+//! ~8 us on the H200, and GPU time: launch, drain and barrier, docs/NOTES.md).
 //!
-//! - [`Backend::rope_attention`]: q and k rotated and k, v written to the cache in one dispatch
-//!   (`rope_store.wgsl`), then the attention kernel: two dispatches where the op-by-op path had
+//! - [`Backend::rope_attention`] (and `attention`): q and k rotated, k and v written to the cache
+//!   and the attention computed in one dispatch (`attention.wgsl`), where the op-by-op path had
 //!   two rope table uploads, two ropes, two cache copies and the attention.
 //! - The rope cos/sin table of a step is uploaded once and shared by every layer (they all rotate
 //!   the same positions with the same spec), instead of once per `rope` call.
+//! - Int8 blocks written in epilogues: a one-token norm and the attention write their output's
+//!   int8 blocks too, into the int8 cache (`int8.rs`) as the GLU kernel does, so the products
+//!   that read them need no quantize dispatch.
 //! - [`Backend::matmul_add`]: the residual added by the product's kernel (its accumulate
 //!   option) into the residual's own buffer: no add dispatch.
 //! - [`Backend::matmul_many`]: with int8 activations, one dispatch of the multi-weight int8 kernel
@@ -16,13 +19,18 @@
 //!   result's int8 blocks for the down projection (`int8.rs`).
 //!
 //! `DISKFORMER_NO_FUSE=1` turns all of it off (the op-by-op graph, one rope table upload per
-//! `rope`), so one binary measures both.
+//! `rope`, no int8 epilogues), so one binary measures both.
 
 use super::{expect_width, grid, lock, OpError, PooledBuffer, Span, WgpuBackend, WgpuCache, WgpuTensor, WgpuWeight};
 use crate::backend::{AttnStep, Backend};
 use crate::cpu::kernels;
 use crate::spec::{AttnCall, AttnSpec, RopeSpec};
 use std::sync::Arc;
+
+/// Storage buffers `attention.wgsl` binds (q, new k and v, rope table, sinks, the two cache
+/// halves, output, int8 blocks and scales): more than WebGPU's default limit of 8, within every
+/// Vulkan, Metal and DX12 adapter's.
+const ATTENTION_STORAGE_BUFFERS: u32 = 10;
 
 /// Tables kept for one step's positions: enough for models that alternate two rope specs (local
 /// and global layers) with room to spare; past it the oldest goes.
@@ -106,22 +114,61 @@ impl WgpuBackend {
         })
     }
 
-    /// The attention kernel over cache rows `0..pos0 + n` for `n` queries, the current tokens'
-    /// keys and values already in the cache.
-    pub(super) fn attend(
+    /// One attention step in one dispatch (`attention.wgsl`): q and k rotated when `rope` (the
+    /// spec and the tokens' positions) is given, k and v written to cache rows `pos0..pos0 + n`,
+    /// attention over rows `0..pos0 + n`, and, when the output projection will take int8
+    /// activations (one token, whole 32-value blocks per head), the output's int8 blocks. The
+    /// shapes are checked by the caller.
+    #[allow(clippy::too_many_arguments)] // attention's own parameters and the rotation
+    pub(super) fn attention_step(
         &self,
         q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
         cache: &WgpuCache,
         pos0: usize,
         spec: &AttnSpec,
         sinks: Option<&WgpuTensor>,
+        rope: Option<(&RopeSpec, &[u32])>,
     ) -> Result<WgpuTensor, OpError> {
+        let n_storage = self.ctx.device.limits().max_storage_buffers_per_shader_stage;
+        if n_storage < ATTENTION_STORAGE_BUFFERS {
+            return Err(OpError::Unsupported {
+                op: "attention",
+                backend: "wgpu",
+                why: format!(
+                    "the attention kernel binds {ATTENTION_STORAGE_BUFFERS} storage buffers; this adapter allows {n_storage}"
+                ),
+            });
+        }
         let n = q.rows();
         let y = self.alloc("attention", &[n, spec.n_head * spec.head_dim_v])?;
-        let sink_buf = sinks.map_or(&self.ctx.dummy, |s| &s.buf.buffer);
+        let table = match rope {
+            Some((r, positions)) => Some(self.rope_table(positions, r)?),
+            None => None,
+        };
+        // Each workgroup quantizes its head's values: whole blocks only if a head is.
+        let q8 = self.q8_epilogue_target(&y, spec.head_dim_v.is_multiple_of(32));
+        // Without int8 output the kernel writes no blocks; `y` fills their bindings (the dummy is
+        // bound read-only, and one buffer may not be both read-only and writable in a dispatch).
+        let (qs, ds) = q8.as_ref().map_or((&y.buf.buffer, &y.buf.buffer), |(q, d)| (q, d));
+        let dummy = &self.ctx.dummy;
+        let (rope_on, rope_head_dim, n_rot, neox) =
+            rope.map_or((0, 0, 0, 0), |(r, _)| (1, r.head_dim, r.n_rot, r.neox as u32));
         self.dispatch(
             self.plain(super::Plain::Attention),
-            &[&q.buf.buffer, &cache.k, &cache.v, sink_buf, &y.buf.buffer],
+            &[
+                &q.buf.buffer,
+                &k.buf.buffer,
+                &v.buf.buffer,
+                table.as_ref().map_or(dummy, |t| &t.buffer),
+                sinks.map_or(dummy, |s| &s.buf.buffer),
+                &cache.k,
+                &cache.v,
+                &y.buf.buffer,
+                qs,
+                ds,
+            ],
             &[
                 n as u32,
                 spec.n_head as u32,
@@ -133,15 +180,22 @@ impl WgpuBackend {
                 sinks.is_some() as u32,
                 spec.scale.to_bits(),
                 spec.softcap.unwrap_or(0.0).to_bits(),
-                0,
+                rope_on,
+                rope_head_dim as u32,
+                n_rot as u32,
+                neox,
+                q8.is_some() as u32,
                 0,
             ],
             grid(n * spec.n_head),
         );
+        if q8.is_some() {
+            self.q8_register(&y.buf.buffer, y.width());
+        }
         Ok(y)
     }
 
-    /// [`Backend::rope_attention`] in two dispatches: `rope_store.wgsl`, then the attention kernel.
+    /// [`Backend::rope_attention`] in one dispatch ([`attention_step`](Self::attention_step)).
     pub(super) fn rope_attention_fused(
         &self,
         step: &AttnStep<'_, WgpuBackend>,
@@ -158,45 +212,35 @@ impl WgpuBackend {
             };
         }
         Self::check_attention(q, k, v, cache, pos0, spec, sinks)?;
-        let Some(rope) = rope else {
-            self.store_kv(k, v, cache, pos0);
-            return self.attend(q, cache, pos0, spec, sinks);
-        };
-        Self::check_rope(q, positions, rope)?;
-        Self::check_rope(k, positions, rope)?;
-        let table = self.rope_table(positions, rope)?;
-        let n = q.rows();
-        let q_rot = self.alloc("rope_attention q", &q.shape)?;
-        let pipe = self.ctx.pipeline("rope_store", || include_str!("shaders/rope_store.wgsl").to_string());
-        let n_values = n * (q.width() + k.width() + v.width());
-        self.dispatch(
-            pipe,
-            &[&q.buf.buffer, &k.buf.buffer, &v.buf.buffer, &table.buffer, &q_rot.buf.buffer, &cache.k, &cache.v],
-            &[
-                n as u32,
-                q.width() as u32,
-                k.width() as u32,
-                v.width() as u32,
-                rope.head_dim as u32,
-                rope.n_rot as u32,
-                rope.neox as u32,
-                pos0 as u32,
-            ],
-            grid(n_values.div_ceil(256)),
-        );
-        self.attend(&q_rot, cache, pos0, spec, sinks)
-    }
-
-    /// Copies `k` and `v` (`[n, width]`) into cache rows `pos0..pos0 + n`.
-    pub(super) fn store_kv(&self, k: &WgpuTensor, v: &WgpuTensor, cache: &WgpuCache, pos0: usize) {
-        let n = k.rows() as u64;
-        let (kw, vw) = (cache.k_width as u64, cache.v_width as u64);
-        self.copy(&k.buf.buffer, 0, &cache.k, 4 * pos0 as u64 * kw, 4 * n * kw);
-        self.copy(&v.buf.buffer, 0, &cache.v, 4 * pos0 as u64 * vw, 4 * n * vw);
+        if let Some(r) = rope {
+            Self::check_rope(q, positions, r)?;
+            Self::check_rope(k, positions, r)?;
+        }
+        self.attention_step(q, k, v, cache, pos0, spec, sinks, rope.map(|r| (r, positions)))
     }
 }
 
 impl WgpuBackend {
+    /// The int8 cache's buffers for the blocks of `y` (`[1, width]`), which the kernel about to be
+    /// recorded writes in its epilogue, when the products reading `y` would take int8 activations
+    /// (one token of whole 32-value blocks, int8 activations on, fused ops on) and `whole_blocks`
+    /// (the kernel's own condition) holds; `None`: the kernel writes no blocks. After recording
+    /// the kernel, the caller registers them (`q8_register`), and the next int8 products of `y`
+    /// read them instead of quantizing (`int8.rs`, the cache's rules).
+    pub(super) fn q8_epilogue_target(
+        &self,
+        y: &WgpuTensor,
+        whole_blocks: bool,
+    ) -> Option<(wgpu::Buffer, wgpu::Buffer)> {
+        let applies = self.ctx.fuse
+            && whole_blocks
+            && self.uses_int8_activations()
+            && self.ctx.matvec.is_some()
+            && y.rows() == 1
+            && y.width().is_multiple_of(32);
+        applies.then(|| self.q8_target(y.len()))
+    }
+
     /// Whether the int8 decode kernel takes `x · Wᵀ` (int8 activations on, one token, whole
     /// 32-value blocks, a weight type with an int8 dot product): the condition of the `int8`
     /// module's product, asked before quantizing once for several products.

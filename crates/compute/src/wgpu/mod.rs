@@ -324,6 +324,9 @@ struct Ctx {
     rope_tables: Mutex<fused::RopeTables>,
     /// Fused ops on (`DISKFORMER_NO_FUSE=1` runs the op-by-op graph, for comparison).
     fuse: bool,
+    /// DISKFORMER_WG_ZERO: zero workgroup memory in every kernel (`Some(true)`), in none
+    /// (`Some(false)`), or in those that read before writing (`None`, [`Ctx::pipeline_with`]).
+    zero_workgroup: Option<bool>,
     /// Commands (dispatches and copies) submitted so far, for [`WgpuBackend::commands_submitted`].
     commands_submitted: std::sync::atomic::AtomicU64,
     /// Bind groups created so far (cache misses), for [`WgpuBackend::bind_groups_created`].
@@ -427,6 +430,21 @@ impl Ctx {
     }
 
     fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Arc<wgpu::ComputePipeline> {
+        self.pipeline_with(key, source, false)
+    }
+
+    /// [`pipeline`](Self::pipeline) of a kernel that may skip the zeroing of its workgroup
+    /// memory when `written_first` (every read of workgroup memory follows a write of the same
+    /// element by the same workgroup, argued in the shader): WGSL zeroes it at the start of every
+    /// workgroup, a cost per workgroup that such a kernel does not need. DISKFORMER_WG_ZERO=1
+    /// zeroes for every kernel (WGSL's rule, for comparison), =0 for none (an experiment: the other
+    /// kernels are not argued).
+    fn pipeline_with(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+        written_first: bool,
+    ) -> Arc<wgpu::ComputePipeline> {
         let mut p = lock(&self.pipelines);
         if let Some(x) = p.get(key) {
             return x.clone();
@@ -440,7 +458,10 @@ impl Ctx {
             layout: None,
             module: &module,
             entry_point: Some("main"),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[],
+                zero_initialize_workgroup_memory: self.zero_workgroup.unwrap_or(!written_first),
+            },
             cache: None,
         }));
         p.insert(key.to_string(), pipe.clone());
@@ -683,6 +704,7 @@ impl WgpuBackend {
             }),
             rope_tables: Mutex::new(fused::RopeTables::default()),
             fuse: !env_flag("DISKFORMER_NO_FUSE"),
+            zero_workgroup: std::env::var("DISKFORMER_WG_ZERO").ok().map(|v| v != "0"),
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
             bind_groups_created: std::sync::atomic::AtomicU64::new(0),
         };
@@ -816,7 +838,7 @@ impl WgpuBackend {
     }
 
     fn plain(&self, k: Plain) -> Arc<wgpu::ComputePipeline> {
-        self.ctx.pipeline(&format!("{k:?}"), || k.source())
+        self.ctx.pipeline_with(&format!("{k:?}"), || k.source(), k.workgroup_memory_written_first())
     }
 
     /// Reads `n_bytes` of a buffer back to the host (submitting everything pending).
@@ -1561,8 +1583,7 @@ impl Backend for WgpuBackend {
         sinks: Option<&WgpuTensor>,
     ) -> Result<WgpuTensor, OpError> {
         Self::check_attention(q, k, v, cache, pos0, spec, sinks)?;
-        self.store_kv(k, v, cache, pos0);
-        self.attend(q, cache, pos0, spec, sinks)
+        self.attention_step(q, k, v, cache, pos0, spec, sinks, None)
     }
 
     fn rope_attention(&self, step: &AttnStep<'_, Self>, cache: &mut WgpuCache) -> Result<WgpuTensor, OpError> {
@@ -1865,12 +1886,29 @@ impl WgpuBackend {
         let rows = x.rows();
         let wb = weight.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
         let bb = bias.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
+        // The products after a decode norm take int8 activations: the norm writes them too.
+        let q8 = self.q8_epilogue_target(&y, true);
+        // Without int8 output the kernel writes no blocks; `y` fills their bindings (the dummy is
+        // bound read-only above, and one buffer may not be both read-only and writable).
+        let (qs, ds) = q8.as_ref().map_or((&y.buf.buffer, &y.buf.buffer), |(q, d)| (q, d));
         self.dispatch(
             self.plain(Plain::Norm),
-            &[&x.buf.buffer, wb, bb, &y.buf.buffer],
-            &[w as u32, rows as u32, mode, eps.to_bits(), weight.is_some() as u32, bias.is_some() as u32, 0, 0],
+            &[&x.buf.buffer, wb, bb, &y.buf.buffer, qs, ds],
+            &[
+                w as u32,
+                rows as u32,
+                mode,
+                eps.to_bits(),
+                weight.is_some() as u32,
+                bias.is_some() as u32,
+                q8.is_some() as u32,
+                0,
+            ],
             grid(rows),
         );
+        if q8.is_some() {
+            self.q8_register(&y.buf.buffer, w);
+        }
         Ok(y)
     }
 }

@@ -15,6 +15,7 @@ const GET_ROWS: &str = include_str!("shaders/get_rows.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const ACT: &str = include_str!("shaders/act.wgsl");
+const Q8_BLOCK: &str = include_str!("shaders/q8_block.wgsl");
 
 /// A kernel without template parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,7 +32,7 @@ pub enum Plain {
     Rope,
     /// Column slice / concatenation.
     CopyCols,
-    /// Flash attention over the KV cache.
+    /// Rope, KV-cache write and flash attention over the cache in one pass.
     Attention,
     /// Row argmax.
     Argmax,
@@ -69,6 +70,25 @@ impl Plain {
         Plain::QuantizeQ8,
     ];
 
+    /// Whether every read of the kernel's workgroup memory follows a write of that element by
+    /// the same workgroup (argued in the shader's comment), so the pipeline may skip WGSL's zeroing
+    /// of it at every workgroup start. Kernels without workgroup memory: true (nothing to zero).
+    pub fn workgroup_memory_written_first(self) -> bool {
+        match self {
+            Plain::Norm | Plain::Attention => true,
+            Plain::Binary
+            | Plain::Unary
+            | Plain::Glu
+            | Plain::Rope
+            | Plain::CopyCols
+            | Plain::GatherRows
+            | Plain::ScatterAdd
+            | Plain::SsmConv
+            | Plain::QuantizeQ8 => true,
+            Plain::Argmax | Plain::Stream | Plain::SsmScan => false,
+        }
+    }
+
     /// The WGSL source.
     pub fn source(self) -> String {
         let s = match self {
@@ -87,7 +107,7 @@ impl Plain {
             Plain::SsmScan => include_str!("shaders/ssm_scan.wgsl"),
             Plain::QuantizeQ8 => include_str!("shaders/quantize_q8.wgsl"),
         };
-        s.replace("{{ACT}}", ACT)
+        s.replace("{{ACT}}", ACT).replace("{{Q8_BLOCK}}", Q8_BLOCK)
     }
 }
 

@@ -1,6 +1,9 @@
 // Row normalisation, one workgroup per row of `width` values.
 // mode 0: RMS norm x / sqrt(mean(x^2) + eps); mode 1: layer norm (x - mean) / sqrt(var + eps).
 // Then times the weight (has_w) and plus the bias (has_b).
+// q8 = 1: the row is also written as int8 blocks for the int8 decode kernel, exactly as
+// quantize_q8.wgsl makes them from Y (q8_block.wgsl, read back from Y after a storage barrier), so
+// the products after a norm need no quantize dispatch of their own. Needs width % 32 == 0.
 struct Params {
     width: u32,
     n_rows: u32,
@@ -8,7 +11,7 @@ struct Params {
     eps: f32,
     has_w: u32,
     has_b: u32,
-    _p0: u32,
+    q8: u32,
     _p1: u32,
 }
 
@@ -16,9 +19,14 @@ struct Params {
 @group(0) @binding(1) var<storage, read> Wt: array<f32>;
 @group(0) @binding(2) var<storage, read> Bs: array<f32>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(4) var<uniform> P: Params;
+@group(0) @binding(4) var<storage, read_write> QS: array<u32>;
+@group(0) @binding(5) var<storage, read_write> DS: array<vec2<f32>>;
+@group(0) @binding(6) var<uniform> P: Params;
 
 const WG: u32 = 256u;
+// Written before read (so the pipeline skips WGSL's zeroing, Plain::workgroup_memory_written_first):
+// every invocation writes red[lid] at the start of reduce_sum (all 256 call it; the only early
+// return depends on the workgroup alone), and reads come after the barrier that follows.
 var<workgroup> red: array<f32, 256>;
 
 fn reduce_sum(v: f32, lid: u32) -> f32 {
@@ -67,4 +75,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         Y[base + i] = y;
     }
+    if (P.q8 == 1u) {
+        // Other invocations' Y values of this row: visible after the barrier (one workgroup).
+        storageBarrier();
+        let n_blocks = P.width / 32u;
+        for (var b = lid; b < n_blocks; b += WG) {
+            quantize_block(row * n_blocks + b);
+        }
+    }
 }
+
+// Block `blk` of Y (32 values) to int8.
+fn quantize_block(blk: u32) {
+    var v: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let at = blk * 32u + i * 4u;
+        v[i] = vec4<f32>(Y[at], Y[at + 1u], Y[at + 2u], Y[at + 3u]);
+    }
+    q8_block(v, blk);
+}
+
+{{Q8_BLOCK}}
