@@ -17,7 +17,9 @@
 #   BIN [.gpubin/paged]     folder holding `diskformer`; `llama-bench` and its .so files beside it
 #                           (or in PEER_BIN) are the peer, when present
 #   SHAPE [qwen3-30b-a3b]   TYPE [Q4_K]   PARAMS [] (`synth --params`, e.g. small dims)  SKEW [0]
-#   GPU_BUDGET [4G]  MISS [auto] (--moe-miss)  POLICY [lfu] (--cache-policy)
+#   GPU_BUDGET [4G]  MISS [auto] (--moe-miss: upload|cpu|auto|host; host = misses read by the GPU
+#                           from a copy of every expert in host memory, no wait per layer)
+#   POLICY [lfu] (--cache-policy)
 #   RAM_BUDGET []           empty: misses read from the memory map (the page cache is the host
 #                           tier); a size: through the pager's RAM cache of that size
 #   P [512]  N [128]  REPS [2]  THREADS [0: every core]
@@ -104,8 +106,16 @@ if [ "$P" -gt 0 ]; then
   df_pp=$("$DF" bench -m "$model" -p "$P" -n 0 "${flags[@]}" --stats --json 2>"$pp_stats") \
     || { cat "$pp_stats" >&2; exit 1; }
 fi
+# GPU memory in use while decoding (nvidia-smi, when there is one): the host tier must not be in it.
+smi_log="$out_dir/paged-$stamp-smi.txt"
+smi_pid=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$smi_log" 2>/dev/null &
+  smi_pid=$!
+fi
 df_tg=$("$DF" bench -m "$model" -p 0 -n "$N" "${flags[@]}" --stats --json 2>"$tg_stats") \
-  || { cat "$tg_stats" >&2; exit 1; }
+  || { cat "$tg_stats" >&2; [ -n "$smi_pid" ] && kill "$smi_pid"; exit 1; }
+[ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null || true
 df_res='{}'
 res_err="$out_dir/paged-$stamp-resident.err"
 if [ "$RESIDENT" = 1 ]; then
@@ -130,19 +140,26 @@ elif [ "$PEER" = 1 ]; then
 fi
 
 python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "$MISS" \
-  "$LB_FLAGS" "$raw" "$df_res" <<'PY'
+  "$LB_FLAGS" "$raw" "$df_res" "$smi_log" <<'PY'
 import json, re, sys
 pp, tg, lb = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 res = json.loads(sys.argv[13])
 stats_path, n_gen, reps, model, size_bytes = sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], int(sys.argv[8])
 budget, miss, lb_flags, raw = sys.argv[9], sys.argv[10], sys.argv[11], sys.argv[12]
+smi = []
+try:
+    smi = [int(l.split()[0]) for l in open(sys.argv[14]) if l.strip()[:1].isdigit()]
+except OSError:
+    pass
 lines = open(stats_path).read().splitlines()
 # The GPU tier's table: its header line, then rows up to "all":
-# layer selected hits misses uploads uploadMiB cpu evicted hit%
+# layer selected hits misses uploads uploadMiB cpu evicted host-reads hit%
 head = next(i for i, l in enumerate(lines) if l.startswith("GPU expert tier:"))
 upload_bps = float(re.search(r"upload ([0-9.]+) GB/s measured", lines[head]).group(1)) * 1e9
 row = next(l.split() for l in lines[head:] if l.split()[:1] == ["all"])
 selected, hits, misses, uploads, up_mib, cpu = int(row[1]), int(row[2]), int(row[3]), int(row[4]), float(row[5]), int(row[6])
+host_reads = int(row[8]) if len(row) > 9 else 0
+profile = next((l for l in lines if l.startswith("tier host time per step")), "")
 placement = next((l for l in lines if l.startswith("GPU placement:")), "")
 tokens = 1 + reps * n_gen  # bench's warm-up token is decoded too
 bytes_per_token = up_mib * 2**20 / tokens
@@ -153,7 +170,9 @@ rec = {"model": model, "size_bytes": size_bytes, "gpu_budget": budget, "moe_miss
        "hit_rate": hits / max(selected, 1), "uploads_per_token": uploads / tokens, "cpu_experts_per_token": cpu / tokens,
        "bytes_uploaded_per_token": bytes_per_token, "upload_bps": upload_bps,
        "tg_limit_upload": upload_bps / bytes_per_token if bytes_per_token else None, "placement": placement,
-       "resident_pp": res.get("pp_tok_s"), "resident_tg": res.get("tg_tok_s")}
+       "resident_pp": res.get("pp_tok_s"), "resident_tg": res.get("tg_tok_s"),
+       "host_reads_per_token": host_reads / tokens, "tier_profile": profile,
+       "gpu_mem_used_mib_peak": max(smi) if smi else None}
 with open(raw, "a") as f:
     f.write(json.dumps(rec) + "\n")
 fmt = lambda v: "-" if v is None else f"{v:.2f}"
@@ -174,4 +193,10 @@ print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_
       f"{rec['cpu_experts_per_token']:.1f} computed on the CPU per token, {bytes_per_token / 2**20:.1f} MiB uploaded "
       f"per token; upload {upload_bps / 1e9:.2f} GB/s (measured by the tier) -> at most "
       f"{'inf' if limit is None else f'{limit:.1f}'} tok/s from uploads alone at this hit rate")
+if host_reads:
+    print(f"misses read by the GPU from host memory: {host_reads / tokens:.1f} experts per token")
+if profile:
+    print(profile)
+if smi:
+    print(f"GPU memory in use while decoding (nvidia-smi): peak {max(smi)} MiB")
 PY

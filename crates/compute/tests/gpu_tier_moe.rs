@@ -339,11 +339,13 @@ mod gpu {
                 let total = g.expert_tier_total().unwrap();
                 println!("  {miss:?}: {total:?}");
                 // Every miss is served once: uploaded or computed on the CPU, or (host tier) read
-                // by the GPU from host memory, its upload into the pool coming between steps.
+                // by the GPU from host memory (its refill into the pool coming between steps),
+                // or uploaded by a prefill batch.
                 // Only upload and host must evict: auto picks by costs measured on this machine,
                 // and a fast CPU may serve every miss without filling the pool.
                 let served = match miss {
-                    MissPolicy::Host => total.host_reads,
+                    // Decode misses read from host memory, prefill misses uploaded.
+                    MissPolicy::Host => total.host_reads + total.uploads - total.refills,
                     _ => total.uploads + total.cpu_computed,
                 };
                 if served != total.misses {

@@ -10,7 +10,13 @@
 //!   (dense weights, KV cache, pool, staging, scratch) stays within the budget;
 //! - one slot, uploads only: every decode step evicts, greedy ids equal the resident CPU run's;
 //! - one slot, misses computed on the CPU (the pool never changes), and the automatic choice:
-//!   greedy ids equal the resident CPU run's.
+//!   greedy ids equal the resident CPU run's;
+//! - misses read by the GPU from the host tier (`MissPolicy::Host`: no wait per layer, the pool
+//!   refilled between steps): at the floor budget (with the slot table's reserve) greedy ids
+//!   equal the resident CPU run's and the device memory (wgpu's count less the host tier's
+//!   buffers, which live in host memory) stays within the budget; with one slot every decode
+//!   step from the second on evicts (when it starts, with the previous step's misses) and
+//!   greedy ids equal the CPU's.
 //!
 //! Runs one variant per MoE architecture of the full ../shared set when present, else of the
 //! compact committed subset: q4_k_m where there is one (mixed Q4_K / Q6_K experts exercise the
@@ -106,14 +112,17 @@ mod on_gpu {
         device.clone().with_expert_store(store, topts).expect("tier builds")
     }
 
-    /// Greedy decoding, asserting after each decode step that the tier (when given) evicted.
-    fn greedy_ids(runner: &mut dyn Runner, prompt: &[u32], tier: Option<&WgpuBackend>) -> Vec<u32> {
+    /// Greedy decoding, asserting after each decode step from `from` on that the tier (when
+    /// given) evicted. The host tier refills its pool with a step's misses when the next step
+    /// starts, so its first decode step evicts only if the prompt left misses.
+    fn greedy_ids(runner: &mut dyn Runner, prompt: &[u32], tier: Option<(&WgpuBackend, usize)>) -> Vec<u32> {
         let n_vocab = runner.hparams().n_vocab;
         let mut logits = runner.eval(prompt, Outputs::Last).expect("prompt evaluates");
         let mut ids = Vec::new();
         for step in 0..N_STEPS {
             let id = argmax(&logits[logits.len() - n_vocab..]);
             ids.push(id);
+            let tier = tier.filter(|&(_, from)| step >= from).map(|t| t.0);
             let before = tier.map(|t| t.expert_tier_total().unwrap_or_default().evictions);
             logits = runner.eval(&[id], Outputs::Last).expect("step evaluates");
             if let (Some(t), Some(before)) = (tier, before) {
@@ -188,11 +197,51 @@ mod on_gpu {
             drop(runner);
             drop(b);
 
-            // 3-5. One slot: uploads (evicting every step), CPU, automatic.
-            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto] {
+            // 3. The host tier at its floor budget (the slot table's reserve added to scratch),
+            // on a fresh device.
+            let host_scratch = scratch + compute::wgpu::host_tier_table_reserve_bytes(floor.n_experts_total);
+            let host_budget =
+                floor.dense_bytes + kv + host_scratch + floor.scratch_bytes + floor.min_slots as u64 * floor.slot_bytes;
+            let hplaced = GpuPlacement::plan_on(&model, host_budget, kv, host_scratch, &WgpuSizes).expect("fits");
+            let device = gpu().expect("adapter found above");
+            let b = tiered(&device, &model, hplaced.n_slots, hplaced.slot_bytes, MissPolicy::Host);
+            let mut runner = load_on(b.clone(), &model, &opts()).expect("loads on the tier");
+            let got = greedy_ids(runner.as_mut(), &prompt, None);
+            b.sync();
+            let host_bytes = b.expert_host_tier_bytes().unwrap_or(0);
+            let used = b.device_buffer_bytes().saturating_sub(host_bytes);
+            let t = b.expert_tier_total().unwrap_or_default();
+            println!(
+                "{arch} {variant} host tier, floor {} slots: {} hits, {} host reads, {} uploads, {} evictions; device memory {used} B of budget {host_budget} B, host tier {host_bytes} B; ids {}",
+                hplaced.n_slots,
+                t.hits,
+                t.host_reads,
+                t.uploads,
+                t.evictions,
+                if got == want { "== cpu" } else { "DIFFER" }
+            );
+            if got != want {
+                failures.push(format!("{arch} {variant} host tier floor: greedy {got:?} != cpu {want:?}"));
+            }
+            if used == 0 || used > host_budget || host_bytes == 0 {
+                failures.push(format!(
+                    "{arch} {variant}: host tier: device memory {used} B against a budget of {host_budget} B (host {host_bytes} B)"
+                ));
+            }
+            drop(runner);
+            drop(b);
+
+            // 4-7. One slot: uploads (evicting every step), CPU, automatic, host tier (evicting
+            // every step too, between steps).
+            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Host] {
                 let b = tiered(&device, &model, 1, placed.slot_bytes, miss);
                 let mut runner = load_on(b.clone(), &model, &opts()).expect("loads on the tier");
-                let got = greedy_ids(runner.as_mut(), &prompt, (miss == MissPolicy::Upload).then_some(&b));
+                let evicts_from = match miss {
+                    MissPolicy::Upload => Some(0),
+                    MissPolicy::Host => Some(1),
+                    _ => None,
+                };
+                let got = greedy_ids(runner.as_mut(), &prompt, evicts_from.map(|from| (&b, from)));
                 let t = b.expert_tier_total().unwrap_or_default();
                 println!(
                     "{arch} {variant} 1 slot {miss:?}: {} selections, {} hits, {} uploads, {} cpu, {} evictions: ids {}",
@@ -204,11 +253,21 @@ mod on_gpu {
                     if got == want { "== cpu" } else { "DIFFER" }
                 );
                 assert_eq!(t.hits + t.misses, t.selections, "{arch}: every selection is a hit or a miss");
-                assert_eq!(t.uploads + t.cpu_computed, t.misses, "{arch}: every miss is uploaded or computed");
+                match miss {
+                    // A prefill's misses take the upload path; a decode step's are read from host
+                    // memory, and refilled between steps.
+                    MissPolicy::Host => assert_eq!(
+                        t.host_reads + t.uploads - t.refills,
+                        t.misses,
+                        "{arch}: every miss is read from host memory or uploaded by a prefill"
+                    ),
+                    _ => assert_eq!(t.uploads + t.cpu_computed, t.misses, "{arch}: every miss is uploaded or computed"),
+                }
                 match miss {
                     MissPolicy::Upload => assert_eq!(t.cpu_computed, 0),
                     MissPolicy::Cpu => assert_eq!((t.uploads, t.hits), (0, 0), "{arch}: the pool stays empty"),
                     MissPolicy::Auto => assert!(t.cpu_computed > 0, "{arch}: the CPU cost is measured on first use"),
+                    MissPolicy::Host => assert_eq!(t.cpu_computed, 0),
                 }
                 if got != want {
                     failures.push(format!("{arch} {variant} 1 slot {miss:?}: greedy {got:?} != cpu {want:?}"));

@@ -34,6 +34,9 @@ pub enum MoeMissFlag {
     Cpu,
     /// Whichever is cheaper by measured costs (upload bandwidth, CPU time per expert).
     Auto,
+    /// Read by the GPU from a copy of every expert in host memory (bounded by --ram-budget):
+    /// no wait per layer; the GPU's slots are refilled between tokens.
+    Host,
 }
 
 /// Element type of the CPU back end's attention KV cache.
@@ -292,9 +295,23 @@ fn load_gpu_tier(
     let kv_bytes = w.kv_bytes_per_position * n_ctx + w.recurrent_state_bytes;
     let slot_bytes = pager::GpuPlacement::plan_on(file, u64::MAX / 4, kv_bytes, 0, &WgpuSizes)?.slot_bytes;
     let staging_bytes = ExpertTierOptions::new(1, slot_bytes).staging_total_bytes();
-    let scratch_bytes = activation_scratch_bytes(file, GPU_TIER_BATCH.min(n_ctx as usize)) + staging_bytes;
+    let mut scratch_bytes = activation_scratch_bytes(file, GPU_TIER_BATCH.min(n_ctx as usize)) + staging_bytes;
+    if args.moe_miss == MoeMissFlag::Host {
+        let n_experts = pager::GpuPlacement::plan_on(file, u64::MAX / 4, kv_bytes, 0, &WgpuSizes)?.n_experts_total;
+        scratch_bytes += compute::wgpu::host_tier_table_reserve_bytes(n_experts);
+    }
     let placed = pager::GpuPlacement::plan_on(file, budget, kv_bytes, scratch_bytes, &WgpuSizes)?;
-    let pager = open_pager(args, file)?;
+    // The host tier holds every expert itself (bounded by --ram-budget): no RAM cache beside it.
+    let host_tier = args.moe_miss == MoeMissFlag::Host;
+    let host_bytes = placed.n_experts_total as u64 * placed.slot_bytes;
+    if let (true, Some(ram)) = (host_tier, args.ram_budget) {
+        anyhow::ensure!(
+            host_bytes <= ram,
+            "--moe-miss host keeps every expert in host memory: {host_bytes} bytes, more than --ram-budget {ram}; \
+             --moe-miss auto reads misses through a RAM cache of that size instead"
+        );
+    }
+    let pager = if host_tier { None } else { open_pager(args, file)? };
     let store: Arc<dyn compute::ExpertStore> = match &pager {
         Some(p) => p.clone(),
         None => Arc::new(pager::MappedExperts::open(file)?),
@@ -304,7 +321,9 @@ fn load_gpu_tier(
             MoeMissFlag::Upload => MissPolicy::Upload,
             MoeMissFlag::Cpu => MissPolicy::Cpu,
             MoeMissFlag::Auto => MissPolicy::Auto,
+            MoeMissFlag::Host => MissPolicy::Host,
         },
+        host_budget_bytes: if host_tier { args.ram_budget } else { None },
         policy: match args.cache_policy {
             CachePolicyFlag::Lru => SlotPolicy::Lru,
             CachePolicyFlag::Lfu => SlotPolicy::Lfu,

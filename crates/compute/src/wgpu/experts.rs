@@ -141,6 +141,14 @@ pub fn backend_fixed_bytes() -> u64 {
     super::PARAMS_RING_BYTES + 16
 }
 
+/// GPU bytes to reserve for the slot table of [`MissPolicy::Host`] on a model of
+/// `n_experts_total` experts (all layers): 16 bytes per expert, in a buffer that doubles as
+/// layers appear, and the earlier ones may live on in cached bind groups (their sizes add up to
+/// less than the last): four times the table.
+pub fn host_tier_table_reserve_bytes(n_experts_total: usize) -> u64 {
+    4 * 16 * n_experts_total as u64 + 1024
+}
+
 /// Bytes a weight of `n_rows` rows of `k` values of `dtype` takes on the GPU (the repacked
 /// layout), or `None` when the GPU has no kernel for the type.
 pub fn weight_bytes(dtype: gguf::GgmlType, n_rows: usize, k: usize) -> Option<u64> {
@@ -179,6 +187,9 @@ pub struct ExpertTierStats {
     pub evictions: u64,
     /// Misses the GPU read from the host tier ([`MissPolicy::Host`]).
     pub host_reads: u64,
+    /// Uploads that were refills between steps from the host tier (the rest of `uploads`
+    /// served misses of the call itself: a prefill's, or every miss outside the host tier).
+    pub refills: u64,
 }
 
 impl ExpertTierStats {
@@ -191,6 +202,7 @@ impl ExpertTierStats {
         self.cpu_computed += o.cpu_computed;
         self.evictions += o.evictions;
         self.host_reads += o.host_reads;
+        self.refills += o.refills;
     }
 }
 
@@ -366,6 +378,11 @@ pub(super) struct ExpertTier {
     /// wait: a futex wake-up is slow in a VM, and the wait is short (DISKFORMER_READBACK_BLOCK=1
     /// blocks, for comparison).
     spin_readback: bool,
+    /// Under [`MissPolicy::Host`], the most experts copied into the pool between two steps
+    /// (DISKFORMER_HOST_REFILL_MAX, for experiments; unbounded by default): each refill is a
+    /// PCIe copy on the GPU's timeline, while a miss left in host memory is read over PCIe
+    /// each time it is picked.
+    refill_max: usize,
 }
 
 impl std::fmt::Debug for ExpertTier {
@@ -717,6 +734,10 @@ impl WgpuBackend {
             readback: Mutex::new(None),
             profile: Mutex::new(TierProfile::default()),
             spin_readback: !super::env_flag("DISKFORMER_READBACK_BLOCK"),
+            refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(usize::MAX),
             state: Mutex::new(TierState {
                 owner: vec![None; n_slots],
                 mats: vec![None; n_slots],
@@ -1075,6 +1096,21 @@ impl WgpuBackend {
         spec: &MoeSpec,
         by_expert: &[Vec<(u32, u32)>],
     ) -> Result<WgpuTensor, OpError> {
+        self.moe_ffn_tiered_counted(tier, x, routing, experts, spec, by_expert, true)
+    }
+
+    /// [`Self::moe_ffn_tiered`]; `count_step` false when the caller counted the call's step.
+    #[allow(clippy::too_many_arguments)] // moe_ffn_tiered's inputs and the flag
+    fn moe_ffn_tiered_counted(
+        &self,
+        tier: &ExpertTier,
+        x: &WgpuTensor,
+        routing: &RouteView<'_>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        by_expert: &[Vec<(u32, u32)>],
+        count_step: bool,
+    ) -> Result<WgpuTensor, OpError> {
         let t_start = Instant::now();
         let layer = experts.layer;
         let n = x.rows();
@@ -1085,7 +1121,7 @@ impl WgpuBackend {
         let range = tier.regions[st.region(layer, &tier.regions)].clone();
         st.tick += 1;
         let tick = st.tick;
-        if st.last_layer.is_none_or(|l| layer <= l) {
+        if count_step && st.last_layer.is_none_or(|l| layer <= l) {
             lock(&tier.profile).steps += 1;
         }
         st.last_layer = Some(layer);
@@ -1571,6 +1607,23 @@ impl ExpertTier {
     }
 }
 
+/// Rewrites the slot table's host copy from the pool's owners (after the upload path changed
+/// the pool): an expert in a slot is read there, every other from the host tier.
+fn sync_table_with_pool(st: &mut TierState) {
+    let row = st.host.row;
+    for (l, h) in st.host.layers.iter().enumerate() {
+        let Some(h) = h else { continue };
+        for (e, hm) in h.mats.iter().enumerate() {
+            let slot = st.slot_of.get(l).and_then(|v| v.get(e)).copied().unwrap_or(NO_SLOT);
+            st.host.table[l * row + e] = match st.mats.get(slot as usize).copied().flatten() {
+                Some(m) if slot != NO_SLOT => table_entry(IN_POOL, &m),
+                _ => table_entry(IN_HOST, hm),
+            };
+        }
+    }
+    st.host.table_dirty = true;
+}
+
 /// A table entry: where the expert is and its matrices' first words there.
 fn table_entry(place: u32, m: &SlotMats) -> [u32; 4] {
     [place, m.gate.map_or(0, |g| g.word0 as u32), m.up.word0 as u32, m.down.word0 as u32]
@@ -1585,8 +1638,9 @@ impl WgpuBackend {
     /// `moe_ffn` under [`MissPolicy::Host`]. A decode step (few tokens) is the per-pair kernels
     /// with the slot table: each pair's expert is read from its pool slot or from the host
     /// tier, whichever the table says; the ids stay on the GPU (copied into the log, read back
-    /// once per step) so nothing waits. A prefill batch reads its ids back and computes each
-    /// expert from wherever it is. The pool changes only between steps ([`Self::refill_pool`]).
+    /// once per step) so nothing waits; the pool changes between steps ([`Self::refill_pool`]).
+    /// A prefill batch reads its ids back and takes the upload path (misses uploaded into victim
+    /// slots, each read once per batch), the table following the pool afterwards.
     pub(super) fn moe_ffn_host_tier(
         &self,
         tier: &ExpertTier,
@@ -1609,10 +1663,17 @@ impl WgpuBackend {
         st.last_layer = Some(layer);
         self.ensure_host_layer(tier, st, layer, spec.n_expert)?;
         self.write_slot_table(st)?;
-        let (host_buf, m0) = match &st.host.layers[layer] {
-            Some(h) => (h.buffer.clone(), h.mats[0]),
-            None => unreachable!("ensure_host_layer made the layer's copy"),
-        };
+        let (host_buf, m0) = st
+            .host
+            .layers
+            .get(layer)
+            .and_then(|h| h.as_ref())
+            .and_then(|h| Some((h.buffer.clone(), *h.mats.first()?)))
+            .ok_or_else(|| OpError::Unsupported {
+                op: "moe_ffn",
+                backend: "wgpu",
+                why: format!("layer {layer} has no host copy of its experts"),
+            })?;
         let t_decided = Instant::now();
         let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
         let y = if moe::pairs_fit(n, k, n_embd, spec.n_ff) {
@@ -1641,48 +1702,21 @@ impl WgpuBackend {
                 moe::PairTable::Slots { ids: ids_buf, at, slots: &table_gpu, slots_at: (layer * st.host.row) as u32 };
             self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &fused, biases, spec)?
         } else {
+            // A prefill batch touches most experts, each for many tokens: reading them over PCIe
+            // (the product kernel may pass over a weight once per 8 tokens) costs more than one
+            // upload each, so the batch takes the upload path (its misses from the store,
+            // uploaded into victim slots), and the table follows the pool afterwards.
+            drop(guard);
             let ids = self.routing_ids(routing)?;
-            self.note_selections(tier, st, layer, &ids);
             let view = RouteView { ids: &ids, weights: &routing.weights, k };
             let mut by_expert: Vec<Vec<(u32, u32)>> = vec![Vec::new(); spec.n_expert];
             for (i, &e) in ids.iter().enumerate() {
                 by_expert[e as usize].push(((i / k) as u32, i as u32));
             }
-            let out = self.from_host(&vec![0f32; n * n_embd], &[n, n_embd])?;
-            for (e, toks) in by_expert.iter().enumerate() {
-                if toks.is_empty() {
-                    continue;
-                }
-                let slot = st.slot_of[layer][e];
-                let (buffer, mats) = match slot {
-                    NO_SLOT => (
-                        &host_buf,
-                        st.host.layers[layer].as_ref().map(|h| h.mats[e]).ok_or_else(|| OpError::Unsupported {
-                            op: "moe_ffn",
-                            backend: "wgpu",
-                            why: format!("layer {layer} has no host copy"),
-                        })?,
-                    ),
-                    s => (
-                        &tier.pool[tier.slot_base(s as usize).0],
-                        st.mats[s as usize].ok_or_else(|| OpError::Unsupported {
-                            op: "moe_ffn",
-                            backend: "wgpu",
-                            why: format!("expert slot {s} is marked held but has no matrices"),
-                        })?,
-                    ),
-                };
-                let gate = mats.gate.map(|p| slot_weight(buffer, &p));
-                let up = slot_weight(buffer, &mats.up);
-                let down = slot_weight(buffer, &mats.down);
-                let m = ExpertMats {
-                    gate: gate.as_ref().map(|(w, r)| (w, *r)),
-                    up: (&up.0, up.1),
-                    down: (&down.0, down.1),
-                };
-                self.expert_on_gpu(x, e, toks, &m, experts, spec, &view, &out)?;
-            }
-            out
+            let y = self.moe_ffn_tiered_counted(tier, x, &view, experts, spec, &by_expert, false)?;
+            let mut guard = lock(&tier.state);
+            sync_table_with_pool(&mut guard);
+            return Ok(y);
         };
         let mut prof = lock(&tier.profile);
         prof.calls += 1;
@@ -1773,7 +1807,8 @@ impl WgpuBackend {
         let t1 = Instant::now();
         let used = st.host.log_used;
         let bytes = self.read_mapped_spin(&log, log.size(), used)?;
-        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        // A `Vec<u8>` need not be 4-aligned: no cast.
+        let words: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         for (layer, n_ids, at) in std::mem::take(&mut st.host.log_entries) {
             let w0 = (at / 4) as usize;
             let ids = words[w0..w0 + n_ids].to_vec();
@@ -1803,10 +1838,14 @@ impl WgpuBackend {
         }
         let busy = vec![false; tier.opts.n_slots];
         let tick = st.tick;
+        let mut refills = 0;
         for (layer, e) in misses {
             let (l, e) = (layer as usize, e as usize);
             if st.slot_of[l][e] != NO_SLOT {
                 continue;
+            }
+            if refills >= tier.refill_max {
+                break;
             }
             let Some(host_mats) = st.host.layers.get(l).and_then(|h| h.as_ref()).map(|h| h.mats[e]) else { continue };
             let range = tier.regions[st.region(l, &tier.regions)].clone();
@@ -1844,8 +1883,10 @@ impl WgpuBackend {
             st.last_use[slot] = tick;
             st.host.table[l * st.host.row + e] = table_entry(IN_POOL, &slot_mats);
             st.host.table_dirty = true;
+            refills += 1;
             let s = &mut st.stats[l];
             s.uploads += 1;
+            s.refills += 1;
             s.bytes_uploaded += mats_bytes(&slot_mats);
         }
         Ok(())

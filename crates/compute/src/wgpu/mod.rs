@@ -44,8 +44,8 @@ mod moe;
 mod shaders;
 
 pub use experts::{
-    backend_fixed_bytes, default_staging_bytes, expert_slot_bytes, weight_bytes, ExpertTierOptions, ExpertTierStats,
-    MissPolicy, SlotPolicy, STAGING_BUFFERS,
+    backend_fixed_bytes, default_staging_bytes, expert_slot_bytes, host_tier_table_reserve_bytes, weight_bytes,
+    ExpertTierOptions, ExpertTierStats, MissPolicy, SlotPolicy, STAGING_BUFFERS,
 };
 
 use crate::backend::{AttnStep, Backend, Experts, Routing, SsmScan};
