@@ -263,6 +263,17 @@ fn zip_map(a: &[f32], b: &[f32], parallel: bool, f: impl Fn(f32, f32) -> f32 + S
     }
 }
 
+/// `out[i] = glu(gate[i], up[i])` for the common length: the vectorised tanh-GELU for Gemma's
+/// gating (groups of eight from the start of the slices, so chunks starting at multiples of
+/// eight give the bits of one call), the reference formula for every other.
+fn glu_into(gate: &[f32], up: &[f32], out: &mut [f32], glu: Glu) {
+    if glu == Glu::Plain(Act::GeluTanh) {
+        gelu::gelu_tanh_glu(gate, up, out);
+    } else {
+        out.iter_mut().zip(gate.iter().zip(up)).for_each(|(o, (&g, &u))| *o = kernels::glu(g, u, glu));
+    }
+}
+
 /// cos and sin of one rope variant at the positions of its latest call: every layer of a step
 /// rotates q and k at the same positions, so the angles are computed once per step, not per
 /// op and row.
@@ -476,19 +487,56 @@ impl Backend for CpuBackend {
                 got: up.shape.clone(),
             });
         }
-        let parallel = gate.data.len() >= PAR_EXP_ELEMS;
-        if glu == Glu::Plain(Act::GeluTanh) {
-            let mut out = pool::zeros(gate.data.len());
-            if parallel {
-                out.par_chunks_mut(PAR_CHUNK)
-                    .zip(gate.data.par_chunks(PAR_CHUNK).zip(up.data.par_chunks(PAR_CHUNK)))
-                    .for_each(|(o, (g, u))| gelu::gelu_tanh_glu(g, u, o));
-            } else {
-                gelu::gelu_tanh_glu(&gate.data, &up.data, &mut out);
-            }
-            return Ok(CpuTensor::pooled(&gate.shape, out));
+        let mut out = pool::zeros(gate.data.len());
+        if gate.data.len() >= PAR_EXP_ELEMS {
+            out.par_chunks_mut(PAR_CHUNK)
+                .zip(gate.data.par_chunks(PAR_CHUNK).zip(up.data.par_chunks(PAR_CHUNK)))
+                .for_each(|(o, (g, u))| glu_into(g, u, o, glu));
+        } else {
+            glu_into(&gate.data, &up.data, &mut out, glu);
         }
-        Ok(CpuTensor::pooled(&gate.shape, zip_map(&gate.data, &up.data, parallel, |g, u| kernels::glu(g, u, glu))))
+        Ok(CpuTensor::pooled(&gate.shape, out))
+    }
+
+    fn matmul_glu(
+        &self,
+        x: &CpuTensor,
+        gate_w: &HostWeight,
+        up_w: &HostWeight,
+        glu: Glu,
+    ) -> Result<CpuTensor, OpError> {
+        expect_2d("matmul_glu", x, gate_w.row_len())?;
+        expect_2d("matmul_glu", x, up_w.row_len())?;
+        let n_ff = gate_w.n_rows();
+        if x.rows() == 1 && up_w.n_rows() == n_ff {
+            // Decode: both products and the gating in one parallel region (each task gates the
+            // rows it computed), the same bits as the products and `glu` one after the other.
+            fn weights(w: &HostWeight) -> quant::WeightRows<'_> {
+                quant::WeightRows { dtype: w.dtype, bytes: w.bytes(), n_out: w.n_rows() }
+            }
+            // Tensors, so that the products' buffers return to the pool when dropped.
+            let mut gate = CpuTensor::pooled(&[1, n_ff], pool::zeros(n_ff));
+            let mut up = CpuTensor::pooled(&[1, n_ff], pool::zeros(n_ff));
+            let mut out = pool::zeros(n_ff);
+            let fused = quant::matmul_gated(
+                weights(gate_w),
+                weights(up_w),
+                x.width(),
+                &x.data,
+                &mut gate.data,
+                &mut up.data,
+                &mut out,
+                self.mode,
+                &|g, u, o| glu_into(g, u, o, glu),
+            )
+            .map_err(|source| OpError::Quant { op: "matmul_glu", source })?;
+            if fused {
+                return Ok(CpuTensor::pooled(&[1, n_ff], out));
+            }
+            pool::give_back(out, Vec::new());
+        }
+        let [gate, up] = self.matmul_many(x, [gate_w, up_w])?;
+        self.glu(&gate, &up, glu)
     }
 
     fn rms_norm(&self, x: &CpuTensor, weight: Option<&CpuTensor>, eps: f32) -> Result<CpuTensor, OpError> {

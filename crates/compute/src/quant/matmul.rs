@@ -467,6 +467,90 @@ pub fn matmul_many(
     Ok(())
 }
 
+/// `out = combine(x · gateᵀ, x · upᵀ)` for one token: a gated feed-forward block's two
+/// products and its gating in one parallel region.
+///
+/// Each task computes a range of rows of both products (into `gate_out` and `up_out`, with the
+/// bits [`matmul_many`] gives) and then calls `combine(gate, up, out)` on that range, so the
+/// gating runs spread over the threads while the products stream, instead of on one thread
+/// after them. Ranges start at multiples of eight rows, so an element-wise `combine` that
+/// works in groups of eight from the start of its slices gives the bits of one call over the
+/// whole rows.
+///
+/// Returns `Ok(false)`, computing nothing, when the inputs are not one token of quantized
+/// activations over two weights of one shape with multi-row kernels (the caller then runs the
+/// products and the gating separately).
+///
+/// # Errors
+/// As [`matmul`] for each weight; [`QuantError::ShapeMismatch`] when an output's length is not
+/// the weights' row count.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_gated(
+    gate: WeightRows<'_>,
+    up: WeightRows<'_>,
+    k: usize,
+    x: &[f32],
+    gate_out: &mut [f32],
+    up_out: &mut [f32],
+    out: &mut [f32],
+    mode: MatmulMode,
+    combine: &(dyn Fn(&[f32], &[f32], &mut [f32]) + Sync),
+) -> Result<bool, QuantError> {
+    let kernel = Kernel::best();
+    let kind = ActKind::for_weights(gate.dtype);
+    let (Some(kind), Some(gate_tiles), Some(up_tiles)) =
+        (kind, Tiles::new(gate.dtype, kernel), Tiles::new(up.dtype, kernel))
+    else {
+        return Ok(false);
+    };
+    if mode != MatmulMode::QuantizedActivations
+        || x.len() != k
+        || gate.n_out != up.n_out
+        || ActKind::for_weights(up.dtype) != Some(kind)
+    {
+        return Ok(false);
+    }
+    let n_out = gate.n_out;
+    if out.len() != n_out {
+        return Err(QuantError::ShapeMismatch { op: "matmul_gated", what: "out", expected: n_out, got: out.len() });
+    }
+    let Some(gate_shape) = check_shapes(gate.dtype, gate.bytes, n_out, k, x, gate_out)? else {
+        // Nothing to multiply: every product is an empty sum (k = 0) or there are no rows.
+        check_shapes(up.dtype, up.bytes, n_out, k, x, up_out)?;
+        combine(gate_out, up_out, out);
+        return Ok(true);
+    };
+    let Some(up_shape) = check_shapes(up.dtype, up.bytes, n_out, k, x, up_out)? else { return Ok(false) };
+    let (g, u, o) = (SharedOut(gate_out.as_mut_ptr()), SharedOut(up_out.as_mut_ptr()), SharedOut(out.as_mut_ptr()));
+    let gate_part = DecodePart::new(gate_tiles, gate.bytes, n_out, gate_shape.row_bytes, g);
+    let up_part = DecodePart::new(up_tiles, up.bytes, n_out, up_shape.row_bytes, u);
+    let rows_per_task = gate_part.rows_per_task;
+    let mut act = ACT_BUF.with(|cell| cell.take());
+    act.quantize(kind, x, k);
+    let nb = k / kind.block_elems();
+    let xr = act.row(kind, 0, k);
+    let task = |task_index: usize| {
+        gate_part.run(task_index, nb, xr);
+        up_part.run(task_index, nb, xr);
+        let start = task_index * rows_per_task;
+        let len = rows_per_task.min(n_out - start);
+        // SAFETY: rows start..start + len of the three outputs belong to this task alone (the
+        // two parts split rows by the same `rows_per_task`), their writes above are done, and
+        // the borrows of the outputs outlive the parallel loop.
+        let (gs, us, os) = unsafe {
+            (
+                std::slice::from_raw_parts(g.at(start), len),
+                std::slice::from_raw_parts(u.at(start), len),
+                std::slice::from_raw_parts_mut(o.at(start), len),
+            )
+        };
+        combine(gs, us, os);
+    };
+    run_tasks(gate_part.n_tasks, 2 * n_out * k, task);
+    ACT_BUF.with(|cell| cell.replace(act));
+    Ok(true)
+}
+
 /// [`matmul_quantized`] one weight row at a time (four tokens per kernel call in prefill).
 #[allow(clippy::too_many_arguments)]
 fn matmul_rows(
