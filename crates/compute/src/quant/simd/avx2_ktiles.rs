@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 
 use super::super::qdot::ActRow;
 use super::avx2::{broadcast_i16_index, pair_broadcast_index, scales_mins_k4};
-use super::avx2_tiles::{f16_pairs8, prefetch_next_rows};
+use super::avx2_tiles::{f16_firsts8, f16_pairs8, prefetch_next_rows};
 
 /// Q4_K: 144-byte super-blocks (`d`, `dmin`, 12 bytes of 6-bit scales and mins, 128 of nibbles).
 pub(in crate::quant) const Q4_K: u8 = 0;
@@ -183,8 +183,7 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
             for r in 0..8 {
                 [p[r]] = q6_k_block::<1>(rows[r].add(at), &xq, &xs, ib);
             }
-            // `d` is the second f16 of the word at 206 (the word at 208 would end past the block).
-            let (_, dw) = f16_pairs8(rows, at + 206);
+            let dw = f16_firsts8(rows, at + 208);
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold8(&p)), _mm256_mul_ps(dw, dx), acc);
         }
     }
