@@ -1377,8 +1377,9 @@ mod gpu_ops {
     }
 
     /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,
-    /// unrolled loops).
-    const Q8_PERF_SHAPES: [&str; 20] = [
+    /// unrolled loops, 16-byte loads for Q4_K/Q5_K: `v` is the same kernel as without it for the
+    /// other types).
+    const Q8_PERF_SHAPES: [&str; 26] = [
         "1x64",
         "2x64",
         "4x64",
@@ -1387,18 +1388,24 @@ mod gpu_ops {
         "1x64u2",
         "2x64u2",
         "2x128u2",
+        "1x64u4",
+        "2x64u4",
+        "4x64u2",
+        "2x128u4",
         "1x256t8",
         "1x256t16",
         "2x256t16",
         "1x256t32",
-        "2x256t32",
-        "4x128t32",
-        "1x128t16",
+        "2x256t32u2",
         "1x256t8u2",
         "1x256t16u2",
-        "2x256t16u2",
-        "1x256t32u2",
-        "2x128t32u2",
+        "1x256t32u4",
+        "1x64v",
+        "2x64u2v",
+        "2x64u4v",
+        "1x256t8v",
+        "1x256t16u2v",
+        "4x64u2v",
     ];
 
     /// One 8B decode layer's grouped products with int8 activations, each timed with its
@@ -1439,7 +1446,17 @@ mod gpu_ops {
                 secs * 1e6,
                 gu_bytes / secs / 1e9
             );
-            for v in ["1x256t8", "2x128t8", "1x128t4", "4x64t8", "2x256t16", "1x256t8u2", "2x128t8u2", "1x64t2"] {
+            for v in [
+                "1x256t8",
+                "2x128t8",
+                "1x128t4",
+                "4x64t8",
+                "2x256t16",
+                "1x256t8u2",
+                "2x128t8u2",
+                "1x64t2",
+                "1x256t8u2v",
+            ] {
                 let shape = Q8Shape::parse(v).expect("valid");
                 let secs = g.perf_group_q8(&x, &gu, Some(silu), Some(shape), 50).expect("glu");
                 println!(

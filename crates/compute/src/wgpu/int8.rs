@@ -69,15 +69,17 @@ impl std::fmt::Debug for Q8Act {
 /// `marker - 1` (binding the activations and the pair) and no command recorded after it binds the
 /// activations' buffer (every write to a buffer is a recorded dispatch or copy, including the
 /// upload into a buffer the pool handed out again). A submit empties the list and so invalidates
-/// it. The int8 buffers are the cache's own: two pairs used in turn, because a kernel that reads
-/// one token's blocks may write the next activations' blocks in the same dispatch (gate/up read
-/// them, the GLU writes its result's); the pair not holding the entry is the one written next.
-/// Rewriting a pair is safe because commands run in recording order.
+/// it. The int8 buffers are the cache's own, two pairs: a kernel that reads one activation's
+/// blocks may write another's in the same dispatch (the GLU reads its input's and writes its
+/// result's), and one buffer cannot be bound for reading and writing at once. Kernels that read
+/// no blocks write pair 0, the others the pair they do not read, so every decode step uses the
+/// same buffers in the same places (its bind groups stay cached). Rewriting a pair is safe
+/// because commands run in recording order.
 #[derive(Default)]
 pub(super) struct Q8Cache {
     pairs: [Option<(wgpu::Buffer, wgpu::Buffer)>; 2],
-    /// The pair holding `entry`'s blocks.
-    current: usize,
+    /// The pair the last `q8_target` handed out.
+    last_target: usize,
     entry: Option<Q8Entry>,
 }
 
@@ -129,8 +131,8 @@ pub(super) struct Q8Config {
 pub(super) fn default_q8_config() -> Q8Config {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| Q8Shape::parse(&v));
     Q8Config {
-        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1 }),
-        glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1 }),
+        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1, vec4: false }),
+        glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, vec4: false }),
     }
 }
 
@@ -311,12 +313,27 @@ impl WgpuBackend {
     }
 
     /// The pair of buffers (packed bytes, per-block (d, d * sum)) into which the next dispatch
-    /// that quantizes `n_values` activations should write: the cache's pair that does not hold
-    /// the current entry, so a kernel may read the current blocks and write new ones. Call
-    /// [`q8_register`](Self::q8_register) right after recording that dispatch.
+    /// that quantizes `n_values` activations should write, for a kernel that reads no int8
+    /// blocks (a quantization, a norm's epilogue). Call [`q8_register`](Self::q8_register) right
+    /// after recording that dispatch.
     pub(super) fn q8_target(&self, n_values: usize) -> (wgpu::Buffer, wgpu::Buffer) {
+        self.q8_target_pair(n_values, 0)
+    }
+
+    /// [`q8_target`](Self::q8_target) for a kernel that reads the int8 blocks in `reading_qs`:
+    /// the other pair.
+    pub(super) fn q8_target_avoiding(
+        &self,
+        n_values: usize,
+        reading_qs: &wgpu::Buffer,
+    ) -> (wgpu::Buffer, wgpu::Buffer) {
+        let first_read = lock(&self.ctx.q8_cache).pairs[0].as_ref().is_some_and(|(q, _)| q == reading_qs);
+        self.q8_target_pair(n_values, first_read as usize)
+    }
+
+    fn q8_target_pair(&self, n_values: usize, next: usize) -> (wgpu::Buffer, wgpu::Buffer) {
         let mut cache = lock(&self.ctx.q8_cache);
-        let next = 1 - cache.current;
+        cache.last_target = next;
         let (qs_bytes, ds_bytes) = ((n_values as u64).max(16), (8 * (n_values / BLOCK) as u64).max(16));
         let fits = cache.pairs[next].as_ref().is_some_and(|(q, d)| q.size() >= qs_bytes && d.size() >= ds_bytes);
         if !fits {
@@ -338,9 +355,7 @@ impl WgpuBackend {
     /// read them instead of quantizing again.
     pub(super) fn q8_register(&self, x: &wgpu::Buffer, width: usize) {
         let mut cache = lock(&self.ctx.q8_cache);
-        let next = 1 - cache.current;
-        let Some((qs, ds)) = cache.pairs[next].clone() else { return };
-        cache.current = next;
+        let Some((qs, ds)) = cache.pairs[cache.last_target].clone() else { return };
         // An early submit inside `dispatch` empties the list: the marker then points past its
         // end and the entry is never found valid.
         let marker = lock(&self.ctx.pending).cmds.len();
@@ -480,7 +495,7 @@ impl WgpuBackend {
         let (qs, ds) = self.q8_blocks(x);
         let rpw = shape.rows_per_group() as usize;
         let quantize = rpw.is_multiple_of(BLOCK) && n.is_multiple_of(BLOCK);
-        let (hq, hd) = self.q8_target(n);
+        let (hq, hd) = self.q8_target_avoiding(n, &qs);
         let n_groups = n.div_ceil(rpw);
         let p = Q8Params {
             k: x.width() as u32,
@@ -530,7 +545,7 @@ impl WgpuBackend {
             op: "matvec_q8",
             backend: "wgpu",
             why: format!(
-                "workgroup shape {shape:?}: rows 1..=8, wg a power of two in 32..=256, tpr a power of two up to wg, unroll 1 or 2"
+                "workgroup shape {shape:?}: rows 1..=8, wg a power of two in 32..=256, tpr a power of two up to wg, unroll 1, 2 or 4"
             ),
         })
     }

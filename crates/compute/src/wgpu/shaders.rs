@@ -289,8 +289,11 @@ pub struct Q8Shape {
     /// Invocations per row slot (a power of two dividing `wg`; `wg`: every invocation on the same
     /// rows, reduced through subgroups when available).
     pub tpr: u32,
-    /// Activation blocks per loop iteration (1 or 2).
+    /// Activation blocks per loop iteration (1, 2 or 4).
     pub unroll: u32,
+    /// 16-byte weight loads (`quant/i8/*_v4.wgsl`) for the types whose repacked blocks start on
+    /// 16-byte boundaries (Q4_K, Q5_K); other types ignore it.
+    pub vec4: bool,
 }
 
 impl Q8Shape {
@@ -306,12 +309,16 @@ impl Q8Shape {
             && (32..=256).contains(&self.wg)
             && self.tpr.is_power_of_two()
             && self.tpr <= self.wg
-            && (1..=2).contains(&self.unroll)
+            && matches!(self.unroll, 1 | 2 | 4)
     }
 
-    /// `ROWSxWG[tTPR][uUNROLL]`, e.g. `2x64` (every invocation on the same rows, one block per
-    /// iteration) or `1x256t8u2`; `None` when malformed or invalid.
+    /// `ROWSxWG[tTPR][uUNROLL][v]`, e.g. `2x64` (every invocation on the same rows, one block per
+    /// iteration) or `1x256t8u2v`; `None` when malformed or invalid.
     pub fn parse(s: &str) -> Option<Q8Shape> {
+        let (s, vec4) = match s.strip_suffix('v') {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
         let (rows, rest) = s.split_once('x')?;
         let (rest, unroll) = match rest.split_once('u') {
             Some((r, u)) => (r, u.parse().ok()?),
@@ -321,25 +328,25 @@ impl Q8Shape {
             Some((w, t)) => (w.parse().ok()?, Some(t.parse().ok()?)),
             None => (rest.parse().ok()?, None),
         };
-        let shape = Q8Shape { rows: rows.parse().ok()?, wg, tpr: tpr.unwrap_or(wg), unroll };
+        let shape = Q8Shape { rows: rows.parse().ok()?, wg, tpr: tpr.unwrap_or(wg), unroll, vec4 };
         shape.is_valid().then_some(shape)
     }
 
     /// The shapes the int8 kernel is compiled for in tests (every one must parse and agree with
     /// the CPU): the classic ones and the row-slot ones with and without unrolling.
     pub const TESTED: [Q8Shape; 6] = [
-        Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1 },
-        Q8Shape { rows: 2, wg: 128, tpr: 128, unroll: 2 },
-        Q8Shape { rows: 4, wg: 64, tpr: 64, unroll: 1 },
-        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1 },
-        Q8Shape { rows: 2, wg: 128, tpr: 16, unroll: 2 },
-        Q8Shape { rows: 1, wg: 32, tpr: 4, unroll: 2 },
+        Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1, vec4: false },
+        Q8Shape { rows: 2, wg: 128, tpr: 128, unroll: 2, vec4: true },
+        Q8Shape { rows: 4, wg: 64, tpr: 64, unroll: 4, vec4: false },
+        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, vec4: true },
+        Q8Shape { rows: 2, wg: 128, tpr: 16, unroll: 2, vec4: false },
+        Q8Shape { rows: 1, wg: 32, tpr: 4, unroll: 4, vec4: true },
     ];
 }
 
 impl From<MatvecShape> for Q8Shape {
     fn from(s: MatvecShape) -> Q8Shape {
-        Q8Shape { rows: s.rows, wg: s.wg, tpr: s.wg, unroll: 1 }
+        Q8Shape { rows: s.rows, wg: s.wg, tpr: s.wg, unroll: 1, vec4: false }
     }
 }
 
@@ -351,6 +358,9 @@ impl std::fmt::Display for Q8Shape {
         }
         if self.unroll != 1 {
             write!(f, "u{}", self.unroll)?;
+        }
+        if self.vec4 {
+            write!(f, "v")?;
         }
         Ok(())
     }
@@ -374,17 +384,25 @@ const Q8_LOAD: &str = "            let x0{S} = XQ[2u * (P.xb0 + q{S})];
             let j{S} = q{S} % spb;
 ";
 
-/// The main loop over activation blocks; `{ACC}` adds one block `{S}` to the accumulators.
+/// The main loop over activation blocks, `unroll` per iteration (their loads issued together,
+/// then the arithmetic), then one at a time; `{ACC}` adds block `{S}` to the accumulators.
 fn q8_loop(unroll: u32, acc: &str) -> String {
     let one = |sfx: &str| Q8_LOAD.replace("{S}", sfx);
     let add = |sfx: &str| acc.replace("{S}", sfx);
+    let sfx = ["a", "b", "c", "d"];
     let mut s = String::from("        var q = lane;\n");
-    if unroll == 2 {
-        s += "        for (; q + TPR < n_blocks; q += 2u * TPR) {\n            let qa = q;\n            let qb = q + TPR;\n";
-        s += &one("a");
-        s += &one("b");
-        s += &add("a");
-        s += &add("b");
+    if unroll > 1 {
+        let u = unroll as usize;
+        s += &format!("        for (; q + {}u * TPR < n_blocks; q += {unroll}u * TPR) {{\n", unroll - 1);
+        for (i, x) in sfx.iter().take(u).enumerate() {
+            s += &format!("            let q{x} = q + {i}u * TPR;\n");
+        }
+        for x in sfx.iter().take(u) {
+            s += &one(x);
+        }
+        for x in sfx.iter().take(u) {
+            s += &add(x);
+        }
         s += "        }\n";
     }
     s += "        for (; q < n_blocks; q += TPR) {\n            let qa = q;\n";
@@ -572,12 +590,55 @@ fn dot32_for(src: &str, i: u32) -> String {
     }
 }
 
+/// A weight type's `dot32` with 16-byte weight loads (`W` bound as `array<vec4<u32>>`), for the
+/// types whose repacked blocks are whole 16-byte units.
+pub fn dot32_v4_source(dtype: GgmlType) -> Option<&'static str> {
+    Some(match dtype {
+        GgmlType::Q4_K => include_str!("shaders/quant/i8/q4_k_v4.wgsl"),
+        GgmlType::Q5_K => include_str!("shaders/quant/i8/q5_k_v4.wgsl"),
+        _ => return None,
+    })
+}
+
+/// `src` without the top-level function `name` (its braces matched).
+fn without_fn(src: &str, name: &str) -> String {
+    let Some(start) = src.find(&format!("fn {name}(")) else { return src.to_string() };
+    let Some(open) = src[start..].find('{').map(|i| start + i) else { return src.to_string() };
+    let mut depth = 0usize;
+    for (i, c) in src[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return format!("{}{}", &src[..start], &src[open + i + 1..]);
+                }
+            }
+            _ => {}
+        }
+    }
+    src.to_string()
+}
+
 /// The int8-activation decode kernel for one weight type (`None` when the type has no `dot32`);
 /// see `matvec_q8.wgsl` for `kind` and `shape`. Multi-weight kernels need `shape` and the weights'
 /// row counts to fit the grid layout the caller computes with [`Q8Shape::rows_per_group`]; the
 /// GLU kernel quantizes its result only with whole 32-row blocks per workgroup.
 pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: bool) -> Option<String> {
-    let dot32 = dot32_source(layout.dtype)?;
+    let v4 = if shape.vec4 { dot32_v4_source(layout.dtype) } else { None };
+    let dot32 = match v4 {
+        Some(src) => src,
+        None => dot32_source(layout.dtype)?,
+    };
+    // With 16-byte loads the weights are vec4 words: the type's `dq8` and the byte helper, which
+    // read `W` as words, are left out (the int8 kernel uses neither); its block constants stay.
+    let (warr, quant_src) = if v4.is_some() {
+        let consts: String =
+            layout.shader.lines().filter(|l| l.starts_with("const ")).map(|l| format!("{l}\n")).collect();
+        ("array<vec4<u32>>", format!("{}\n{consts}", without_fn(QUANT_COMMON, "wbyte")))
+    } else {
+        ("array<u32>", quant(layout))
+    };
     let n_w = match kind {
         Q8Kind::Weights(n) => n.clamp(1, 3),
         Q8Kind::Glu => 2,
@@ -594,7 +655,7 @@ pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: b
     let body = match kind {
         Q8Kind::Weights(_) => {
             for i in 0..n_w {
-                bind(format!("var<storage, read> {}: array<u32>;", wname(i)));
+                bind(format!("var<storage, read> {}: {warr};", wname(i)));
                 bind(format!("var<storage, read_write> {}: array<f32>;", yname(i)));
             }
             let part = q8_weight_body(shape, subgroups);
@@ -620,8 +681,8 @@ pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: b
             body + "\n"
         }
         Q8Kind::Glu => {
-            bind("var<storage, read> W: array<u32>;".into());
-            bind("var<storage, read> W1: array<u32>;".into());
+            bind(format!("var<storage, read> W: {warr};"));
+            bind(format!("var<storage, read> W1: {warr};"));
             bind("var<storage, read_write> Y: array<f32>;".into());
             bind("var<storage, read_write> QS: array<u32>;".into());
             bind("var<storage, read_write> DS: array<vec2<f32>>;".into());
@@ -640,7 +701,7 @@ pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: b
     Some(
         MATVEC_Q8
             .replace("{{BINDINGS}}", &bindings)
-            .replace("{{QUANT}}", &format!("{}\n{dots}", quant(layout)))
+            .replace("{{QUANT}}", &format!("{quant_src}\n{dots}"))
             .replace("{{ACT}}", &act)
             .replace("{{WG}}", &shape.wg.to_string())
             .replace("{{TPR}}", &shape.tpr.to_string())
@@ -712,17 +773,20 @@ mod tests {
     fn dot32_files_define_only_dot32() {
         use GgmlType::*;
         for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K] {
-            let src = dot32_source(t).unwrap();
-            assert_eq!(src.matches("fn ").count(), 1, "{t}: only dot32");
-            assert!(src.contains("fn dot32("), "{t}");
+            for src in [dot32_source(t), dot32_v4_source(t)].into_iter().flatten() {
+                assert_eq!(src.matches("fn ").count(), 1, "{t}: only dot32");
+                assert!(src.contains("fn dot32("), "{t}");
+            }
         }
+        assert!(!without_fn(QUANT_COMMON, "wbyte").contains("fn wbyte("));
+        assert!(without_fn(QUANT_COMMON, "wbyte").contains("fn f16lo("));
     }
 
     #[test]
     fn q8_shapes_parse() {
-        assert_eq!(Q8Shape::parse("2x64"), Some(Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 1 }));
-        assert_eq!(Q8Shape::parse("1x256t8u2"), Some(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 2 }));
-        assert_eq!(Q8Shape::parse("4x128u2"), Some(Q8Shape { rows: 4, wg: 128, tpr: 128, unroll: 2 }));
+        assert_eq!(Q8Shape::parse("2x64"), Some(Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 1, vec4: false }));
+        assert_eq!(Q8Shape::parse("1x256t8u2"), Some(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 2, vec4: false }));
+        assert_eq!(Q8Shape::parse("4x128u4v"), Some(Q8Shape { rows: 4, wg: 128, tpr: 128, unroll: 4, vec4: true }));
         for bad in ["", "2", "2x", "2x63", "0x64", "1x64t128", "1x64u3", "1x64t3", "9x64"] {
             assert_eq!(Q8Shape::parse(bad), None, "{bad}");
         }
