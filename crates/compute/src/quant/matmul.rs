@@ -476,6 +476,9 @@ pub fn matmul_many(
     Ok(())
 }
 
+/// The element-wise step [`matmul_gated`] applies to each range of rows: `(gate, up, out)`.
+pub type GateCombine<'a> = dyn Fn(&[f32], &[f32], &mut [f32]) + Sync + 'a;
+
 /// `out = combine(x · gateᵀ, x · upᵀ)` for one token: a gated feed-forward block's two
 /// products and its gating in one parallel region.
 ///
@@ -503,7 +506,7 @@ pub fn matmul_gated(
     up_out: &mut [f32],
     out: &mut [f32],
     mode: MatmulMode,
-    combine: &(dyn Fn(&[f32], &[f32], &mut [f32]) + Sync),
+    combine: &GateCombine<'_>,
 ) -> Result<bool, QuantError> {
     let kernel = Kernel::best();
     let kind = ActKind::for_weights(gate.dtype);
