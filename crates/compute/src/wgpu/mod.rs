@@ -762,7 +762,18 @@ impl WgpuBackend {
         }
         let size =
             if self.ctx.pooling { bytes.next_power_of_two().min(self.ctx.max_binding.max(bytes)) } else { bytes };
-        let reused = if self.ctx.pooling { lock(&self.ctx.pool).get_mut(&size).and_then(|v| v.pop()) } else { None };
+        // The free buffer of this size that sorts last, not the last one freed: which buffer an
+        // allocation gets then depends only on which are free, not on the order tensors were
+        // dropped (which differs between steps: some drop after the step's readback), so a decode
+        // step gets the previous step's buffers and finds its bind groups in the cache.
+        let reused = if self.ctx.pooling {
+            lock(&self.ctx.pool).get_mut(&size).and_then(|v| {
+                let last = (0..v.len()).max_by(|&a, &b| v[a].cmp(&v[b]))?;
+                Some(v.swap_remove(last))
+            })
+        } else {
+            None
+        };
         let buffer = reused.unwrap_or_else(|| {
             self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(op),
@@ -858,14 +869,6 @@ impl WgpuBackend {
             self.ctx.flush_locked(&mut p);
             // The host waits for this result: the next step starts at the ring's start again.
             p.params_base = 0;
-        }
-        if self.ctx.pooling {
-            // Each size's free buffers in one fixed order: the next step, allocating in the same
-            // order as this one, then gets the same buffers (a pool stack's order otherwise
-            // drifts with the order tensors were dropped), so its bind groups come from the cache.
-            for free in lock(&self.ctx.pool).values_mut() {
-                free.sort_unstable();
-            }
         }
         if n_bytes == 0 {
             return Ok(Vec::new());
