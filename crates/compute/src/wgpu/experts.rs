@@ -234,6 +234,8 @@ struct TierProfile {
     store_secs: f64,
     /// Copies submitted, kernels recorded, the CPU's sum added.
     record_secs: f64,
+    /// Making the host tier's copies ([`MissPolicy::Host`], once per layer; not in `decide`).
+    host_fill_secs: f64,
 }
 
 impl TierProfile {
@@ -243,7 +245,7 @@ impl TierProfile {
         format!(
             "tier host time per step ({} steps, {:.1} MoE calls and {:.1} id readbacks each), us: readback submit {:.0}, \
              readback wait {:.0}, decide {:.0}, cpu readback {:.0}, store {:.0} (of which cpu experts {:.0}, staging fill {:.0}, \
-             overlapped), record+submit {:.0}; total {:.0}\n",
+             overlapped), record+submit {:.0}; total {:.0}{}\n",
             self.steps,
             self.calls as f64 / self.steps.max(1) as f64,
             self.readbacks as f64 / self.steps.max(1) as f64,
@@ -261,6 +263,11 @@ impl TierProfile {
                 + self.cpu_readback_secs
                 + self.store_secs
                 + self.record_secs),
+            if self.host_fill_secs > 0.0 {
+                format!("; host tier filled in {:.2} s (once)", self.host_fill_secs)
+            } else {
+                String::new()
+            },
         )
     }
 }
@@ -1661,7 +1668,9 @@ impl WgpuBackend {
             self.refill_pool(tier, st)?;
         }
         st.last_layer = Some(layer);
+        let t_fill = Instant::now();
         self.ensure_host_layer(tier, st, layer, spec.n_expert)?;
+        let fill_secs = t_fill.elapsed().as_secs_f64();
         self.write_slot_table(st)?;
         let (host_buf, m0) = st
             .host
@@ -1714,13 +1723,15 @@ impl WgpuBackend {
                 by_expert[e as usize].push(((i / k) as u32, i as u32));
             }
             let y = self.moe_ffn_tiered_counted(tier, x, &view, experts, spec, &by_expert, false)?;
+            lock(&tier.profile).host_fill_secs += fill_secs;
             let mut guard = lock(&tier.state);
             sync_table_with_pool(&mut guard);
             return Ok(y);
         };
         let mut prof = lock(&tier.profile);
         prof.calls += 1;
-        prof.decide_secs += (t_decided - t_start).as_secs_f64();
+        prof.decide_secs += (t_decided - t_start).as_secs_f64() - fill_secs;
+        prof.host_fill_secs += fill_secs;
         prof.record_secs += t_decided.elapsed().as_secs_f64();
         Ok(y)
     }
