@@ -38,6 +38,7 @@
 mod dispatch_probe;
 mod experts;
 mod fused;
+mod gpu_timer;
 mod int8;
 pub mod layout;
 mod moe;
@@ -320,6 +321,8 @@ struct Ctx {
     submit_every: usize,
     /// Host-side time per phase when DISKFORMER_GPU_PROFILE=1 (printed when the back end drops).
     profile: Option<Arc<Mutex<HostProfile>>>,
+    /// GPU time per kernel when DISKFORMER_GPU_PROFILE=2 and the adapter has timestamps.
+    timer: Option<Arc<gpu_timer::GpuTimer>>,
     /// The current step's rope cos/sin tables (shared by the layers).
     rope_tables: Mutex<fused::RopeTables>,
     /// Fused ops on (`DISKFORMER_NO_FUSE=1` runs the op-by-op graph, for comparison).
@@ -345,11 +348,13 @@ struct HostProfile {
     readbacks: u64,
     /// Printed by [`profile_reports`] already (the back end's drop then stays quiet).
     reported: bool,
+    /// The GPU time per kernel, reported beside the host's (DISKFORMER_GPU_PROFILE=2).
+    timer: Option<Arc<gpu_timer::GpuTimer>>,
 }
 
 impl HostProfile {
     fn report(&self) -> String {
-        format!(
+        let host = format!(
             "gpu profile: {} submits, {} dispatches, {:.3} s encoding ({:.1} us per dispatch), {:.3} s waiting in {} readbacks",
             self.submits,
             self.dispatches,
@@ -357,7 +362,11 @@ impl HostProfile {
             1e6 * self.encode_secs / self.dispatches.max(1) as f64,
             self.wait_secs,
             self.readbacks
-        )
+        );
+        match &self.timer {
+            Some(t) => format!("{host}\n{}", t.report()),
+            None => host,
+        }
     }
 }
 
@@ -464,6 +473,9 @@ impl Ctx {
             },
             cache: None,
         }));
+        if let Some(t) = &self.timer {
+            t.name_pipeline(&pipe, key);
+        }
         p.insert(key.to_string(), pipe.clone());
         pipe
     }
@@ -503,6 +515,7 @@ impl Ctx {
             pending.bind_groups.clear();
         }
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        let mut stamps = gpu_timer::Stamps::default();
         let cmds = std::mem::take(&mut pending.cmds);
         pending.params.clear();
         let mut i = 0;
@@ -561,13 +574,25 @@ impl Ctx {
                             pipeline_set = Some(pipeline_id);
                         }
                         pass.set_bind_group(0, &bg, &[]);
+                        if let Some(t) = &self.timer {
+                            t.stamp(&mut pass, &mut stamps, Some(pipeline_id));
+                        }
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         i += 1;
+                    }
+                    if let Some(t) = &self.timer {
+                        t.stamp(&mut pass, &mut stamps, None);
                     }
                 }
             }
         }
+        if let Some(t) = &self.timer {
+            t.resolve(&mut enc, &stamps);
+        }
         self.queue.submit([enc.finish()]);
+        if let Some(t) = &self.timer {
+            t.collect(&self.device, stamps);
+        }
         if let (Some(p), Some(t)) = (&self.profile, started) {
             let mut p = lock(p);
             p.submits += 1;
@@ -651,6 +676,11 @@ impl WgpuBackend {
         }
         // Storage buffers with a map usage: the expert tier's host-memory copy (experts.rs).
         features |= adapter.features() & wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        let timed = std::env::var("DISKFORMER_GPU_PROFILE").is_ok_and(|v| v == "2")
+            && adapter.features().contains(gpu_timer::GpuTimer::features());
+        if timed {
+            features |= gpu_timer::GpuTimer::features();
+        }
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("diskformer"),
@@ -673,6 +703,7 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let timer = timed.then(|| Arc::new(gpu_timer::GpuTimer::new(&device, &queue)));
         let ctx = Ctx {
             device,
             queue,
@@ -698,10 +729,11 @@ impl WgpuBackend {
                 .and_then(|v| v.parse().ok())
                 .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
             profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| {
-                let p = Arc::new(Mutex::new(HostProfile::default()));
+                let p = Arc::new(Mutex::new(HostProfile { timer: timer.clone(), ..HostProfile::default() }));
                 lock(&PROFILES).push(Arc::downgrade(&p));
                 p
             }),
+            timer,
             rope_tables: Mutex::new(fused::RopeTables::default()),
             fuse: !env_flag("DISKFORMER_NO_FUSE"),
             zero_workgroup: std::env::var("DISKFORMER_WG_ZERO").ok().map(|v| v != "0"),
