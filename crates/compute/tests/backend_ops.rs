@@ -1428,8 +1428,11 @@ mod gpu_ops {
             let ws: Vec<_> = tensors.iter().map(|(n, ..)| g.weight(&file.get(n)).expect("upload")).collect();
             let qkv = [&ws[0], &ws[1], &ws[2]];
             let qkv_bytes = (6144 * k / t.block_elems() * t.block_bytes()) as f64;
-            let plain = Q8Shape::parse("1x64").expect("valid");
-            for (label, fused) in [("3 dispatches", None), ("1 dispatch 1x64", Some(plain))] {
+            // The separate products take the default shape (DISKFORMER_MATVEC_Q8, else 2x64).
+            let fused_shapes = ["1x64", "2x64", "2x64u2", "1x256t8"].map(|v| Q8Shape::parse(v).expect("valid"));
+            let runs = std::iter::once(("3 dispatches".to_string(), None))
+                .chain(fused_shapes.map(|s| (format!("1 dispatch {s}"), Some(s))));
+            for (label, fused) in runs {
                 let secs = g.perf_group_q8(&x, &qkv, None, fused, 50).expect("qkv");
                 println!(
                     "group {tn} q/k/v 6144x{k} [{label}, with quantize_q8]: {:.1} us, {:.1} GB/s",

@@ -2,7 +2,8 @@
 //! the multi-weight kernel (q/k/v of one type: `Backend::matmul_many`), the GLU kernel (gate, up
 //! and the GLU: `Backend::matmul_glu`) with the int8 blocks of its result read by the down
 //! projection, every workgroup shape the tests compile (`Q8Shape::TESTED`), every type with an
-//! int8 dot product, odd row counts and widths of one block past a multiple of 64.
+//! int8 dot product (the single-weight kernel too), odd row counts and widths of one block past a
+//! multiple of 64.
 //!
 //! References: the CPU product of the activations rounded as the GPU rounds them (per 32 values
 //! d = max|x| / 127, round to even), bounded by f32 summation noise, and the exact CPU product,
@@ -40,15 +41,19 @@ mod int8 {
     /// llama.cpp's test-backend-ops bound for quantized-activation products.
     const EXACT_MAX_NMSE: f64 = 5e-4;
 
-    const INT8_TYPES: [GgmlType; 8] = [
+    const INT8_TYPES: [GgmlType; 12] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
     ];
 
     /// Weights quantized from random values into a temporary GGUF file (a `HostWeight` comes
@@ -175,7 +180,19 @@ mod int8 {
             ("gelu_tanh", Glu::Plain(Act::GeluTanh)),
             ("swiglu_oai", Glu::SwiGluOai { alpha: 1.702, limit: 7.0 }),
         ];
-        for shape in Q8Shape::TESTED {
+        // Every shape for the benchmarks' types, a classic and a row-slot one for the others (each
+        // shape is a pipeline per type, and lavapipe compiles each in LLVM).
+        let all_shapes = [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K].contains(&t);
+        let shapes = if all_shapes { Q8Shape::TESTED.to_vec() } else { vec![Q8Shape::TESTED[1], Q8Shape::TESTED[3]] };
+        for shape in shapes {
+            let case = format!("matvec_q8({tn}, {}x{k}, {shape})", rows[0]);
+            match g.matvec_q8_with_shape(&gx, &gw[0], shape).and_then(|y| g.to_host(&y)) {
+                Ok(v) => {
+                    r.check(&format!("{case} vs exact"), Ok(v.clone()), &exact[0].data, EXACT_MAX_NMSE);
+                    r.check(&format!("{case} vs rounded x"), Ok(v), &rounded[0].data, ROUNDED_MAX_NMSE);
+                }
+                Err(e) => r.check(&case, Err(e), &[], 0.0),
+            }
             for n in [2usize, 3] {
                 let ws: Vec<&WgpuWeight> = gw.iter().take(n).collect();
                 let case = format!("matmul_many_q8({tn}, {n} weights {rows:?}x{k}, {shape})");
@@ -255,8 +272,9 @@ mod int8 {
         c.glu(&gv, &uv, glu).expect("cpu")
     }
 
-    /// What the fused entries do when one kernel cannot serve all weights: mixed types (one
-    /// quantization, one product each), gate and up of different lengths, a GLU result that is not
+    /// Mixed types in one multi-weight dispatch, and what the fused entries do when one kernel
+    /// cannot serve all weights: a type without an int8 kernel (one quantization, one product
+    /// each), gate and up of different lengths, a GLU result that is not
     /// whole 32-value blocks (no int8 blocks written: the down projection quantizes it), several
     /// tokens (exact kernels); and the cached blocks of a GLU result while other activations are
     /// quantized in between, everything recorded before one readback.
@@ -266,6 +284,7 @@ mod int8 {
             ("q".to_string(), GgmlType::Q4_0, [37, k]),
             ("k".to_string(), GgmlType::Q6_K, [19, k]),
             ("v".to_string(), GgmlType::Q4_0, [19, k]),
+            ("v16".to_string(), GgmlType::F16, [19, k]),
             ("gate".to_string(), GgmlType::Q4_K, [37, k]),
             ("up".to_string(), GgmlType::Q4_K, [37, k]),
             ("up64".to_string(), GgmlType::Q4_K, [64, k]),
@@ -277,22 +296,46 @@ mod int8 {
             let h = file.get(n);
             (c.weight(&h).expect("cpu weight"), g.weight(&h).expect("gpu weight"))
         };
-        let [(cq, gq), (ck, gk), (cv, gv), (cg, gg), (cu, gu), (cu64, gu64), (cg64, gg64), (cd, gd)] =
-            ["q", "k", "v", "gate", "up", "up64", "gate64", "down"].map(get);
+        let [(cq, gq), (ck, gk), (cv, gv), (cv16, gv16), (cg, gg), (cu, gu), (cu64, gu64), (cg64, gg64), (cd, gd)] =
+            ["q", "k", "v", "v16", "gate", "up", "up64", "gate64", "down"].map(get);
         let x = tensor(rng, &[1, k], 1.0);
         let xr = q8_rounded(&x);
         let gx = up(g, &x);
 
+        // Mixed int8 types (a Q4_K_M file's v is often Q6_K): still one dispatch, every shape.
         let (ys, n_cmds) = commands(g, || g.matmul_many(&gx, [&gq, &gk, &gv]));
-        r.exact("matmul_many(q4_0, q6_k, q4_0) commands", Ok(n_cmds), &4);
+        r.exact("matmul_many(q4_0, q6_k, q4_0) commands", Ok(n_cmds), &2);
+        let wants = [&cq, &ck, &cv].map(|w| c.matmul(&xr, w).expect("cpu"));
         match ys {
             Ok(ys) => {
-                for (y, w, name) in [(&ys[0], &cq, "q"), (&ys[1], &ck, "k"), (&ys[2], &cv, "v")] {
-                    let want = c.matmul(&xr, w).expect("cpu");
+                for ((y, want), name) in ys.iter().zip(&wants).zip(["q", "k", "v"]) {
                     r.check(&format!("matmul_many(mixed types) {name}"), g.to_host(y), &want.data, ROUNDED_MAX_NMSE);
                 }
             }
             Err(e) => r.check("matmul_many(mixed types)", Err(e), &[], 0.0),
+        }
+        for shape in Q8Shape::TESTED {
+            match g.matmul_many_q8_with_shape(&gx, &[&gk, &gq, &gv], shape) {
+                Ok(ys) => {
+                    for ((y, want), name) in ys.iter().zip([&wants[1], &wants[0], &wants[2]]).zip(["k", "q", "v"]) {
+                        let case = format!("matmul_many_q8(q6_k, q4_0, q4_0, {shape}) {name}");
+                        r.check(&case, g.to_host(y), &want.data, ROUNDED_MAX_NMSE);
+                    }
+                }
+                Err(e) => r.check(&format!("matmul_many_q8(mixed types, {shape})"), Err(e), &[], 0.0),
+            }
+        }
+        // A type without an int8 kernel: one quantization for the two that have one, f32 for F16.
+        let (ys, n_cmds) = commands(g, || g.matmul_many(&gx, [&gq, &gv16, &gv]));
+        r.exact("matmul_many(q4_0, f16, q4_0) commands", Ok(n_cmds), &4);
+        match ys {
+            Ok(ys) => {
+                let want16 = c.matmul(&x, &cv16).expect("cpu");
+                r.check("matmul_many(q4_0, f16, q4_0) q", g.to_host(&ys[0]), &wants[0].data, ROUNDED_MAX_NMSE);
+                r.check("matmul_many(q4_0, f16, q4_0) f16", g.to_host(&ys[1]), &want16.data, 1e-7);
+                r.check("matmul_many(q4_0, f16, q4_0) v", g.to_host(&ys[2]), &wants[2].data, ROUNDED_MAX_NMSE);
+            }
+            Err(e) => r.check("matmul_many(q4_0, f16, q4_0)", Err(e), &[], 0.0),
         }
 
         let glu = Glu::Plain(Act::Silu);

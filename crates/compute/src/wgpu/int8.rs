@@ -124,14 +124,15 @@ pub(super) struct Q8Config {
     pub(super) glu: Q8Shape,
 }
 
-/// [`Q8Config`] from the environment, else the defaults: 1 row per 64-invocation workgroup for
-/// the plain products (the f32 kernel's measured best, within a few % of 2x64 on the H200), and
-/// for the GLU 32 rows per 256-invocation workgroup, 8 invocations per row (one block of the
-/// result per workgroup).
+/// [`Q8Config`] from the environment, else the defaults: 2 rows per 64-invocation workgroup for
+/// the plain products (the fourth session's H200 run: 2x64 against 1x64 read Q4_0 at 2662 vs 2537
+/// GB/s, Q4_K 2280 vs 2023, Q6_K 2665 vs 2534, Q8_0 3503 vs 3578, and decoded the 8B Q4_0 model
+/// at 128.1 vs 126.5 tok/s), and for the GLU 32 rows per 256-invocation workgroup, 8 invocations
+/// per row (one block of the result per workgroup; not measured yet).
 pub(super) fn default_q8_config() -> Q8Config {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| Q8Shape::parse(&v));
     Q8Config {
-        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1, vec4: false }),
+        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 1, vec4: false }),
         glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, vec4: false }),
     }
 }
@@ -140,7 +141,6 @@ pub(super) fn default_q8_config() -> Q8Config {
 #[derive(Default)]
 struct Q8Params {
     k: u32,
-    row_words: u32,
     xb0: u32,
     accumulate: u32,
     n_rows: [u32; 3],
@@ -155,7 +155,6 @@ impl Q8Params {
     fn words(&self) -> [u32; 16] {
         [
             self.k,
-            self.row_words,
             self.xb0,
             self.accumulate,
             self.n_rows[0],
@@ -170,6 +169,7 @@ impl Q8Params {
             self.glu.1.to_bits(),
             self.glu.2.to_bits(),
             self.quantize as u32,
+            0,
         ]
     }
 }
@@ -177,7 +177,8 @@ impl Q8Params {
 impl WgpuBackend {
     /// This back end with the activation precision of `mode` for one-token products:
     /// [`MatmulMode::QuantizedActivations`] uses the int8 kernel for the types it covers (Q4_0,
-    /// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), [`MatmulMode::Exact`] the f32 kernel.
+    /// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), [`MatmulMode::Exact`]
+    /// the f32 kernel.
     /// `DISKFORMER_GPU_F32_ACT=1` keeps f32 whatever `mode` says.
     pub fn with_matmul_mode(mut self, mode: MatmulMode) -> WgpuBackend {
         self.int8_act = mode == MatmulMode::QuantizedActivations && !self.ctx.force_f32_act;
@@ -364,12 +365,33 @@ impl WgpuBackend {
 
     /// The pipeline of an int8 kernel for `w`'s type.
     fn q8_pipeline(&self, w: &WgpuWeight, shape: Q8Shape, kind: Q8Kind) -> std::sync::Arc<wgpu::ComputePipeline> {
-        let l = w.layout;
+        self.q8_pipeline_types(&[w], shape, kind)
+    }
+
+    /// The pipeline of an int8 kernel for the types of `ws` (weight i's type at index i).
+    fn q8_pipeline_types(
+        &self,
+        ws: &[&WgpuWeight],
+        shape: Q8Shape,
+        kind: Q8Kind,
+    ) -> std::sync::Arc<wgpu::ComputePipeline> {
+        let n = match kind {
+            Q8Kind::Weights(n) => n as usize,
+            Q8Kind::Glu => 2,
+        };
+        let layouts: Vec<_> = (0..n).map(|i| ws.get(i).unwrap_or(&ws[0]).layout).collect();
+        let names: Vec<_> = layouts.iter().map(|l| l.name).collect();
         let sg = self.ctx.subgroups;
-        let key = format!("matvec_q8 {} {shape} {kind:?} sg{sg}", l.name);
-        self.ctx.pipeline(&key, || {
-            shaders::matvec_q8(&l, shape, kind, sg).expect("callers check that the type has an int8 kernel")
-        })
+        let key = format!("matvec_q8 {} {shape} {kind:?} sg{sg}", names.join("+"));
+        // Workgroup memory is written before it is read (argued in matvec_q8.wgsl): no zeroing.
+        self.ctx.pipeline_with(
+            &key,
+            || {
+                shaders::matvec_q8_types(&layouts, shape, kind, sg)
+                    .expect("callers check that every type has an int8 kernel")
+            },
+            true,
+        )
     }
 
     /// One token's product through `matvec_q8.wgsl` (the weight type must have a `dot32`).
@@ -398,7 +420,6 @@ impl WgpuBackend {
             let n_groups = (hi - lo).div_ceil(rpw);
             let p = Q8Params {
                 k: w.k as u32,
-                row_words: w.layout.row_words(w.k) as u32,
                 xb0: (x_col0 / BLOCK) as u32,
                 accumulate: acc as u32,
                 n_rows: [(hi - lo) as u32, 0, 0],
@@ -411,25 +432,21 @@ impl WgpuBackend {
         }
     }
 
-    /// Whether one int8 kernel can serve all of `ws` against `x`: int8 activations apply to each,
-    /// they share one type with an int8 kernel and the width, and each fits one binding.
+    /// Whether one int8 kernel can serve all of `ws` against `x`: int8 activations apply to each
+    /// (so each type has an int8 dot product), they share the width, and each fits one binding.
     fn int8_group_applies(&self, x: &WgpuTensor, ws: &[&WgpuWeight]) -> bool {
         let Some(first) = ws.first() else { return false };
         self.ctx.fuse
             && ws.iter().all(|w| {
-                self.int8_applies(x, w, 0)
-                    && w.layout.dtype == first.layout.dtype
-                    && w.k == first.k
-                    && w.k == x.width()
-                    && w.chunks.len() == 1
-                    && w.n_rows > 0
+                self.int8_applies(x, w, 0) && w.k == first.k && w.k == x.width() && w.chunks.len() == 1 && w.n_rows > 0
             })
     }
 
-    /// `[x · W0ᵀ, x · W1ᵀ, ...]` for up to three weights of one type and width in ONE dispatch of
-    /// the int8 kernel (q/k/v: one dispatch instead of three); `None` when it does not apply
-    /// (more than one token, int8 activations off, mixed types or widths, a weight split over
-    /// several bindings), and the caller takes the products one by one.
+    /// `[x · W0ᵀ, x · W1ᵀ, ...]` for up to three weights of one width, of any types with an int8
+    /// dot product, in ONE dispatch of the int8 kernel (q/k/v: one dispatch instead of three);
+    /// `None` when it does not apply (more than one token, int8 activations off, a type without
+    /// an int8 kernel, different widths, a weight split over several bindings), and the caller
+    /// takes the products one by one.
     pub(super) fn matmul_many_q8(
         &self,
         x: &WgpuTensor,
@@ -457,19 +474,13 @@ impl WgpuBackend {
             end += w.n_rows.div_ceil(rpw);
         }
         groups[2] = end as u32;
-        let p = Q8Params {
-            k: x.width() as u32,
-            row_words: ws[0].layout.row_words(ws[0].k) as u32,
-            n_rows,
-            groups,
-            ..Q8Params::default()
-        };
+        let p = Q8Params { k: x.width() as u32, n_rows, groups, ..Q8Params::default() };
         let mut buffers: Vec<&wgpu::Buffer> = vec![&qs, &ds];
         for (w, y) in ws.iter().zip(&ys) {
             buffers.push(&w.chunks[0].buffer);
             buffers.push(&y.buf.buffer);
         }
-        let pipe = self.q8_pipeline(ws[0], shape, Q8Kind::Weights(ws.len() as u32));
+        let pipe = self.q8_pipeline_types(ws, shape, Q8Kind::Weights(ws.len() as u32));
         self.dispatch(pipe, &buffers, &p.words(), grid(end));
         Ok(Some(ys))
     }
@@ -490,6 +501,10 @@ impl WgpuBackend {
         if gate.n_rows != up.n_rows || !self.int8_group_applies(x, &[gate, up]) {
             return Ok(None);
         }
+        // One type for both (the kernel pairs each gate row with the up row of the same index).
+        if gate.layout.dtype != up.layout.dtype {
+            return Ok(None);
+        }
         let n = gate.n_rows;
         let h = self.alloc("matmul_glu", &[1, n])?;
         let (qs, ds) = self.q8_blocks(x);
@@ -499,7 +514,6 @@ impl WgpuBackend {
         let n_groups = n.div_ceil(rpw);
         let p = Q8Params {
             k: x.width() as u32,
-            row_words: gate.layout.row_words(gate.k) as u32,
             n_rows: [n as u32, 0, 0],
             groups: [0, 0, n_groups as u32],
             glu: Self::glu_code(glu),

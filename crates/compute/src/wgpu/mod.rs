@@ -1070,7 +1070,8 @@ impl WgpuBackend {
         let l = w.layout;
         let sg = self.ctx.subgroups;
         let key = format!("matvec {} {}x{} sg{sg}", l.name, shape.rows, shape.wg);
-        let pipe = self.ctx.pipeline(&key, || shaders::matvec(&l, shape, sg));
+        // Workgroup memory is written before it is read (argued in matvec.wgsl): no zeroing.
+        let pipe = self.ctx.pipeline_with(&key, || shaders::matvec(&l, shape, sg), true);
         for c in &w.chunks {
             let lo = w_row0.max(c.row0);
             let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);

@@ -262,7 +262,8 @@ pub fn matvec(layout: &TypeLayout, shape: MatvecShape, subgroups: bool) -> Strin
 
 /// A weight type's `dot32` against int8 activations (`shaders/quant/i8/`), for the types the int8
 /// decode kernel covers: the formats of the 8B benchmarks (Q4_0, Q4_K with its Q6_K output and
-/// FFN matrices), Q5_K_M's Q5_K, and the other legacy block types (Q4_1, Q5_0, Q5_1, Q8_0).
+/// FFN matrices), Q5_K_M's Q5_K, the other legacy block types (Q4_1, Q5_0, Q5_1, Q8_0), Q2_K and
+/// Q3_K, and the IQ4 types (IQ4_NL, IQ4_XS: the codebook turned into signed bytes in registers).
 pub fn dot32_source(dtype: GgmlType) -> Option<&'static str> {
     Some(match dtype {
         GgmlType::Q4_0 => include_str!("shaders/quant/i8/q4_0.wgsl"),
@@ -273,6 +274,10 @@ pub fn dot32_source(dtype: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_K => include_str!("shaders/quant/i8/q4_k.wgsl"),
         GgmlType::Q5_K => include_str!("shaders/quant/i8/q5_k.wgsl"),
         GgmlType::Q6_K => include_str!("shaders/quant/i8/q6_k.wgsl"),
+        GgmlType::Q2_K => include_str!("shaders/quant/i8/q2_k.wgsl"),
+        GgmlType::Q3_K => include_str!("shaders/quant/i8/q3_k.wgsl"),
+        GgmlType::IQ4_NL => include_str!("shaders/quant/i8/iq4_nl.wgsl"),
+        GgmlType::IQ4_XS => include_str!("shaders/quant/i8/iq4_xs.wgsl"),
         _ => return None,
     })
 }
@@ -380,8 +385,8 @@ pub enum Q8Kind {
 const Q8_LOAD: &str = "            let x0{S} = XQ[2u * (P.xb0 + q{S})];
             let x1{S} = XQ[2u * (P.xb0 + q{S}) + 1u];
             let xd{S} = XD[P.xb0 + q{S}];
-            let bo{S} = (q{S} / spb) * BW;
-            let j{S} = q{S} % spb;
+            let bo{S} = (q{S} / (QBV{I} / 32u)) * QBW{I};
+            let j{S} = q{S} % (QBV{I} / 32u);
 ";
 
 /// The main loop over activation blocks, `unroll` per iteration (their loads issued together,
@@ -426,7 +431,7 @@ fn q8_weight_body(shape: Q8Shape, subgroups: bool) -> String {
         // Rows past the end repeat the last row: computed, never written.
         var rb: array<u32, ROWS>;
         for (var r = 0u; r < ROWS; r++) {
-            rb[r] = ({WR} + min(row0 + r, n_rows - 1u)) * P.row_words;
+            rb[r] = ({WR} + min(row0 + r, n_rows - 1u)) * (P.k / QBV{I}) * QBW{I};
         }
         var acc: array<f32, ROWS>;
 ",
@@ -507,7 +512,7 @@ fn q8_glu_body(shape: Q8Shape) -> String {
     let row0 = wrow0 + slot * ROWS;
     var rb: array<u32, ROWS>;
     for (var r = 0u; r < ROWS; r++) {
-        rb[r] = min(row0 + r, n_rows - 1u) * P.row_words;
+        rb[r] = min(row0 + r, n_rows - 1u) * (P.k / QBV0) * QBW0;
     }
     var ag: array<f32, ROWS>;
     var au: array<f32, ROWS>;
@@ -620,30 +625,42 @@ fn without_fn(src: &str, name: &str) -> String {
     src.to_string()
 }
 
-/// The int8-activation decode kernel for one weight type (`None` when the type has no `dot32`);
-/// see `matvec_q8.wgsl` for `kind` and `shape`. Multi-weight kernels need `shape` and the weights'
-/// row counts to fit the grid layout the caller computes with [`Q8Shape::rows_per_group`]; the
-/// GLU kernel quantizes its result only with whole 32-row blocks per workgroup.
-pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: bool) -> Option<String> {
-    let v4 = if shape.vec4 { dot32_v4_source(layout.dtype) } else { None };
-    let dot32 = match v4 {
-        Some(src) => src,
-        None => dot32_source(layout.dtype)?,
-    };
-    // With 16-byte loads the weights are vec4 words: the type's `dq8` and the byte helper, which
-    // read `W` as words, are left out (the int8 kernel uses neither); its block constants stay.
-    let (warr, quant_src) = if v4.is_some() {
-        let consts: String =
-            layout.shader.lines().filter(|l| l.starts_with("const ")).map(|l| format!("{l}\n")).collect();
-        ("array<vec4<u32>>", format!("{}\n{consts}", without_fn(QUANT_COMMON, "wbyte")))
-    } else {
-        ("array<u32>", quant(layout))
-    };
+/// The int8-activation decode kernel for weights of the types `layouts` (weight i's type is
+/// `layouts[i]`; `None` when one has no `dot32` or `layouts` is shorter than `kind` needs).
+/// Multi-weight kernels need `shape` and the weights' row counts to fit the grid layout the
+/// caller computes with [`Q8Shape::rows_per_group`]; the GLU kernel (one type) quantizes its
+/// result only with whole 32-row blocks per workgroup. 16-byte loads (`shape.vec4`) apply when
+/// every weight is of one type that has them.
+pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, subgroups: bool) -> Option<String> {
     let n_w = match kind {
         Q8Kind::Weights(n) => n.clamp(1, 3),
         Q8Kind::Glu => 2,
     };
-    let dots: String = (0..n_w).map(|i| dot32_for(dot32, i)).collect::<Vec<_>>().join("\n");
+    let layouts = layouts.get(..n_w as usize)?;
+    let layout = &layouts[0];
+    let one_type = layouts.iter().all(|l| l.dtype == layout.dtype);
+    let v4 = if shape.vec4 && one_type { dot32_v4_source(layout.dtype) } else { None };
+    let mut dots = Vec::new();
+    for (i, l) in layouts.iter().enumerate() {
+        let src = match v4 {
+            Some(src) => src,
+            None => dot32_source(l.dtype)?,
+        };
+        dots.push(format!(
+            "const QBV{i}: u32 = {}u;\nconst QBW{i}: u32 = {}u;\n{}",
+            l.block_values,
+            l.block_words(),
+            dot32_for(src, i as u32)
+        ));
+    }
+    let dots = dots.join("\n");
+    // With 16-byte loads the weights are vec4 words: the type's `dq8` and the byte helper, which
+    // read `W` as words, are left out (the int8 kernel uses neither).
+    let (warr, quant_src) = if v4.is_some() {
+        ("array<vec4<u32>>", without_fn(QUANT_COMMON, "wbyte"))
+    } else {
+        ("array<u32>", quant(layout))
+    };
     let wname = |i: u32| if i == 0 { "W".to_string() } else { format!("W{i}") };
     let yname = |i: u32| if i == 0 { "Y".to_string() } else { format!("Y{i}") };
     let mut bindings = String::new();
@@ -664,6 +681,7 @@ pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: b
             let mut body = String::new();
             for i in 0..n_w as usize {
                 let code = part
+                    .replace("{I}", &i.to_string())
                     .replace("{N}", n_rows[i])
                     .replace("{G}", &format!("g - {}", group_starts[i]))
                     .replace("{DOT}", ["dot32", "dot32_1", "dot32_2"][i])
@@ -686,7 +704,7 @@ pub fn matvec_q8(layout: &TypeLayout, shape: Q8Shape, kind: Q8Kind, subgroups: b
             bind("var<storage, read_write> Y: array<f32>;".into());
             bind("var<storage, read_write> QS: array<u32>;".into());
             bind("var<storage, read_write> DS: array<vec2<f32>>;".into());
-            q8_glu_body(shape)
+            q8_glu_body(shape).replace("{I}", "0")
         }
     };
     bind("var<uniform> P: Params;".into());
@@ -751,10 +769,18 @@ mod tests {
                     parse(&format!("matvec {} {shape:?} subgroups {sg}", l.name), &matvec(&l, shape, sg));
                 }
             }
+            // Mixed types: this one with Q6_K and Q4_0 (q/k/v of a Q4_K_M file).
+            if dot32_source(t).is_some() {
+                let mixed = [l, TypeLayout::of(Q6_K).unwrap(), TypeLayout::of(Q4_0).unwrap()];
+                for sg in [false, true] {
+                    let src = matvec_q8_types(&mixed, Q8Shape::TESTED[1], Q8Kind::Weights(3), sg).unwrap();
+                    parse(&format!("matvec_q8 {} + q6_k + q4_0 subgroups {sg}", l.name), &src);
+                }
+            }
             for shape in Q8Shape::TESTED {
                 for sg in [false, true] {
                     for kind in [Q8Kind::Weights(1), Q8Kind::Weights(2), Q8Kind::Weights(3), Q8Kind::Glu] {
-                        if let Some(src) = matvec_q8(&l, shape, kind, sg) {
+                        if let Some(src) = matvec_q8_types(&[l; 3], shape, kind, sg) {
                             parse(&format!("matvec_q8 {} {shape} {kind:?} subgroups {sg}", l.name), &src);
                         }
                     }
@@ -772,7 +798,7 @@ mod tests {
     #[test]
     fn dot32_files_define_only_dot32() {
         use GgmlType::*;
-        for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K] {
+        for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
             for src in [dot32_source(t), dot32_v4_source(t)].into_iter().flatten() {
                 assert_eq!(src.matches("fn ").count(), 1, "{t}: only dot32");
                 assert!(src.contains("fn dot32("), "{t}");

@@ -21,6 +21,10 @@
 const WG: u32 = {{WG}}u;
 const ROWS: u32 = {{ROWS}}u;
 
+// Written before read, so the pipeline skips WGSL's zeroing of workgroup memory: the closing
+// reduction (shaders.rs, REDUCE_ROWS_*) writes red[r * n_sg + sg_id] from each subgroup's first
+// lane, or red[r * WG + lid] from every invocation, before the barrier after which it reads only
+// those elements.
 var<workgroup> red: array<f32, {{RED_LEN}}>;
 
 @compute @workgroup_size({{WG}})

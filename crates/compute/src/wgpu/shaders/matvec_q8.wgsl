@@ -10,9 +10,10 @@
 //
 // One template, three uses (shaders.rs fills it):
 // - one weight (the plain product; row spans and column offsets for heads and experts);
-// - up to three weights of one type and width against the same activations (q/k/v): the
-//   workgroups of weight 0 come first in the grid, then those of weight 1 (from P.groups1), then
-//   weight 2 (from P.groups2); each weight writes its own output. One dispatch instead of three;
+// - up to three weights of one width against the same activations (q/k/v, of one type or not: a
+//   Q4_K_M file's v is often Q6_K): the workgroups of weight 0 come first in the grid, then those
+//   of weight 1 (from P.groups1), then weight 2 (from P.groups2); each weight writes its own
+//   output. One dispatch instead of three;
 // - gate and up paired (GLU): a workgroup computes the same rows of both, writes
 //   glu(gate, up) and, when P.quantize is set, the result's own int8 blocks (each workgroup covers
 //   whole 32-row blocks), so the down projection needs no quantize dispatch.
@@ -21,12 +22,13 @@
 // holds ROWS rows in registers (they share the activation loads), so a workgroup covers
 // RPW = SLOTS * ROWS rows. TPR = WG is the classic shape (every invocation on the same rows). The
 // loop takes UNROLL blocks per iteration (more loads in flight).
-// Template parameters (see shaders.rs): QUANT (a weight type's BV, BW and dot32 from quant/i8/,
-// with dot32_1 / dot32_2 reading W1 / W2), BINDINGS, ACT, WG, TPR, ROWS, RED_LEN, SG_ARGS, BODY.
+// Template parameters (see shaders.rs): QUANT (weight 0's type code, and dot32, dot32_1, dot32_2
+// from quant/i8/ for the weights' types reading W, W1, W2, with their block sizes QBV0.. in values
+// and QBW0.. in words), BINDINGS, ACT, WG, TPR, ROWS, RED_LEN, SG_ARGS, BODY.
 // Needs k and x_col0 multiples of 32 (the caller falls back to matvec.wgsl).
 struct Params {
+    // Values per row (a whole number of every weight's blocks: row words are k / QBV * QBW).
     k: u32,
-    row_words: u32,
     // First activation block (x_col0 / 32).
     xb0: u32,
     accumulate: u32,
@@ -46,6 +48,7 @@ struct Params {
     alpha: f32,
     limit: f32,
     quantize: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<storage, read> XQ: array<vec4<u32>>;
@@ -62,6 +65,10 @@ const SLOTS: u32 = WG / TPR;
 const ROWS: u32 = {{ROWS}}u;
 const RPW: u32 = SLOTS * ROWS;
 
+// Written before read, so the pipeline skips WGSL's zeroing of workgroup memory: every reduction
+// writes the elements it reads (each slot's TPR partial sums, each subgroup's sum, or the whole
+// tree level) before a barrier and reads only those; the GLU epilogue writes red[0..RPW] (|h|) and
+// qv[0..RPW] before the barriers after which it reads them, and reads no index past RPW.
 var<workgroup> red: array<f32, {{RED_LEN}}>;
 var<workgroup> qv: array<i32, RPW>;
 
@@ -78,7 +85,6 @@ fn main(
         return;
     }
     let n_blocks = P.k / 32u;
-    let spb = BV / 32u;
     let slot = lid / TPR;
     let lane = lid % TPR;
 {{BODY}}

@@ -58,3 +58,21 @@ fn nib4(q: u32) -> vec4<f32> {
 fn i8sub32(q: vec4<u32>) -> vec4<u32> {
     return (q + vec4<u32>(0x60606060u)) ^ vec4<u32>(0x80808080u);
 }
+
+// The IQ4_NL / IQ4_XS codebook as signed bytes, four per word (entries 0..4, 4..8, 8..12, 12..16).
+const IQ4_KQ0: u32 = 0xbfad9881u;
+const IQ4_KQ1: u32 = 0xf6eaddcfu;
+const IQ4_KQ2: u32 = 0x26190d01u;
+const IQ4_KQ3: u32 = 0x71594535u;
+
+// The low nibble of each byte of q through the IQ4 codebook, as four packed signed bytes for
+// dot4I8Packed: the entry's word picked by two selects (no dynamically indexed array, which GPUs
+// keep in slow local memory), the byte by a shift.
+fn iq4_kq4(q: u32) -> u32 {
+    let n = vec4<u32>(q, q >> 8u, q >> 16u, q >> 24u) & vec4<u32>(15u);
+    let upper_half = (n & vec4<u32>(4u)) != vec4<u32>(0u);
+    let lo = select(vec4<u32>(IQ4_KQ0), vec4<u32>(IQ4_KQ1), upper_half);
+    let hi = select(vec4<u32>(IQ4_KQ2), vec4<u32>(IQ4_KQ3), upper_half);
+    let v = (select(lo, hi, n >= vec4<u32>(8u)) >> ((n & vec4<u32>(3u)) * 8u)) & vec4<u32>(0xffu);
+    return v.x | (v.y << 8u) | (v.z << 16u) | (v.w << 24u);
+}
