@@ -202,7 +202,11 @@ impl WgpuBackend {
         cache: &mut WgpuCache,
     ) -> Result<WgpuTensor, OpError> {
         let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
-        if !self.ctx.fuse {
+        // The kernel rotates a new key each time a query head reads it, which is free for the few
+        // tokens of a decode step but, in a prefill, multiplies the rotation by the number of
+        // query tokens that see each key (H200, 8B: prefill 1016 -> 715 tok/s with it): more
+        // tokens than this rotate once, in their own dispatches, first.
+        if !self.ctx.fuse || q.rows() > rope_in_attention_max_tokens() {
             return match rope {
                 Some(r) => {
                     let (q, k) = (self.rope(q, positions, r)?, self.rope(k, positions, r)?);
@@ -220,6 +224,22 @@ impl WgpuBackend {
     }
 }
 
+/// Most tokens whose rotation the attention kernel does itself (`DISKFORMER_ROPE_IN_ATTENTION_MAX`
+/// overrides it, for comparisons; 0 never).
+fn rope_in_attention_max_tokens() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("DISKFORMER_ROPE_IN_ATTENTION_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+    })
+}
+
+/// `DISKFORMER_NO_Q8_EPILOGUE=1`: norms and attention write no int8 blocks, the products quantize
+/// their activations themselves (for comparisons).
+fn q8_epilogues_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DISKFORMER_NO_Q8_EPILOGUE").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
 impl WgpuBackend {
     /// The int8 cache's buffers for the blocks of `y` (`[1, width]`), which the kernel about to be
     /// recorded writes in its epilogue, when the products reading `y` would take int8 activations
@@ -233,6 +253,7 @@ impl WgpuBackend {
         whole_blocks: bool,
     ) -> Option<(wgpu::Buffer, wgpu::Buffer)> {
         let applies = self.ctx.fuse
+            && !q8_epilogues_off()
             && whole_blocks
             && self.uses_int8_activations()
             && self.ctx.matvec.is_some()
