@@ -26,17 +26,14 @@ mod gpu_common;
 
 #[cfg(feature = "wgpu")]
 mod gpu_ops {
-    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report};
+    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report, WeightFile};
     use compute::cpu::{CpuBackend, CpuTensor};
-    use compute::quant::{self, GgmlType, MatmulMode};
+    use compute::quant::{GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
     use compute::wgpu::{MatvecShape, Q8Shape, WgpuBackend};
-    use compute::{AttnStep, Backend, Experts, HostWeight};
-    use gguf::{GgufModel, GgufWriter};
+    use compute::{AttnStep, Backend, Experts};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-    use std::path::PathBuf;
-    use std::sync::Arc;
 
     const DEFAULT_MAX_NMSE: f64 = 1e-7;
 
@@ -58,49 +55,6 @@ mod gpu_ops {
         GgmlType::IQ4_XS,
         GgmlType::MXFP4,
     ];
-
-    /// Random weights written to a temporary GGUF file (the only way to get a `HostWeight`).
-    struct WeightFile {
-        model: Arc<GgufModel>,
-        path: PathBuf,
-    }
-
-    impl Drop for WeightFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-
-    impl WeightFile {
-        /// `tensors`: (name, type, shape outermost first, f32 values to quantize; empty for random
-        /// bytes, which time the same as real weights and skip the slow quantizers).
-        fn new(tag: &str, tensors: &[(String, GgmlType, Vec<usize>, Vec<f32>)]) -> WeightFile {
-            let mut w = GgufWriter::new();
-            for (name, t, shape, _) in tensors {
-                let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-                w.add_tensor(name, *t, &ne).expect("declare tensor");
-            }
-            let path = std::env::temp_dir().join(format!("diskformer-backend-ops-{}-{tag}.gguf", std::process::id()));
-            let mut sink = w.create(&path).expect("create weight file");
-            let mut rng = StdRng::seed_from_u64(11);
-            for (_, t, shape, values) in tensors {
-                let n: usize = shape.iter().product();
-                let mut bytes = vec![0u8; n / t.block_elems() * t.block_bytes()];
-                if values.is_empty() {
-                    rng.fill(&mut bytes[..]);
-                } else {
-                    quant::quantize(*t, values, &mut bytes).expect("quantize");
-                }
-                sink.write_data(&bytes).expect("write");
-            }
-            sink.finish().expect("finish");
-            WeightFile { model: Arc::new(GgufModel::open(&path).expect("open weight file")), path }
-        }
-
-        fn get(&self, name: &str) -> HostWeight {
-            HostWeight::from_model(&self.model, name).expect("tensor present")
-        }
-    }
 
     fn type_name(t: GgmlType) -> String {
         format!("{t}").to_lowercase()
@@ -678,7 +632,7 @@ mod gpu_ops {
                     rand_vec(rng, n_expert * n_embd * n_ff, 1.0),
                 ),
             ];
-            let file = WeightFile::new(&format!("moe-{tname}"), &tensors);
+            let file = WeightFile::new(&format!("backend-ops-moe-{tname}"), &tensors);
             let (hg, hu, hd) = (
                 file.get(&format!("gate_{tname}")),
                 file.get(&format!("up_{tname}")),
@@ -1016,7 +970,7 @@ mod gpu_ops {
                 ("b".to_string(), GgmlType::Q8_0, vec![n_out + 2, k], rand_vec(rng, (n_out + 2) * k, 1.0)),
                 ("sq".to_string(), GgmlType::Q8_0, vec![k, 64], rand_vec(rng, k * 64, 1.0)),
             ];
-            let file = WeightFile::new(&format!("epilogue-q8-{k}"), &tensors);
+            let file = WeightFile::new(&format!("backend-ops-epilogue-q8-{k}"), &tensors);
             let (ha, hb, hsq) = (file.get("a"), file.get("b"), file.get("sq"));
             let (ca, cb, csq) = (c.weight(&ha).unwrap(), c.weight(&hb).unwrap(), c.weight(&hsq).unwrap());
             let (ga, gb, gsq) = match (g.weight(&ha), g.weight(&hb), g.weight(&hsq)) {
@@ -1309,7 +1263,7 @@ mod gpu_ops {
         // Q6_K: the output matrix (and some FFN matrices) of every Q4_K_M file.
         for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16] {
             let tensors = vec![(format!("w_{}", type_name(t)), t, vec![n_out, k], Vec::new())];
-            let file = WeightFile::new(&format!("perf-{}", type_name(t)), &tensors);
+            let file = WeightFile::new(&format!("backend-ops-perf-{}", type_name(t)), &tensors);
             let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
             let x = g.from_host(&rand_vec(&mut rng, k, 1.0), &[1, k]).unwrap();
             let stored = (n_out * k / t.block_elems() * t.block_bytes()) as f64;
@@ -1355,7 +1309,7 @@ mod gpu_ops {
         let x = g.from_host(&rand_vec(&mut rng, n_tok * k, 1.0), &[n_tok, k]).unwrap();
         for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16] {
             let tensors = vec![(format!("p_{}", type_name(t)), t, vec![n_out, k], Vec::new())];
-            let file = WeightFile::new(&format!("perf-prefill-{}", type_name(t)), &tensors);
+            let file = WeightFile::new(&format!("backend-ops-perf-prefill-{}", type_name(t)), &tensors);
             let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
             for tiled in [true, false] {
                 let secs = g.perf_prefill(&x, &w, tiled, 5).expect("prefill");
@@ -1424,7 +1378,7 @@ mod gpu_ops {
                 .iter()
                 .map(|&(n, rows)| (format!("{n}_{tn}"), t, vec![rows, k], Vec::new()))
                 .collect();
-            let file = WeightFile::new(&format!("perf-groups-{tn}"), &tensors);
+            let file = WeightFile::new(&format!("backend-ops-perf-groups-{tn}"), &tensors);
             let ws: Vec<_> = tensors.iter().map(|(n, ..)| g.weight(&file.get(n)).expect("upload")).collect();
             let qkv = [&ws[0], &ws[1], &ws[2]];
             let qkv_bytes = (6144 * k / t.block_elems() * t.block_bytes()) as f64;

@@ -24,17 +24,14 @@ mod gpu_common;
 
 #[cfg(feature = "wgpu")]
 mod int8 {
-    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report};
+    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report, WeightFile};
     use compute::cpu::{CpuBackend, CpuTensor};
-    use compute::quant::{self, GgmlType, MatmulMode};
+    use compute::quant::{GgmlType, MatmulMode};
     use compute::spec::{Act, Glu};
     use compute::wgpu::{Q8Shape, WgpuBackend, WgpuTensor, WgpuWeight};
     use compute::{Backend, HostWeight};
-    use gguf::{GgufModel, GgufWriter};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
-    use std::path::PathBuf;
-    use std::sync::Arc;
 
     /// f32 summation noise plus a rare value rounding the other way at a tie of round(x / d).
     const ROUNDED_MAX_NMSE: f64 = 1e-6;
@@ -56,41 +53,13 @@ mod int8 {
         GgmlType::IQ4_XS,
     ];
 
-    /// Weights quantized from random values into a temporary GGUF file (a `HostWeight` comes
-    /// from a file).
-    struct WeightFile {
-        model: Arc<GgufModel>,
-        path: PathBuf,
-    }
-
-    impl Drop for WeightFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-
-    impl WeightFile {
-        /// `tensors`: (name, type, [rows, k]) filled with uniform values in [-1, 1).
-        fn new(tag: &str, rng: &mut StdRng, tensors: &[(String, GgmlType, [usize; 2])]) -> WeightFile {
-            let mut w = GgufWriter::new();
-            for (name, t, [rows, k]) in tensors {
-                w.add_tensor(name, *t, &[*k as u64, *rows as u64]).expect("declare tensor");
-            }
-            let path = std::env::temp_dir().join(format!("diskformer-gpu-int8-{}-{tag}.gguf", std::process::id()));
-            let mut sink = w.create(&path).expect("create weight file");
-            for (_, t, [rows, k]) in tensors {
-                let values = rand_vec(rng, rows * k, 1.0);
-                let mut bytes = vec![0u8; rows * k / t.block_elems() * t.block_bytes()];
-                quant::quantize(*t, &values, &mut bytes).expect("quantize");
-                sink.write_data(&bytes).expect("write");
-            }
-            sink.finish().expect("finish");
-            WeightFile { model: Arc::new(GgufModel::open(&path).expect("open weight file")), path }
-        }
-
-        fn get(&self, name: &str) -> HostWeight {
-            HostWeight::from_model(&self.model, name).expect("tensor present")
-        }
+    /// Weights quantized from uniform values in [-1, 1): `tensors` are (name, type, [rows, k]).
+    fn weight_file(tag: &str, rng: &mut StdRng, tensors: &[(String, GgmlType, [usize; 2])]) -> WeightFile {
+        let specs: Vec<_> = tensors
+            .iter()
+            .map(|(name, t, [rows, k])| (name.clone(), *t, vec![*rows, *k], rand_vec(rng, rows * k, 1.0)))
+            .collect();
+        WeightFile::new(&format!("gpu-int8-{tag}"), &specs)
     }
 
     fn type_name(t: GgmlType) -> String {
@@ -163,7 +132,7 @@ mod int8 {
         let names = ["w0", "w1", "w2", "gate", "up", "down"];
         let dims = [[rows[0], k], [rows[1], k], [rows[2], k], [rows[2], k], [rows[2], k], [37, rows[2]]];
         let tensors: Vec<_> = names.iter().zip(dims).map(|(n, d)| (n.to_string(), t, d)).collect();
-        let file = WeightFile::new(&tn, rng, &tensors);
+        let file = weight_file(&tn, rng, &tensors);
         let hw: Vec<HostWeight> = names.iter().map(|n| file.get(n)).collect();
         let cw: Vec<_> = hw.iter().map(|w| c.weight(w).expect("cpu weight")).collect();
         let gw: Vec<WgpuWeight> = match hw.iter().map(|w| g.weight(w)).collect() {
@@ -291,7 +260,7 @@ mod int8 {
             ("gate64".to_string(), GgmlType::Q4_K, [64, k]),
             ("down".to_string(), GgmlType::Q8_0, [29, 64]),
         ];
-        let file = WeightFile::new("mixed", rng, &tensors);
+        let file = weight_file("mixed", rng, &tensors);
         let get = |n: &str| {
             let h = file.get(n);
             (c.weight(&h).expect("cpu weight"), g.weight(&h).expect("gpu weight"))

@@ -22,33 +22,19 @@ mod gpu_common;
 
 #[cfg(feature = "wgpu")]
 mod gpu {
-    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report};
+    use crate::gpu_common::{gpu, rand_vec, seed, tensor, Report, WeightFile};
     use compute::cpu::{CpuBackend, CpuTensor};
-    use compute::quant::{self, GgmlType, MatmulMode};
+    use compute::quant::{GgmlType, MatmulMode};
     use compute::spec::{Act, Gating, Glu, MoeSpec, RouteSpec};
     use compute::wgpu::{ExpertTierOptions, MissPolicy, SlotPolicy, WgpuBackend, WgpuTensor};
     use compute::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, HostWeight, OpError, Routing};
-    use gguf::{GgufModel, GgufWriter};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-    use std::path::PathBuf;
     use std::sync::Arc;
 
     /// Both sides compute in f32 from identically dequantized weights; only the order of the
     /// sums differs (the bound of llama.cpp's test-backend-ops, as backend_ops.rs uses).
     const MAX_NMSE: f64 = 1e-7;
-
-    /// A layer's stacked experts quantized into a temporary GGUF file (the way to a `HostWeight`).
-    struct ExpertFile {
-        model: Arc<GgufModel>,
-        path: PathBuf,
-    }
-
-    impl Drop for ExpertFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
 
     /// One case: expert count, widths, types (gate `None`: ungated), activation, biases.
     #[derive(Clone, Copy, Debug)]
@@ -64,35 +50,24 @@ mod gpu {
         k: usize,
     }
 
-    impl ExpertFile {
-        fn new(tag: &str, c: &Case, rng: &mut StdRng) -> ExpertFile {
-            let mut tensors = vec![
-                ("up", c.up, vec![c.n_expert, c.n_ff, c.n_embd]),
-                ("down", c.down, vec![c.n_expert, c.n_embd, c.n_ff]),
-            ];
-            if let Some(g) = c.gate {
-                tensors.push(("gate", g, vec![c.n_expert, c.n_ff, c.n_embd]));
-            }
-            let mut w = GgufWriter::new();
-            for (name, t, shape) in &tensors {
-                let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-                w.add_tensor(name, *t, &ne).expect("declare tensor");
-            }
-            let path = std::env::temp_dir().join(format!("diskformer-gpu-tier-moe-{}-{tag}.gguf", std::process::id()));
-            let mut sink = w.create(&path).expect("create weight file");
-            for (_, t, shape) in &tensors {
-                let n: usize = shape.iter().product();
-                let mut bytes = vec![0u8; n / t.block_elems() * t.block_bytes()];
-                quant::quantize(*t, &rand_vec(rng, n, 1.0), &mut bytes).expect("quantize");
-                sink.write_data(&bytes).expect("write");
-            }
-            sink.finish().expect("finish");
-            ExpertFile { model: Arc::new(GgufModel::open(&path).expect("open weight file")), path }
+    /// A layer's stacked experts (`gate` only when the case has one) quantized from uniform
+    /// values in [-1, 1).
+    fn expert_file(tag: &str, c: &Case, rng: &mut StdRng) -> WeightFile {
+        let mut tensors = vec![
+            ("up", c.up, vec![c.n_expert, c.n_ff, c.n_embd]),
+            ("down", c.down, vec![c.n_expert, c.n_embd, c.n_ff]),
+        ];
+        if let Some(g) = c.gate {
+            tensors.push(("gate", g, vec![c.n_expert, c.n_ff, c.n_embd]));
         }
-
-        fn get(&self, name: &str) -> Option<HostWeight> {
-            HostWeight::from_model(&self.model, name)
-        }
+        let specs: Vec<_> = tensors
+            .into_iter()
+            .map(|(name, t, shape)| {
+                let n = shape.iter().product();
+                (name.to_string(), t, shape, rand_vec(rng, n, 1.0))
+            })
+            .collect();
+        WeightFile::new(&format!("gpu-tier-moe-{tag}"), &specs)
     }
 
     /// Lends experts of every layer from one file's stacked tensors (each layer the same
@@ -206,14 +181,14 @@ mod gpu {
     }
 
     struct Built {
-        file: ExpertFile,
+        file: WeightFile,
         cpu: Experts<CpuBackend>,
         biases: [Option<CpuTensor>; 3],
         spec: MoeSpec,
     }
 
     fn build(c: &CpuBackend, case: &Case, tag: &str, rng: &mut StdRng) -> Built {
-        let file = ExpertFile::new(tag, case, rng);
+        let file = expert_file(tag, case, rng);
         let (ne, ff, ne_embd) = (case.n_expert, case.n_ff, case.n_embd);
         let biases = [
             (case.biases && case.gate.is_some()).then(|| tensor(rng, &[ne, ff], 0.5)),
@@ -222,9 +197,9 @@ mod gpu {
         ];
         let cpu = Experts::<CpuBackend> {
             layer: 0,
-            gate: file.get("gate").map(|g| c.weight(&g).unwrap()),
-            up: c.weight(&file.get("up").unwrap()).unwrap(),
-            down: c.weight(&file.get("down").unwrap()).unwrap(),
+            gate: file.find("gate").map(|g| c.weight(&g).unwrap()),
+            up: c.weight(&file.find("up").unwrap()).unwrap(),
+            down: c.weight(&file.find("down").unwrap()).unwrap(),
             gate_bias: biases[0].clone(),
             up_bias: biases[1].clone(),
             down_bias: biases[2].clone(),
@@ -236,9 +211,9 @@ mod gpu {
         let up = |t: &Option<CpuTensor>| t.as_ref().map(|t| g.from_host(&t.data, &t.shape)).transpose();
         Ok(Experts {
             layer,
-            gate: b.file.get("gate").map(|w| g.weight(&w)).transpose()?,
-            up: g.weight(&b.file.get("up").unwrap())?,
-            down: g.weight(&b.file.get("down").unwrap())?,
+            gate: b.file.find("gate").map(|w| g.weight(&w)).transpose()?,
+            up: g.weight(&b.file.find("up").unwrap())?,
+            down: g.weight(&b.file.find("down").unwrap())?,
             gate_bias: up(&b.biases[0])?,
             up_bias: up(&b.biases[1])?,
             down_bias: up(&b.biases[2])?,
@@ -295,9 +270,9 @@ mod gpu {
         for (i, case) in cases().iter().enumerate() {
             let b = build(&c, case, &format!("tier{i}"), &mut rng);
             let store = Arc::new(FileStore {
-                gate: b.file.get("gate"),
-                up: b.file.get("up").unwrap(),
-                down: b.file.get("down").unwrap(),
+                gate: b.file.find("gate"),
+                up: b.file.find("up").unwrap(),
+                down: b.file.find("down").unwrap(),
                 n_expert: case.n_expert,
             });
             let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
@@ -384,9 +359,9 @@ mod gpu {
         mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
         let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
         let store = Arc::new(FileStore {
-            gate: b.file.get("gate"),
-            up: b.file.get("up").unwrap(),
-            down: b.file.get("down").unwrap(),
+            gate: b.file.find("gate"),
+            up: b.file.find("up").unwrap(),
+            down: b.file.find("down").unwrap(),
             n_expert: case.n_expert,
         });
         let opts = ExpertTierOptions { miss: MissPolicy::Upload, ..ExpertTierOptions::new(case.n_expert, slot_bytes) };

@@ -1,13 +1,18 @@
-//! What the GPU op tests share (backend_ops.rs, gpu_tier_moe.rs): the adapter, the seed, the
-//! error measure, random inputs and the case report.
+//! What the GPU op tests share (backend_ops.rs, gpu_int8.rs, gpu_tier_moe.rs): the adapter, the
+//! seed, the error measure, random inputs, weights in a temporary file and the case report.
 
 // Each test binary uses a part of these.
 #![allow(dead_code)]
 
 use compute::cpu::CpuTensor;
+use compute::quant::{self, GgmlType};
 use compute::wgpu::{WgpuBackend, WgpuOptions};
+use compute::HostWeight;
+use gguf::{GgufModel, GgufWriter};
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The GPU back end, or `None` when `DISKFORMER_NO_GPU=1` declares the machine has none.
 pub fn gpu(test: &str) -> Option<WgpuBackend> {
@@ -63,6 +68,58 @@ pub fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
 
 pub fn tensor(rng: &mut StdRng, shape: &[usize], scale: f32) -> CpuTensor {
     CpuTensor { shape: shape.to_vec(), data: rand_vec(rng, shape.iter().product(), scale) }
+}
+
+/// Weights written to a temporary GGUF file (the only way to a `HostWeight`), removed on drop.
+pub struct WeightFile {
+    model: Arc<GgufModel>,
+    path: PathBuf,
+}
+
+impl Drop for WeightFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One tensor of a [`WeightFile`]: name, type, shape outermost first, and the f32 values to
+/// quantize (empty: random bytes, which time like real weights and skip the slow quantizers).
+pub type WeightSpec = (String, GgmlType, Vec<usize>, Vec<f32>);
+
+impl WeightFile {
+    /// `tag` makes the file's name unique within the process.
+    pub fn new(tag: &str, tensors: &[WeightSpec]) -> WeightFile {
+        let mut w = GgufWriter::new();
+        for (name, t, shape, _) in tensors {
+            let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+            w.add_tensor(name, *t, &ne).expect("declare tensor");
+        }
+        let path = std::env::temp_dir().join(format!("diskformer-{tag}-{}.gguf", std::process::id()));
+        let mut sink = w.create(&path).expect("create weight file");
+        let mut rng = StdRng::seed_from_u64(11);
+        for (_, t, shape, values) in tensors {
+            let n: usize = shape.iter().product();
+            let mut bytes = vec![0u8; n / t.block_elems() * t.block_bytes()];
+            if values.is_empty() {
+                rng.fill(&mut bytes[..]);
+            } else {
+                quant::quantize(*t, values, &mut bytes).expect("quantize");
+            }
+            sink.write_data(&bytes).expect("write");
+        }
+        sink.finish().expect("finish");
+        WeightFile { model: Arc::new(GgufModel::open(&path).expect("open weight file")), path }
+    }
+
+    /// The tensor `name`, which the file must hold.
+    pub fn get(&self, name: &str) -> HostWeight {
+        self.find(name).unwrap_or_else(|| panic!("tensor {name} not in the weight file"))
+    }
+
+    /// The tensor `name`, if the file holds it.
+    pub fn find(&self, name: &str) -> Option<HostWeight> {
+        HostWeight::from_model(&self.model, name)
+    }
 }
 
 /// Cases run and failed; `finish` fails the test if any failed (after printing every case).
