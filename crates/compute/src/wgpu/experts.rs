@@ -861,57 +861,11 @@ impl WgpuBackend {
             p.params_base = 0;
         }
         let t1 = Instant::now();
-        let out = if tier.spin_readback {
-            self.read_mapped_spin(&rb, size, n_bytes)
-        } else {
-            self.read_mapped("route", &rb, size, n_bytes)
-        };
+        let out = self.read_mapped("route", &rb, size, n_bytes, tier.spin_readback);
         let mut prof = lock(&tier.profile);
         prof.readback_submit_secs += (t1 - t0).as_secs_f64();
         prof.readback_wait_secs += t1.elapsed().as_secs_f64();
         prof.readbacks += 1;
-        out
-    }
-
-    /// `read_mapped` polling the device in a loop instead of blocking in the driver: the
-    /// callback of `map_async` runs inside `poll` once the GPU is done, so spinning on
-    /// `PollType::Poll` sees it without a futex wake-up (slow in a VM). After a few thousand
-    /// polls the thread yields, so a long wait does not starve the thread pool.
-    fn read_mapped_spin(&self, buffer: &wgpu::Buffer, size: u64, n_bytes: u64) -> Result<Vec<u8>, OpError> {
-        let failed = |why: String| OpError::Unsupported { op: "route", backend: "wgpu", why };
-        let waiting = self.ctx.profile.as_ref().map(|_| Instant::now());
-        let done = Arc::new(AtomicU8::new(STAGING_PENDING));
-        let flag = done.clone();
-        buffer.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
-            flag.store(if r.is_ok() { STAGING_READY } else { STAGING_FAILED }, Ordering::Release);
-        });
-        let mut polls = 0u32;
-        while done.load(Ordering::Acquire) == STAGING_PENDING {
-            self.ctx
-                .device
-                .poll(wgpu::PollType::Poll)
-                .map_err(|e| failed(format!("device lost while waiting: {e}")))?;
-            polls += 1;
-            if polls > 2000 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
-            let mut p = lock(p);
-            p.wait_secs += t.elapsed().as_secs_f64();
-            p.readbacks += 1;
-        }
-        if done.load(Ordering::Acquire) != STAGING_READY {
-            return Err(failed("buffer mapping failed".into()));
-        }
-        let out = buffer
-            .slice(..size)
-            .get_mapped_range()
-            .map(|view| view[..n_bytes as usize].to_vec())
-            .map_err(|e| failed(format!("buffer mapping failed: {e:?}")));
-        buffer.unmap();
         out
     }
 
@@ -1817,7 +1771,7 @@ impl WgpuBackend {
         }
         let t1 = Instant::now();
         let used = st.host.log_used;
-        let bytes = self.read_mapped_spin(&log, log.size(), used)?;
+        let bytes = self.read_mapped("route", &log, log.size(), used, true)?;
         // A `Vec<u8>` need not be 4-aligned: no cast.
         let words: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         for (layer, n_ids, at) in std::mem::take(&mut st.host.log_entries) {

@@ -905,37 +905,57 @@ impl WgpuBackend {
         if n_bytes == 0 {
             return Ok(Vec::new());
         }
-        self.read_mapped("to_host", &staging, size, n_bytes)
+        self.read_mapped("to_host", &staging, size, n_bytes, false)
     }
 
     /// Maps `buffer[..size]` for reading once the GPU is done with it (the wait counted in the
     /// profile) and copies out its first `n_bytes`; `op` names the op in errors. Every readback
     /// of the back end ends here.
+    ///
+    /// `spin`: poll the device in a loop instead of blocking in the driver. The callback of
+    /// `map_async` runs inside `poll` once the GPU is done, so spinning on `PollType::Poll` sees
+    /// it without a futex wake-up (slow in a VM); after a few thousand polls the thread yields, so
+    /// a long wait does not starve the thread pool. The expert tier's per-layer readbacks spin.
     fn read_mapped(
         &self,
         op: &'static str,
         buffer: &wgpu::Buffer,
         size: u64,
         n_bytes: u64,
+        spin: bool,
     ) -> Result<Vec<u8>, OpError> {
+        const PENDING: u8 = 0;
+        const MAPPED: u8 = 1;
+        const FAILED: u8 = 2;
         let failed = |why: String| OpError::Unsupported { op, backend: "wgpu", why };
         let waiting = self.ctx.profile.as_ref().map(|_| std::time::Instant::now());
-        let (tx, rx) = std::sync::mpsc::channel();
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(PENDING));
+        let flag = state.clone();
         buffer.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
+            flag.store(if r.is_ok() { MAPPED } else { FAILED }, std::sync::atomic::Ordering::Release);
         });
-        self.ctx
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| failed(format!("device lost while waiting: {e}")))?;
+        let lost = |e: wgpu::PollError| failed(format!("device lost while waiting: {e}"));
+        if spin {
+            let mut polls = 0u32;
+            while state.load(std::sync::atomic::Ordering::Acquire) == PENDING {
+                self.ctx.device.poll(wgpu::PollType::Poll).map_err(lost)?;
+                polls += 1;
+                if polls > 2000 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        } else {
+            self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(lost)?;
+        }
         if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
             let mut p = lock(p);
             p.wait_secs += t.elapsed().as_secs_f64();
             p.readbacks += 1;
         }
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            other => return Err(failed(format!("buffer mapping failed: {other:?}"))),
+        if state.load(std::sync::atomic::Ordering::Acquire) != MAPPED {
+            return Err(failed("buffer mapping failed".into()));
         }
         let out = buffer
             .slice(..size)
