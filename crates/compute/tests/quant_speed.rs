@@ -9,11 +9,6 @@
 //! slow neither side by being scheduled in between; they still share caches and memory. The
 //! figure to read is the ratio: how close the kernel comes to reading the weights once.
 //!
-//! `QUANT_SPEED_THREADS=N` (default 1) runs both sides on N threads (the read split in N
-//! contiguous parts, the matmul's own split) and times them by the wall clock, which only
-//! means something on an idle machine: it shows whether the threads together stream the
-//! weights as fast as they can read them (decode on this 2-core box is bound by that).
-//!
 //! `prefill_matmul_speed` times many-token products the same way (multiply-adds per second of
 //! CPU time on one thread).
 
@@ -66,31 +61,13 @@ fn decode_matmul_against_streaming_read() {
     let spec =
         std::env::var("QUANT_SPEED").unwrap_or_else(|_| "Q4_0:229376:2048,Q4_K:229376:2048,Q8_0:122880:2048".into());
     let rounds: usize = std::env::var("QUANT_SPEED_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
-    let threads: usize = std::env::var("QUANT_SPEED_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    // With one thread everything runs on the one worker of a one-thread pool: the matmul's
-    // parallel loop then stays on the thread whose CPU time is read.
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().unwrap();
-    pool.install(|| measure(&spec, rounds, threads.max(1)));
+    // Everything runs on the one worker of a one-thread pool: the matmul's parallel loop then
+    // stays on the thread whose CPU time is read.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    pool.install(|| measure(&spec, rounds));
 }
 
-/// Nanoseconds of this thread's CPU time (one thread) or of the wall clock (several).
-fn clock_ns(threads: usize, start: std::time::Instant) -> u64 {
-    if threads == 1 {
-        thread_cpu_ns()
-    } else {
-        start.elapsed().as_nanos() as u64
-    }
-}
-
-/// [`stream_read`] of `w` split in `threads` contiguous parts, one per pool thread.
-fn stream_read_split(w: &[u8], threads: usize) -> u64 {
-    use rayon::prelude::*;
-    let part = w.len().div_ceil(threads).next_multiple_of(128);
-    w.par_chunks(part).with_max_len(1).map(stream_read).reduce(|| 0, |a, b| a ^ b)
-}
-
-fn measure(spec: &str, rounds: usize, threads: usize) {
-    let start = std::time::Instant::now();
+fn measure(spec: &str, rounds: usize) {
     let mut rng = Rng::new(3);
     for case in spec.split(',') {
         let parts: Vec<&str> = case.split(':').collect();
@@ -102,17 +79,17 @@ fn measure(spec: &str, rounds: usize, threads: usize) {
         let (mut best_read, mut best_matmul) = (u64::MAX, u64::MAX);
         let mut sink = 0u64;
         for _ in 0..rounds {
-            let t0 = clock_ns(threads, start);
-            sink ^= stream_read_split(&w, threads);
-            let t1 = clock_ns(threads, start);
+            let t0 = thread_cpu_ns();
+            sink ^= stream_read(&w);
+            let t1 = thread_cpu_ns();
             quant::matmul_quantized(dtype, &w, n_out, k, &x, &mut y, Kernel::best()).unwrap();
-            let t2 = clock_ns(threads, start);
+            let t2 = thread_cpu_ns();
             best_read = best_read.min(t1 - t0);
             best_matmul = best_matmul.min(t2 - t1);
         }
         let gb = w.len() as f64 / 1e9;
         println!(
-            "{case}: {:.0} MiB, {threads} thread(s), read {:.2} GB/s, matmul {:.2} GB/s, matmul/read {:.2} (checksum {sink:x} {:.3})",
+            "{case}: {:.0} MiB, read {:.2} GB/s, matmul {:.2} GB/s, matmul/read {:.2} (checksum {sink:x} {:.3})",
             w.len() as f64 / (1 << 20) as f64,
             gb / (best_read as f64 * 1e-9),
             gb / (best_matmul as f64 * 1e-9),

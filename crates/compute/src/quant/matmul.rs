@@ -340,10 +340,6 @@ fn matmul_octets(
     run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);
 }
 
-/// Most weight bytes in one decode task (see [`DecodePart::new`]): about 80 us of one thread's
-/// streaming, against about a microsecond of scheduling per task.
-const DECODE_TASK_BYTES: usize = 1 << 20;
-
 /// One weight matrix of a one-token tiled product: its rows, kernels, output and task split.
 #[derive(Clone, Copy)]
 struct DecodePart<'a> {
@@ -358,14 +354,9 @@ struct DecodePart<'a> {
 
 impl<'a> DecodePart<'a> {
     fn new(tiles: Tiles, w: &'a [u8], n_out: usize, row_bytes: usize, out: SharedOut) -> DecodePart<'a> {
-        // A few tasks per thread (balance) of whole groups of eight rows (kernel width), and
-        // none larger than `DECODE_TASK_BYTES`: the threads of a region finish apart by up to
-        // one task, and four tasks per thread of a 148 MB output head (Llama-1B) are 18 MB,
-        // about 1.5 ms of one thread's streaming.
+        // A few tasks per thread (balance) of whole groups of eight rows (kernel width).
         let n_threads = rayon::current_num_threads().max(1);
-        let by_threads = n_out.div_ceil(4 * n_threads);
-        let by_bytes = DECODE_TASK_BYTES / row_bytes.max(1);
-        let rows_per_task = by_threads.min(by_bytes).next_multiple_of(8).max(8);
+        let rows_per_task = n_out.div_ceil(4 * n_threads).next_multiple_of(8).max(8);
         DecodePart { tiles, w, n_out, row_bytes, out, rows_per_task, n_tasks: n_out.div_ceil(rows_per_task) }
     }
 
