@@ -30,7 +30,7 @@ mod gpu_ops {
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
-    use compute::wgpu::{MatvecShape, Q8Shape, WgpuBackend};
+    use compute::wgpu::{AttnDecodeShape, AttnKernel, MatvecShape, Q8Shape, WgpuBackend};
     use compute::{AttnStep, Backend, Experts};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -86,6 +86,7 @@ mod gpu_ops {
         norm_rope_cases(&g, &c, &mut rng, &mut r);
         shape_cases(&g, &c, &mut rng, &mut r);
         attention_cases(&g, &c, &mut rng, &mut r);
+        attention_decode_cases(&g, &c, &mut rng, &mut r);
         fused_cases(&g, &c, &mut rng, &mut r);
         int8_cases(&g, &c, &mut rng, &mut r);
         epilogue_q8_cases(&g, &c, &mut rng, &mut r);
@@ -377,6 +378,95 @@ mod gpu_ops {
                     g.attention(&up(g, &q), &up(g, &k), &up(g, &v), &mut gc, pos, &spec, with_sinks.then_some(&gsinks));
                 r.check(&format!("attention({name}, pos0={pos}, n={n})"), host(g, got), &want.data, DEFAULT_MAX_NMSE);
                 pos += n;
+            }
+        }
+    }
+
+    /// The decode attention kernel (`attention_decode.wgsl`) against the CPU: every variant on
+    /// its own cache fed the same steps (its cache writes are read by its later steps), GQA ratios
+    /// 1, 4 and 8, odd head dims, a sliding window crossing key slices, soft-cap, sinks, partial
+    /// and neox rotation, NoPE, 1 to 4 tokens per step at contexts from 1 to past several slices
+    /// of 16 and 64 keys (the combine pass), subgroup reductions and the workgroup-memory
+    /// fallback; a 70-token prefill in between goes through `attention.wgsl` in every variant.
+    fn attention_decode_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        let shape = |s: &str| AttnDecodeShape::parse(s).expect("valid shape");
+        let variants = [
+            ("decode 128x64", AttnKernel::Decode { shape: shape("128x64"), subgroups: true }),
+            ("decode 64x16u2", AttnKernel::Decode { shape: shape("64x16u2"), subgroups: true }),
+            ("decode 128x16 no subgroups", AttnKernel::Decode { shape: shape("128x16"), subgroups: false }),
+        ];
+        let spec = |n_head, n_head_kv, hdk, hdv, window, softcap| AttnSpec {
+            n_head,
+            n_head_kv,
+            head_dim_k: hdk,
+            head_dim_v: hdv,
+            scale: 1.0 / (hdk as f32).sqrt(),
+            window,
+            softcap,
+        };
+        let cases: Vec<(&str, AttnSpec, Option<RopeSpec>, bool)> = vec![
+            ("mha 3 hd 40, norm rope", spec(3, 3, 40, 40, None, None), Some(RopeSpec::new(40, 10000.0, false)), false),
+            ("gqa 8/2 hd 64, neox rope", spec(8, 2, 64, 64, None, None), Some(RopeSpec::new(64, 1e6, true)), false),
+            ("gqa 8/1 hd 32, window 37, softcap 30, NoPE", spec(8, 1, 32, 32, Some(37), Some(30.0)), None, false),
+            (
+                "gqa 4/2 hd 48/24, sinks, neox n_rot 32",
+                spec(4, 2, 48, 24, None, None),
+                Some(RopeSpec { n_rot: 32, ..RopeSpec::new(48, 10000.0, true) }),
+                true,
+            ),
+            (
+                "gqa 16/2 hd 128, norm rope",
+                spec(16, 2, 128, 128, None, None),
+                Some(RopeSpec::new(128, 5e5, false)),
+                false,
+            ),
+        ];
+        for (name, spec, rope, with_sinks) in cases {
+            let n_ctx = 100;
+            let (kw, vw) = (spec.n_head_kv * spec.head_dim_k, spec.n_head_kv * spec.head_dim_v);
+            let mut cc = c.new_cache(n_ctx, kw, vw).unwrap();
+            let mut gcs: Vec<_> = variants.iter().map(|_| g.new_cache(n_ctx, kw, vw).unwrap()).collect();
+            let mut pos0 = 0;
+            for n in [1usize, 2, 70, 1, 3, 4, 1] {
+                let positions: Vec<u32> = (pos0 as u32..(pos0 + n) as u32).collect();
+                let q = tensor(rng, &[n, spec.n_head * spec.head_dim_k], 2.0);
+                let k = tensor(rng, &[n, kw], 2.0);
+                let v = tensor(rng, &[n, vw], 2.0);
+                let sinks = tensor(rng, &[spec.n_head], 2.0);
+                let step = AttnStep {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    pos0,
+                    positions: &positions,
+                    rope: rope.as_ref(),
+                    spec: &spec,
+                    sinks: with_sinks.then_some(&sinks),
+                };
+                let want = c.rope_attention(&step, &mut cc).unwrap();
+                let (gq, gk, gv, gsinks) = (up(g, &q), up(g, &k), up(g, &v), up(g, &sinks));
+                let gstep = AttnStep {
+                    q: &gq,
+                    k: &gk,
+                    v: &gv,
+                    pos0,
+                    positions: &positions,
+                    rope: rope.as_ref(),
+                    spec: &spec,
+                    sinks: with_sinks.then_some(&gsinks),
+                };
+                for ((label, kernel), gc) in variants.iter().zip(gcs.iter_mut()) {
+                    // More tokens than a decode step: the prefill kernel, in every variant.
+                    let kernel = if n > 4 { AttnKernel::Prefill } else { *kernel };
+                    let got = host(g, g.rope_attention_with(&gstep, gc, kernel));
+                    r.check(
+                        &format!("attention {label} ({name}, pos0={pos0}, n={n})"),
+                        got,
+                        &want.data,
+                        DEFAULT_MAX_NMSE,
+                    );
+                }
+                pos0 += n;
             }
         }
     }
@@ -1329,6 +1419,77 @@ mod gpu_ops {
         }
         perf_groups(&g, &mut rng);
     }
+
+    /// Decode attention per call (one token, rope and the int8 epilogue as in the model's decode
+    /// step), the prefill kernel (`old`, what decode took before the decode kernel) against
+    /// the decode kernel's shapes (`WGxKEYS[uUNROLL]`, each selectable in the model with
+    /// DISKFORMER_ATTN_DECODE; `auto` is the default the model takes), at contexts 1 to 8192:
+    /// an 8B model's 32 query / 8 KV heads and Qwen3-30B-A3B's 32 / 4, head dim 128.
+    /// DISKFORMER_ATTN_PERF_SHAPES=a,b,... replaces the list of shapes. Prints us per call and the
+    /// bandwidth of the f32 KV rows read.
+    #[test]
+    #[ignore = "measurement, not a check: run on a real GPU (docs/NOTES.md)"]
+    fn perf_attention() {
+        let Some(g) = gpu("backend_ops") else { return };
+        let g = g.with_matmul_mode(MatmulMode::QuantizedActivations);
+        let shapes: Vec<String> = match std::env::var("DISKFORMER_ATTN_PERF_SHAPES") {
+            Ok(v) => v.split(',').map(str::to_string).collect(),
+            Err(_) => ATTN_PERF_SHAPES.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut kernels = vec![("old".to_string(), AttnKernel::Prefill), ("auto".to_string(), AttnKernel::Auto)];
+        for s in &shapes {
+            match AttnDecodeShape::parse(s) {
+                Some(shape) => kernels.push((s.clone(), AttnKernel::Decode { shape, subgroups: true })),
+                None => println!("perf_attention: shape {s:?} is not WGxKEYS[uUNROLL]: skipped"),
+            }
+        }
+        kernels.push((
+            "128x64 no subgroups".to_string(),
+            AttnKernel::Decode { shape: AttnDecodeShape::parse("128x64").unwrap(), subgroups: false },
+        ));
+        for (model, n_head, n_head_kv) in [("8B", 32usize, 8usize), ("Qwen3-30B-A3B", 32, 4)] {
+            let hd = 128;
+            let spec = AttnSpec {
+                n_head,
+                n_head_kv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
+                softcap: None,
+            };
+            let rope = RopeSpec::new(hd, 500000.0, model != "8B");
+            for n_keys in [1usize, 128, 512, 2048, 8192] {
+                let kv_bytes = (2 * n_keys * n_head_kv * hd * 4) as f64;
+                for (label, kernel) in &kernels {
+                    match g.perf_attention(&spec, Some(&rope), n_keys, 1, *kernel, 50) {
+                        Ok(secs) => println!(
+                            "attention {model} ({n_head}/{n_head_kv} heads x {hd}) ctx {n_keys} [{label}]: {:.2} us, {:.0} GB/s of KV",
+                            secs * 1e6,
+                            kv_bytes / secs / 1e9
+                        ),
+                        Err(e) => println!("attention {model} ctx {n_keys} [{label}]: not run: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decode attention shapes `perf_attention` times by default.
+    const ATTN_PERF_SHAPES: [&str; 12] = [
+        "128x64",
+        "128x64u2",
+        "128x64u8",
+        "128x32",
+        "128x128",
+        "256x64",
+        "256x128",
+        "256x256u8",
+        "64x32",
+        "64x64u2",
+        "512x256",
+        "1024x512u8",
+    ];
 
     /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,
     /// unrolled loops, 16-byte loads for Q4_K/Q5_K: `v` is the same kernel as without it for the

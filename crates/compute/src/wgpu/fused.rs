@@ -4,7 +4,12 @@
 //!
 //! - [`Backend::rope_attention`] (and `attention`): q and k rotated, k and v written to the cache
 //!   and the attention computed in one dispatch (`attention.wgsl`), where the op-by-op path had
-//!   two rope table uploads, two ropes, two cache copies and the attention.
+//!   two rope table uploads, two ropes, two cache copies and the attention. Up to four tokens
+//!   (a decode step) take `attention_decode.wgsl`, built for latency: a workgroup per KV head
+//!   (its grouped query heads together) and key slice, subgroups scoring keys with the head's
+//!   dims across their lanes, and for a context longer than one slice a second, small dispatch
+//!   combining the slices (flash-decoding). `DISKFORMER_ATTN_DECODE=off` keeps `attention.wgsl`
+//!   (a workgroup per token and head) for every size, `=WGxKEYS[uUNROLL]` picks the shape.
 //! - The rope cos/sin table of a step is uploaded once and shared by every layer (they all rotate
 //!   the same positions with the same spec), instead of once per `rope` call.
 //! - Int8 blocks written in epilogues: a one-token norm and the attention write their output's
@@ -21,6 +26,7 @@
 //! `DISKFORMER_NO_FUSE=1` turns all of it off (the op-by-op graph, one rope table upload per
 //! `rope`, no int8 epilogues), so one binary measures both.
 
+use super::shaders::{AttnDecodeKernel, AttnDecodeShape};
 use super::{expect_width, grid, lock, OpError, PooledBuffer, Span, WgpuBackend, WgpuCache, WgpuTensor, WgpuWeight};
 use crate::backend::{AttnStep, Backend};
 use crate::cpu::kernels;
@@ -31,6 +37,66 @@ use std::sync::Arc;
 /// halves, output, int8 blocks and scales): more than WebGPU's default limit of 8, within every
 /// Vulkan, Metal and DX12 adapter's.
 const ATTENTION_STORAGE_BUFFERS: u32 = 10;
+
+/// Storage buffers `attention_decode.wgsl` binds: `attention.wgsl`'s and the key slices' partial
+/// states.
+const DECODE_STORAGE_BUFFERS: u32 = 12;
+
+/// Most query tokens the decode kernel takes (a decode step, or a few speculative tokens); more
+/// go through `attention.wgsl`, whose workgroup per (token, head) fills the GPU by itself.
+const DECODE_MAX_TOKENS: usize = 4;
+
+/// Most key slices of one decode step: past it the slices grow, so the combine pass reads few
+/// partial states per row however long the context.
+const DECODE_MAX_SPLITS: usize = 64;
+
+/// Which attention kernel a call takes. The model path takes `Auto`; tests and `perf_attention`
+/// name one, to compare them in one process.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// The decode kernel for up to [`DECODE_MAX_TOKENS`] tokens when it applies (shape from
+    /// `DISKFORMER_ATTN_DECODE`, `off` disables it), else `attention.wgsl`.
+    Auto,
+    /// `attention.wgsl`: a workgroup per (token, head).
+    Prefill,
+    /// `attention_decode.wgsl` with this shape; `subgroups: false` forces the reduction through
+    /// workgroup memory that adapters without subgroups take. An error when it cannot run.
+    Decode {
+        /// Workgroup size and keys per workgroup.
+        shape: AttnDecodeShape,
+        /// Subgroup reductions when the adapter has them.
+        subgroups: bool,
+    },
+}
+
+/// How one decode attention call is dispatched.
+struct DecodePlan {
+    kernel: AttnDecodeKernel,
+    /// Workgroups per KV head over its query rows.
+    n_rowgroups: usize,
+    /// First key any row sees (a sliding window's start for the first token).
+    key_lo: usize,
+    /// Keys per workgroup.
+    split_keys: usize,
+    /// Key slices (workgroups per row group); more than one adds the combine pass.
+    n_split: usize,
+}
+
+/// The decode kernel's shape: `DISKFORMER_ATTN_DECODE=WGxKEYS[uUNROLL]` (e.g. `256x128u2`), `off` (or `0`)
+/// for `attention.wgsl` at every size, else the default.
+fn default_decode_shape() -> Option<AttnDecodeShape> {
+    static SHAPE: std::sync::OnceLock<Option<AttnDecodeShape>> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| match std::env::var("DISKFORMER_ATTN_DECODE") {
+        Ok(v) if v == "off" || v == "0" => None,
+        Ok(v) => Some(AttnDecodeShape::parse(&v).unwrap_or(DEFAULT_DECODE_SHAPE)),
+        Err(_) => Some(DEFAULT_DECODE_SHAPE),
+    })
+}
+
+/// Four subgroups of 32 per workgroup, 64 keys each: an 8B model's decode step at a 512-token
+/// context is 8 slices x 8 KV heads = 64 workgroups.
+const DEFAULT_DECODE_SHAPE: AttnDecodeShape = AttnDecodeShape { wg: 128, split_keys: 64, unroll: 4 };
 
 /// Tables kept for one step's positions: enough for models that alternate two rope specs (local
 /// and global layers) with room to spare; past it the oldest goes.
@@ -114,11 +180,11 @@ impl WgpuBackend {
         })
     }
 
-    /// One attention step in one dispatch (`attention.wgsl`): q and k rotated when `rope` (the
-    /// spec and the tokens' positions) is given, k and v written to cache rows `pos0..pos0 + n`,
-    /// attention over rows `0..pos0 + n`, and, when the output projection will take int8
-    /// activations (one token, whole 32-value blocks per head), the output's int8 blocks. The
-    /// shapes are checked by the caller.
+    /// One attention step (`attention.wgsl`, or for a few tokens `attention_decode.wgsl`): q and
+    /// k rotated when `rope` (the spec and the tokens' positions) is given, k and v written to
+    /// cache rows `pos0..pos0 + n`, attention over rows `0..pos0 + n`, and, when the output
+    /// projection will take int8 activations (one token, whole 32-value blocks per head), the
+    /// output's int8 blocks. The shapes are checked by the caller.
     #[allow(clippy::too_many_arguments)] // attention's own parameters and the rotation
     pub(super) fn attention_step(
         &self,
@@ -131,6 +197,23 @@ impl WgpuBackend {
         sinks: Option<&WgpuTensor>,
         rope: Option<(&RopeSpec, &[u32])>,
     ) -> Result<WgpuTensor, OpError> {
+        self.attention_with(q, k, v, cache, pos0, spec, sinks, rope, AttnKernel::Auto)
+    }
+
+    /// [`attention_step`](Self::attention_step) with the kernel chosen by `kernel`.
+    #[allow(clippy::too_many_arguments)] // attention's own parameters, the rotation and the kernel
+    fn attention_with(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        cache: &WgpuCache,
+        pos0: usize,
+        spec: &AttnSpec,
+        sinks: Option<&WgpuTensor>,
+        rope: Option<(&RopeSpec, &[u32])>,
+        kernel: AttnKernel,
+    ) -> Result<WgpuTensor, OpError> {
         let n_storage = self.ctx.device.limits().max_storage_buffers_per_shader_stage;
         if n_storage < ATTENTION_STORAGE_BUFFERS {
             return Err(OpError::Unsupported {
@@ -142,6 +225,20 @@ impl WgpuBackend {
             });
         }
         let n = q.rows();
+        let plan = match kernel {
+            AttnKernel::Auto => default_decode_shape().and_then(|s| self.decode_plan(n, pos0, spec, s, true)),
+            AttnKernel::Prefill => None,
+            AttnKernel::Decode { shape, subgroups } => {
+                Some(self.decode_plan(n, pos0, spec, shape, subgroups).ok_or_else(|| OpError::Unsupported {
+                    op: "attention",
+                    backend: "wgpu",
+                    why: format!(
+                        "the decode attention kernel takes at most {DECODE_MAX_TOKENS} tokens, head dims that are multiples of 4 and {DECODE_STORAGE_BUFFERS} storage buffers (got {n} tokens, head dims {}/{})",
+                        spec.head_dim_k, spec.head_dim_v
+                    ),
+                })?)
+            }
+        };
         let y = self.alloc("attention", &[n, spec.n_head * spec.head_dim_v])?;
         let table = match rope {
             Some((r, positions)) => Some(self.rope_table(positions, r)?),
@@ -155,44 +252,240 @@ impl WgpuBackend {
         let dummy = &self.ctx.dummy;
         let (rope_on, rope_head_dim, n_rot, neox) =
             rope.map_or((0, 0, 0, 0), |(r, _)| (1, r.head_dim, r.n_rot, r.neox as u32));
-        self.dispatch(
-            self.plain(super::Plain::Attention),
-            &[
-                &q.buf.buffer,
-                &k.buf.buffer,
-                &v.buf.buffer,
-                table.as_ref().map_or(dummy, |t| &t.buffer),
-                sinks.map_or(dummy, |s| &s.buf.buffer),
-                &cache.k,
-                &cache.v,
-                &y.buf.buffer,
-                qs,
-                ds,
-            ],
-            &[
-                n as u32,
-                spec.n_head as u32,
-                spec.n_head_kv as u32,
-                spec.head_dim_k as u32,
-                spec.head_dim_v as u32,
-                pos0 as u32,
-                spec.window.unwrap_or(0) as u32,
-                sinks.is_some() as u32,
-                spec.scale.to_bits(),
-                spec.softcap.unwrap_or(0.0).to_bits(),
-                rope_on,
-                rope_head_dim as u32,
-                n_rot as u32,
-                neox,
-                q8.is_some() as u32,
-                0,
-            ],
-            grid(n * spec.n_head),
-        );
+        let table_buf = table.as_ref().map_or(dummy, |t| &t.buffer);
+        let sinks_buf = sinks.map_or(dummy, |s| &s.buf.buffer);
+        if let Some(plan) = plan {
+            let split = plan.n_split > 1;
+            let rows_total = n * spec.n_head;
+            // The slices' partial states, for the combine pass.
+            let parts = if split {
+                Some((
+                    self.alloc_bytes("attention partials", 4 * (plan.n_split * rows_total * spec.head_dim_v) as u64)?,
+                    self.alloc_bytes("attention partial max/sum", 8 * (plan.n_split * rows_total) as u64)?,
+                ))
+            } else {
+                None
+            };
+            let (pacc, pml) = parts.as_ref().map_or((&y.buf.buffer, &y.buf.buffer), |(a, m)| (&a.buffer, &m.buffer));
+            let kernel = plan.kernel;
+            self.dispatch(
+                self.ctx.pipeline_with(&kernel.key(), || super::shaders::attention_decode(&kernel), true),
+                &[
+                    &q.buf.buffer,
+                    &k.buf.buffer,
+                    &v.buf.buffer,
+                    table_buf,
+                    sinks_buf,
+                    &cache.k,
+                    &cache.v,
+                    &y.buf.buffer,
+                    qs,
+                    ds,
+                    pacc,
+                    pml,
+                ],
+                &[
+                    n as u32,
+                    spec.n_head as u32,
+                    spec.n_head_kv as u32,
+                    pos0 as u32,
+                    spec.window.unwrap_or(0) as u32,
+                    sinks.is_some() as u32,
+                    spec.scale.to_bits(),
+                    spec.softcap.unwrap_or(0.0).to_bits(),
+                    rope_on,
+                    rope_head_dim as u32,
+                    n_rot as u32,
+                    neox,
+                    q8.is_some() as u32,
+                    plan.n_split as u32,
+                    plan.split_keys as u32,
+                    plan.n_rowgroups as u32,
+                    plan.key_lo as u32,
+                    0,
+                    0,
+                    0,
+                ],
+                [(spec.n_head_kv * plan.n_rowgroups) as u32, plan.n_split as u32, 1],
+            );
+            if split {
+                let hdv = spec.head_dim_v as u32;
+                self.dispatch(
+                    self.ctx.pipeline_with(
+                        &format!("AttentionCombine hdv{hdv}"),
+                        || super::shaders::attention_combine(hdv),
+                        true,
+                    ),
+                    &[pacc, pml, sinks_buf, &y.buf.buffer, qs, ds],
+                    &[
+                        rows_total as u32,
+                        spec.n_head as u32,
+                        plan.n_split as u32,
+                        sinks.is_some() as u32,
+                        q8.is_some() as u32,
+                        0,
+                        0,
+                        0,
+                    ],
+                    grid(rows_total),
+                );
+            }
+        } else {
+            self.dispatch(
+                self.plain(super::Plain::Attention),
+                &[
+                    &q.buf.buffer,
+                    &k.buf.buffer,
+                    &v.buf.buffer,
+                    table_buf,
+                    sinks_buf,
+                    &cache.k,
+                    &cache.v,
+                    &y.buf.buffer,
+                    qs,
+                    ds,
+                ],
+                &[
+                    n as u32,
+                    spec.n_head as u32,
+                    spec.n_head_kv as u32,
+                    spec.head_dim_k as u32,
+                    spec.head_dim_v as u32,
+                    pos0 as u32,
+                    spec.window.unwrap_or(0) as u32,
+                    sinks.is_some() as u32,
+                    spec.scale.to_bits(),
+                    spec.softcap.unwrap_or(0.0).to_bits(),
+                    rope_on,
+                    rope_head_dim as u32,
+                    n_rot as u32,
+                    neox,
+                    q8.is_some() as u32,
+                    0,
+                ],
+                grid(n * spec.n_head),
+            );
+        }
         if q8.is_some() {
             self.q8_register(&y.buf.buffer, y.width());
         }
         Ok(y)
+    }
+
+    /// How the decode kernel would run `n` tokens at `pos0` with `shape` (`subgroups`: when the
+    /// adapter has them and the workgroup holds whole subgroups); `None` when it cannot (too many
+    /// tokens, head dims not multiples of 4, the adapter's limits).
+    fn decode_plan(
+        &self,
+        n: usize,
+        pos0: usize,
+        spec: &AttnSpec,
+        shape: AttnDecodeShape,
+        subgroups: bool,
+    ) -> Option<DecodePlan> {
+        let (hdk, hdv) = (spec.head_dim_k, spec.head_dim_v);
+        let limits = self.ctx.device.limits();
+        if n == 0
+            || n > DECODE_MAX_TOKENS
+            || !hdk.is_multiple_of(4)
+            || !hdv.is_multiple_of(4)
+            || spec.n_head_kv == 0
+            || !spec.n_head.is_multiple_of(spec.n_head_kv)
+            || limits.max_storage_buffers_per_shader_stage < DECODE_STORAGE_BUFFERS
+            || shape.wg > limits.max_compute_invocations_per_workgroup
+            || shape.wg > limits.max_compute_workgroup_size_x
+        {
+            return None;
+        }
+        let subgroup_min = if subgroups && self.ctx.subgroups {
+            let info = self.ctx.device.adapter_info();
+            // Lanes map to head chunks by subgroup size: every subgroup must be whole.
+            let whole = info.subgroup_max_size <= shape.wg && shape.wg.is_multiple_of(info.subgroup_max_size);
+            whole.then_some(info.subgroup_min_size.max(4))
+        } else {
+            None
+        };
+        let group = spec.n_head / spec.n_head_kv;
+        let mut kernel = AttnDecodeKernel {
+            wg: shape.wg,
+            rows: 1,
+            hdk: hdk as u32,
+            hdv: hdv as u32,
+            unroll: if subgroup_min.is_some() { shape.unroll } else { 1 },
+            subgroup_min,
+        };
+        // Registers: a lane holds ROWS x (CK + CV) chunks of queries and accumulators.
+        let rows_cap = (16 / kernel.ck().max(kernel.cv())).clamp(1, 8);
+        kernel.rows = ((group * n).next_power_of_two() as u32).min(rows_cap);
+        while kernel.workgroup_bytes() > limits.max_compute_workgroup_storage_size && kernel.rows > 1 {
+            kernel.rows /= 2;
+        }
+        if kernel.workgroup_bytes() > limits.max_compute_workgroup_storage_size {
+            return None;
+        }
+        let n_rowgroups = (group * n).div_ceil(kernel.rows as usize);
+        let key_lo = spec.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
+        let n_keys = pos0 + n - key_lo;
+        let split_keys = (shape.split_keys as usize).max(n_keys.div_ceil(DECODE_MAX_SPLITS).next_multiple_of(16));
+        let n_split = n_keys.div_ceil(split_keys);
+        if spec.n_head_kv * n_rowgroups > 65535 {
+            return None;
+        }
+        Some(DecodePlan { kernel, n_rowgroups, key_lo, split_keys, n_split })
+    }
+
+    /// Seconds per attention step of `n_tok` tokens over a context of `n_keys` keys (the new
+    /// ones included) through `kernel` (for `--ignored perf_attention`): the model path's
+    /// step, with the rotation when `rope` is given and the int8 epilogue when this back end
+    /// takes int8 activations.
+    #[doc(hidden)]
+    pub fn perf_attention(
+        &self,
+        spec: &AttnSpec,
+        rope: Option<&RopeSpec>,
+        n_keys: usize,
+        n_tok: usize,
+        kernel: AttnKernel,
+        reps: usize,
+    ) -> Result<f64, OpError> {
+        let n_tok = n_tok.clamp(1, n_keys.max(1));
+        let pos0 = n_keys - n_tok;
+        let (qw, kw, vw) =
+            (spec.n_head * spec.head_dim_k, spec.n_head_kv * spec.head_dim_k, spec.n_head_kv * spec.head_dim_v);
+        let cache = self.new_cache(n_keys, kw, vw)?;
+        // Values in [-1, 1) from a fixed sequence: the timing does not depend on them.
+        let values = |n: usize, seed: u32| -> Vec<f32> {
+            (0..n as u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 8_388_608.0 - 1.0)
+                .collect()
+        };
+        let q = self.from_host(&values(n_tok * qw, 1), &[n_tok, qw])?;
+        let k = self.from_host(&values(n_tok * kw, 2), &[n_tok, kw])?;
+        let v = self.from_host(&values(n_tok * vw, 3), &[n_tok, vw])?;
+        let positions: Vec<u32> = (pos0 as u32..(pos0 + n_tok) as u32).collect();
+        Self::check_attention(&q, &k, &v, &cache, pos0, spec, None)?;
+        self.time_reps(reps, || {
+            self.attention_with(&q, &k, &v, &cache, pos0, spec, None, rope.map(|r| (r, &positions[..])), kernel)
+                .map(drop)
+        })
+    }
+
+    /// [`Backend::rope_attention`] through `kernel` (tests compare every kernel, the decode
+    /// kernel's fallback without subgroups included, with the CPU).
+    #[doc(hidden)]
+    pub fn rope_attention_with(
+        &self,
+        step: &AttnStep<'_, WgpuBackend>,
+        cache: &mut WgpuCache,
+        kernel: AttnKernel,
+    ) -> Result<WgpuTensor, OpError> {
+        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
+        Self::check_attention(q, k, v, cache, pos0, spec, sinks)?;
+        if let Some(r) = rope {
+            Self::check_rope(q, positions, r)?;
+            Self::check_rope(k, positions, r)?;
+        }
+        self.attention_with(q, k, v, cache, pos0, spec, sinks, rope.map(|r| (r, positions)), kernel)
     }
 
     /// [`Backend::rope_attention`] in one dispatch ([`attention_step`](Self::attention_step)).

@@ -59,7 +59,8 @@ pub use dispatch_probe::DispatchCost;
 pub use int8::Q8Act;
 use layout::TypeLayout;
 use shaders::Plain;
-pub use shaders::{MatvecShape, Q8Shape};
+pub use fused::AttnKernel;
+pub use shaders::{AttnDecodeShape, MatvecShape, Q8Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -730,6 +730,180 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
     )
 }
 
+/// The decode attention kernel's shape (`attention_decode.wgsl`): `wg` invocations per workgroup,
+/// at least `split_keys` keys per workgroup (a longer context is split over several workgroups
+/// and combined by a second dispatch), `unroll` keys per subgroup and loop iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnDecodeShape {
+    /// Invocations per workgroup (64..=1024, a power of two).
+    pub wg: u32,
+    /// Keys per workgroup before the context is split (a multiple of 16, at least 16).
+    pub split_keys: u32,
+    /// Keys a subgroup scores per loop iteration, their loads issued together (1, 2, 4 or 8;
+    /// the fallback without subgroups takes 1).
+    pub unroll: u32,
+}
+
+impl AttnDecodeShape {
+    /// `WGxKEYS` with an optional `uUNROLL` (default 4), e.g. `128x64` or `256x128u2`; `None`
+    /// when malformed or out of range.
+    pub fn parse(s: &str) -> Option<AttnDecodeShape> {
+        let (wg, rest) = s.split_once('x')?;
+        let (keys, unroll) = match rest.split_once('u') {
+            Some((k, u)) => (k, u.parse().ok()?),
+            None => (rest, 4),
+        };
+        let shape = AttnDecodeShape { wg: wg.parse().ok()?, split_keys: keys.parse().ok()?, unroll };
+        let ok = shape.wg.is_power_of_two()
+            && (64..=1024).contains(&shape.wg)
+            && shape.split_keys >= 16
+            && shape.split_keys.is_multiple_of(16)
+            && [1, 2, 4, 8].contains(&shape.unroll);
+        ok.then_some(shape)
+    }
+}
+
+impl std::fmt::Display for AttnDecodeShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.wg, self.split_keys)?;
+        if self.unroll != 4 {
+            write!(f, "u{}", self.unroll)?;
+        }
+        Ok(())
+    }
+}
+
+/// Lanes of a key-scoring group in the decode attention without subgroups (a reduction through
+/// workgroup memory stands in for `subgroupAdd`).
+pub const ATTN_FALLBACK_LANES: u32 = 32;
+
+/// Template values of one decode attention pipeline (`attention_decode.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnDecodeKernel {
+    /// Invocations per workgroup.
+    pub wg: u32,
+    /// Query rows per workgroup.
+    pub rows: u32,
+    /// Key head dim (a multiple of 4).
+    pub hdk: u32,
+    /// Value head dim (a multiple of 4).
+    pub hdv: u32,
+    /// Keys per group per loop iteration.
+    pub unroll: u32,
+    /// `Some(smallest subgroup size)`: groups are subgroups; `None`: groups of
+    /// [`ATTN_FALLBACK_LANES`] reduced through workgroup memory.
+    pub subgroup_min: Option<u32>,
+}
+
+impl AttnDecodeKernel {
+    /// Fewest lanes a group can have.
+    pub fn min_lanes(&self) -> u32 {
+        self.subgroup_min.unwrap_or(ATTN_FALLBACK_LANES)
+    }
+    /// Most groups in a workgroup.
+    pub fn max_groups(&self) -> u32 {
+        (self.wg / self.min_lanes()).max(1)
+    }
+    /// vec4 chunks of a key head per lane.
+    pub fn ck(&self) -> u32 {
+        (self.hdk / 4).div_ceil(self.min_lanes())
+    }
+    /// vec4 chunks of a value head per lane.
+    pub fn cv(&self) -> u32 {
+        (self.hdv / 4).div_ceil(self.min_lanes())
+    }
+    /// Workgroup memory the kernel declares, in bytes.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let merge = 2 * 4 * self.max_groups() * self.rows + 4 * self.rows * self.hdv + 4;
+        let fallback = if self.subgroup_min.is_none() { 4 * self.unroll * self.rows * self.wg } else { 0 };
+        merge + fallback
+    }
+    /// The pipeline's cache key (the timer reports kernels by it).
+    pub fn key(&self) -> String {
+        format!(
+            "AttentionDecode wg{} rows{} hd{}/{} u{} {}",
+            self.wg,
+            self.rows,
+            self.hdk,
+            self.hdv,
+            self.unroll,
+            if self.subgroup_min.is_some() { "subgroups" } else { "shared" }
+        )
+    }
+}
+
+const ATTN_GROUP_SUM_SUBGROUP: &str = "fn group_sum(v: array<f32, NSUM>, lid: u32) -> array<f32, NSUM> {
+    var o: array<f32, NSUM>;
+    for (var x = 0u; x < NSUM; x++) {
+        o[x] = subgroupAdd(v[x]);
+    }
+    return o;
+}";
+
+const ATTN_GROUP_SUM_SHARED: &str = "const LANES: u32 = {{LANES}}u;
+var<workgroup> sh_red: array<f32, NSUM * WG>;
+
+// Sums over the LANES invocations of each group (a tree in workgroup memory); called by every
+// invocation of the workgroup the same number of times (its barriers).
+fn group_sum(v: array<f32, NSUM>, lid: u32) -> array<f32, NSUM> {
+    for (var x = 0u; x < NSUM; x++) {
+        sh_red[x * WG + lid] = v[x];
+    }
+    workgroupBarrier();
+    for (var off = LANES / 2u; off > 0u; off >>= 1u) {
+        if (lid % LANES < off) {
+            for (var x = 0u; x < NSUM; x++) {
+                sh_red[x * WG + lid] += sh_red[x * WG + lid + off];
+            }
+        }
+        workgroupBarrier();
+    }
+    var o: array<f32, NSUM>;
+    let base = lid - lid % LANES;
+    for (var x = 0u; x < NSUM; x++) {
+        o[x] = sh_red[x * WG + base];
+    }
+    workgroupBarrier();
+    return o;
+}";
+
+/// The decode attention kernel for `k`.
+pub fn attention_decode(k: &AttnDecodeKernel) -> String {
+    let (group_sum, args, ids) = match k.subgroup_min {
+        Some(_) => (
+            ATTN_GROUP_SUM_SUBGROUP.to_string(),
+            "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(subgroup_size) sg_size: u32,\n    @builtin(num_subgroups) n_sg: u32,",
+            "let lane = sg_lane;\n    let gsize = sg_size;\n    let grp = sg_id;\n    let ngrp = n_sg;",
+        ),
+        None => (
+            ATTN_GROUP_SUM_SHARED.replace("{{LANES}}", &ATTN_FALLBACK_LANES.to_string()),
+            "",
+            "let lane = lid % LANES;\n    let gsize = LANES;\n    let grp = lid / LANES;\n    let ngrp = WG / LANES;",
+        ),
+    };
+    include_str!("shaders/attention_decode.wgsl")
+        .replace("{{GROUP_SUM}}", &group_sum)
+        .replace("{{GROUP_ARGS}}", args)
+        .replace("{{GROUP_IDS}}", ids)
+        .replace("{{Q8_BLOCK}}", Q8_BLOCK)
+        .replace("{{WG}}", &k.wg.to_string())
+        .replace("{{ROWS}}", &k.rows.to_string())
+        .replace("{{HDK}}", &k.hdk.to_string())
+        .replace("{{HDV}}", &k.hdv.to_string())
+        .replace("{{CK}}", &k.ck().to_string())
+        .replace("{{CV}}", &k.cv().to_string())
+        .replace("{{UNROLL}}", &k.unroll.to_string())
+        .replace("{{MAXG}}", &k.max_groups().to_string())
+        .replace("{{HDV_BLOCKS}}", &(k.hdv / 32).max(1).to_string())
+}
+
+/// The combine pass of a split decode attention for value heads of `hdv` dims.
+pub fn attention_combine(hdv: u32) -> String {
+    include_str!("shaders/attention_combine.wgsl")
+        .replace("{{HDV}}", &hdv.to_string())
+        .replace("{{Q8_BLOCK}}", Q8_BLOCK)
+}
+
 /// Row lookup (embeddings) for one weight type.
 pub fn get_rows(layout: &TypeLayout) -> String {
     GET_ROWS.replace("{{QUANT}}", &quant(layout))
@@ -790,6 +964,35 @@ mod tests {
                 parse(&format!("matmul_tiled {} guard {guard}", l.name), &matmul_tiled(&l, guard));
             }
             parse(&format!("get_rows {}", l.name), &get_rows(&l));
+        }
+        for subgroup_min in [None, Some(8), Some(32)] {
+            for (rows, hdk, hdv, unroll) in [(1, 128, 128, 4), (8, 40, 24, 1), (4, 256, 256, 2)] {
+                let k = AttnDecodeKernel { wg: 128, rows, hdk, hdv, unroll, subgroup_min };
+                parse(&k.key(), &attention_decode(&k));
+            }
+        }
+        for hdv in [24, 128, 512] {
+            parse(&format!("attention_combine hdv {hdv}"), &attention_combine(hdv));
+        }
+    }
+
+    #[test]
+    fn attn_decode_shapes_parse() {
+        assert_eq!(AttnDecodeShape::parse("128x64"), Some(AttnDecodeShape { wg: 128, split_keys: 64, unroll: 4 }));
+        assert_eq!(
+            AttnDecodeShape::parse("1024x512u8"),
+            Some(AttnDecodeShape { wg: 1024, split_keys: 512, unroll: 8 })
+        );
+        for bad in
+            ["", "128", "128x", "x64", "96x64", "32x64", "2048x64", "128x8", "128x40", "128x-16", "128x64u3", "128x64u"]
+        {
+            assert_eq!(AttnDecodeShape::parse(bad), None, "{bad}");
+        }
+        for s in [
+            AttnDecodeShape { wg: 256, split_keys: 128, unroll: 4 },
+            AttnDecodeShape { wg: 64, split_keys: 16, unroll: 1 },
+        ] {
+            assert_eq!(AttnDecodeShape::parse(&s.to_string()), Some(s));
         }
     }
 
