@@ -123,17 +123,16 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
         // and sleeping until it is done. Measured on SmolLM2-135M, 1 thread: half the decode time
         // went to those wake-ups (perf: try_to_wake_up, futex waits in rayon's LockLatch).
         let (arch, b, state) = (&self.arch, &self.b, &mut self.state);
-        let logits = rayon::scope(|_| -> Result<Vec<f32>> {
+        on_pool(b, || -> Result<Vec<f32>> {
             let logits = arch.forward(b, state, ids, outputs)?;
             Ok(b.to_host(&logits)?)
-        })?;
-        Ok(logits)
+        })
     }
     fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         self.admit(ids)?;
         // On a pool worker, as in `eval`.
         let (arch, b, state) = (&self.arch, &self.b, &mut self.state);
-        rayon::scope(|_| -> Result<Vec<f32>> {
+        on_pool(b, || -> Result<Vec<f32>> {
             let hidden = arch.forward_hidden(b, state, ids)?;
             Ok(b.to_host(&hidden)?)
         })
@@ -151,6 +150,19 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
     fn restore(&mut self, cp: &Checkpoint) -> Result<()> {
         self.log.check(cp)?;
         self.state.restore(&self.b, cp)
+    }
+}
+
+/// Runs a model step on a worker of the thread pool. On the CPU back end the other workers
+/// poll for the step's parallel tasks until it ends instead of parking between ops
+/// ([`compute::cpu::warm::run_step`]: synth 1B decode 35-36 -> 38.5-40 tok/s on the 2-vCPU dev
+/// box, where a parked worker's vCPU halts); other back ends wait on the device between their
+/// few host-side parallel loops, where polling threads would only burn cores.
+fn on_pool<B: Backend, R: Send>(b: &B, step: impl FnOnce() -> R + Send) -> R {
+    if b.name() == "cpu" {
+        compute::cpu::warm::run_step(step)
+    } else {
+        rayon::scope(|_| step())
     }
 }
 

@@ -10,6 +10,7 @@ mod attention;
 mod gelu;
 pub mod kernels;
 mod pool;
+pub mod warm;
 
 pub use attention::KvType;
 
