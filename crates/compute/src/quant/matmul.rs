@@ -5,6 +5,7 @@
 //! is read once per call whatever the token count, and nothing is allocated per row.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gguf::GgmlType;
 use rayon::prelude::*;
@@ -340,7 +341,7 @@ fn matmul_octets(
     run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);
 }
 
-/// One weight matrix of a one-token tiled product: its rows, kernels, output and task split.
+/// One weight matrix of a one-token tiled product: its rows, kernels and output.
 #[derive(Clone, Copy)]
 struct DecodePart<'a> {
     tiles: Tiles,
@@ -348,51 +349,109 @@ struct DecodePart<'a> {
     n_out: usize,
     row_bytes: usize,
     out: SharedOut,
-    rows_per_task: usize,
-    n_tasks: usize,
 }
 
 impl<'a> DecodePart<'a> {
     fn new(tiles: Tiles, w: &'a [u8], n_out: usize, row_bytes: usize, out: SharedOut) -> DecodePart<'a> {
-        // A few tasks per thread (balance) of whole groups of eight rows (kernel width).
-        let n_threads = rayon::current_num_threads().max(1);
-        let rows_per_task = n_out.div_ceil(4 * n_threads).next_multiple_of(8).max(8);
-        DecodePart { tiles, w, n_out, row_bytes, out, rows_per_task, n_tasks: n_out.div_ceil(rows_per_task) }
+        DecodePart { tiles, w, n_out, row_bytes, out }
     }
 
-    /// Rows `task_index * rows_per_task..` of this matrix times `x`, eight at a time.
-    fn run(&self, task_index: usize, nb: usize, x: ActRow<'_>) {
+    /// Rows `start..end` of this matrix times `x`, eight at a time.
+    fn run(&self, start: usize, end: usize, nb: usize, x: ActRow<'_>) {
         let (n_out, row_bytes) = (self.n_out, self.row_bytes);
         let row_at = |o: usize| self.w[o.min(n_out - 1) * row_bytes..].as_ptr();
-        let o_end = ((task_index + 1) * self.rows_per_task).min(n_out);
-        for o0 in (task_index * self.rows_per_task..o_end).step_by(8) {
+        let o_end = end.min(n_out);
+        for o0 in (start..o_end).step_by(8) {
             let rows = std::array::from_fn(|i| row_at(o0 + i));
             // SAFETY: every pointer is the start of a row of `row_bytes = nb` blocks inside `w`
             // (checked by `check_shapes`).
             let values = unsafe { self.tiles.rows8(&rows, nb, x) };
             for (i, &v) in values.iter().enumerate().take(o_end - o0) {
-                // SAFETY: `o0 + i < n_out`, token 0: inside this part's output; this task owns
-                // the rows.
+                // SAFETY: `o0 + i < n_out`, token 0: inside this part's output; the caller
+                // owns rows start..end.
                 unsafe { *self.out.at(o0 + i) = v };
             }
         }
     }
 }
 
-/// One token through several tiled matrices in one parallel region: the tasks of every part,
-/// one after the other.
-fn decode_tiled(parts: &[DecodePart<'_>], nb: usize, x: ActRow<'_>, k: usize) {
-    let n_tasks = parts.iter().map(|p| p.n_tasks).sum();
-    let work = parts.iter().map(|p| p.n_out * k).sum();
-    let task = |task_index: usize| {
-        let (mut part, mut local) = (0, task_index);
-        while local >= parts[part].n_tasks {
-            local -= parts[part].n_tasks;
-            part += 1;
+/// Weight bytes of the smallest share of a one-token product a thread claims: the last shares
+/// of a product are this small, so the threads finish within a few microseconds of each other.
+const MIN_CLAIM_BYTES: usize = 64 * 1024;
+
+/// Hands out the rows `0..n_rows` of a one-token product in shares of decreasing size (guided
+/// self-scheduling): each claim takes `1 / (2 n_threads)` of what is left, at least `min_rows`,
+/// in whole groups of eight rows. The first shares are long contiguous streams, the last ones
+/// short, so no thread waits long for another at the end: with a fixed split into a few tasks
+/// per thread (before), the end of a region waited for up to a whole task, about 75-150 us for
+/// a 1B model's FFN products, several times per layer.
+struct Claims {
+    next: AtomicUsize,
+    n_rows: usize,
+    min_rows: usize,
+    divisor: usize,
+}
+
+impl Claims {
+    fn new(n_rows: usize, row_bytes: usize, n_threads: usize) -> Claims {
+        let min_rows = (MIN_CLAIM_BYTES / row_bytes.max(1)).next_multiple_of(8).max(8);
+        Claims { next: AtomicUsize::new(0), n_rows, min_rows, divisor: 2 * n_threads.max(1) }
+    }
+
+    /// The next share `start..end`, or `None` when every row is taken.
+    fn claim(&self) -> Option<(usize, usize)> {
+        let mut start = self.next.load(Ordering::Relaxed);
+        loop {
+            if start >= self.n_rows {
+                return None;
+            }
+            let left = self.n_rows - start;
+            let len = (left / self.divisor).max(self.min_rows).next_multiple_of(8).min(left);
+            match self.next.compare_exchange_weak(start, start + len, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some((start, start + len)),
+                Err(now) => start = now,
+            }
         }
-        parts[part].run(local, nb, x);
-    };
-    run_tasks(n_tasks, work, task);
+    }
+}
+
+/// Runs `f(start, end)` over shares of `0..n_rows` ([`Claims`]) on every thread of the pool,
+/// or over the whole range on this thread when the product is small (`work < SERIAL_WORK`
+/// multiply-adds) or the pool has one thread.
+fn run_claims(n_rows: usize, row_bytes: usize, work: usize, f: impl Fn(usize, usize) + Sync + Send) {
+    let n_threads = rayon::current_num_threads().max(1);
+    if work < SERIAL_WORK || n_threads == 1 {
+        f(0, n_rows);
+        return;
+    }
+    let claims = Claims::new(n_rows, row_bytes, n_threads);
+    (0..n_threads).into_par_iter().for_each(|_| {
+        while let Some((start, end)) = claims.claim() {
+            f(start, end);
+        }
+    });
+}
+
+/// One token through several tiled matrices in one parallel region: their rows one after the
+/// other form one range, shared out by [`run_claims`].
+fn decode_tiled(parts: &[DecodePart<'_>], nb: usize, x: ActRow<'_>, k: usize) {
+    // Each part's rows start at a multiple of eight in the joint range, so a share in whole
+    // groups of eight never splits one of the kernel's groups.
+    let mut starts = [0usize; MAX_FUSED + 1];
+    for (i, p) in parts.iter().enumerate() {
+        starts[i + 1] = starts[i] + p.n_out.next_multiple_of(8);
+    }
+    let n_rows = starts[parts.len()];
+    let work = parts.iter().map(|p| p.n_out * k).sum();
+    let row_bytes = parts.iter().map(|p| p.row_bytes).max().unwrap_or(1);
+    run_claims(n_rows, row_bytes, work, |start, end| {
+        for (i, p) in parts.iter().enumerate() {
+            let (lo, hi) = (start.max(starts[i]), end.min(starts[i + 1]));
+            if lo < hi {
+                p.run(lo - starts[i], hi - starts[i], nb, x);
+            }
+        }
+    });
 }
 
 /// A weight matrix for [`matmul_many`]: `n_out` rows of `dtype`, stored in `bytes`.
@@ -527,19 +586,17 @@ pub fn matmul_gated(
     let (g, u, o) = (SharedOut(gate_out.as_mut_ptr()), SharedOut(up_out.as_mut_ptr()), SharedOut(out.as_mut_ptr()));
     let gate_part = DecodePart::new(gate_tiles, gate.bytes, n_out, gate_shape.row_bytes, g);
     let up_part = DecodePart::new(up_tiles, up.bytes, n_out, up_shape.row_bytes, u);
-    let rows_per_task = gate_part.rows_per_task;
     let mut act = ACT_BUF.with(|cell| cell.take());
     act.quantize(kind, x, k);
     let nb = k / kind.block_elems();
     let xr = act.row(kind, 0, k);
-    let task = |task_index: usize| {
-        gate_part.run(task_index, nb, xr);
-        up_part.run(task_index, nb, xr);
-        let start = task_index * rows_per_task;
-        let len = rows_per_task.min(n_out - start);
-        // SAFETY: rows start..start + len of the three outputs belong to this task alone (the
-        // two parts split rows by the same `rows_per_task`), their writes above are done, and
-        // the borrows of the outputs outlive the parallel loop.
+    let share = |start: usize, end: usize| {
+        gate_part.run(start, end, nb, xr);
+        up_part.run(start, end, nb, xr);
+        let len = end.min(n_out) - start;
+        // SAFETY: rows start..start + len of the three outputs belong to this share alone
+        // (shares are disjoint), their writes above are done, and the borrows of the outputs
+        // outlive the parallel loop.
         let (gs, us, os) = unsafe {
             (
                 std::slice::from_raw_parts(g.at(start), len),
@@ -549,7 +606,7 @@ pub fn matmul_gated(
         };
         combine(gs, us, os);
     };
-    run_tasks(gate_part.n_tasks, 2 * n_out * k, task);
+    run_claims(n_out, gate_shape.row_bytes + up_shape.row_bytes, 2 * n_out * k, share);
     ACT_BUF.with(|cell| cell.replace(act));
     Ok(true)
 }
