@@ -36,6 +36,10 @@ mod gpu {
     /// sums differs (the bound of llama.cpp's test-backend-ops, as backend_ops.rs uses).
     const MAX_NMSE: f64 = 1e-7;
 
+    /// The int8-activation kernels against the exact CPU product: llama.cpp's test-backend-ops
+    /// bound for quantized-activation products (x and h are each rounded to int8 blocks).
+    const INT8_MAX_NMSE: f64 = 5e-4;
+
     /// One case: expert count, widths, types (gate `None`: ungated), activation, biases.
     #[derive(Clone, Copy, Debug)]
     struct Case {
@@ -180,6 +184,25 @@ mod gpu {
         ]
     }
 
+    /// The int8 kernels' cases: the f32 cases (the float one falls back to the f32 kernels,
+    /// the others take the int8 ones: whole 32-value blocks) and a Qwen3-MoE-like layer in Q4_K,
+    /// top 8, rows over several workgroups of both kernels.
+    fn int8_cases() -> Vec<Case> {
+        let mut c = cases();
+        c.push(Case {
+            n_expert: 16,
+            n_embd: 512,
+            n_ff: 256,
+            gate: Some(GgmlType::Q4_K),
+            up: GgmlType::Q4_K,
+            down: GgmlType::Q4_K,
+            glu: Glu::Plain(Act::Silu),
+            biases: false,
+            k: 8,
+        });
+        c
+    }
+
     struct Built {
         file: WeightFile,
         cpu: Experts<CpuBackend>,
@@ -238,22 +261,73 @@ mod gpu {
     #[test]
     fn moe_kernels_match_cpu_resident() {
         let Some(g) = gpu("gpu_tier_moe") else { return };
+        resident_cases(&g, &cases(), "resident", MAX_NMSE);
+    }
+
+    /// The int8-activation kernels (`MatmulMode::QuantizedActivations`, what `run` and `bench`
+    /// use) on resident experts, the ids from the host and from the GPU router; float types and
+    /// widths that are not whole 32-value blocks fall back to the f32 kernels.
+    #[test]
+    fn moe_int8_kernels_match_cpu_resident() {
+        let Some(g) = gpu("gpu_tier_moe") else { return };
+        let g = g.with_matmul_mode(MatmulMode::QuantizedActivations);
+        resident_cases(&g, &int8_cases(), "int8 resident", INT8_MAX_NMSE);
+        // Routed on the GPU: the kernels read the ids where the router left them.
+        let seed = seed();
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        for (i, case) in int8_cases().iter().enumerate() {
+            let b = build(&c, case, &format!("int8-routed{i}"), &mut rng);
+            let ge = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+            let spec = RouteSpec {
+                k: case.k,
+                gating: Gating::Softmax,
+                has_selection_bias: false,
+                groups: None,
+                normalize: true,
+                scale: 1.0,
+            };
+            for n_tok in [1usize, 3] {
+                let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
+                let logits = tensor(&mut rng, &[n_tok, case.n_expert], 3.0);
+                let got = (|| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>), OpError> {
+                    let routing = g.route(&g.from_host(&logits.data, &logits.shape)?, None, &spec)?;
+                    let y: WgpuTensor = g.moe_ffn(&g.from_host(&x.data, &x.shape)?, &routing, &ge, &b.spec)?;
+                    Ok((g.to_host(&y)?, g.routing_ids(&routing)?, g.to_host(&routing.weights)?))
+                })();
+                let case_name = format!("int8 gpu-routed {case:?} tokens={n_tok}");
+                match got {
+                    Ok((y, ids, weights)) => {
+                        let weights = CpuTensor { shape: vec![n_tok, case.k], data: weights };
+                        let routing = Routing::<CpuBackend> { ids, weights, k: case.k };
+                        let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+                        r.check(&case_name, Ok(y), &want.data, INT8_MAX_NMSE);
+                    }
+                    Err(e) => r.check(&case_name, Err(e), &[], INT8_MAX_NMSE),
+                }
+            }
+        }
+        r.finish();
+    }
+
+    fn resident_cases(g: &WgpuBackend, cases: &[Case], what: &str, bound: f64) {
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
         let mut rng = StdRng::seed_from_u64(seed);
         let c = CpuBackend::new(MatmulMode::Exact);
         let mut r = Report { failures: Vec::new(), ran: 0 };
-        for (i, case) in cases().iter().enumerate() {
-            let b = build(&c, case, &format!("resident{i}"), &mut rng);
-            let ge = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+        for (i, case) in cases.iter().enumerate() {
+            let b = build(&c, case, &format!("{}{i}", what.replace(' ', "-")), &mut rng);
+            let ge = gpu_experts(g, &b, 0).expect("experts on the GPU");
             for n_tok in [1usize, 2, 4, 6] {
                 let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
                 let ids = random_ids(&mut rng, n_tok, case.k, case.n_expert);
                 let weights = tensor(&mut rng, &[n_tok, case.k], 1.0);
                 let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
                 let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
-                let got = run_gpu(&g, &ge, &x, &ids, &weights, case.k, &b.spec);
-                r.check(&format!("resident {case:?} tokens={n_tok}"), got, &want.data, MAX_NMSE);
+                let got = run_gpu(g, &ge, &x, &ids, &weights, case.k, &b.spec);
+                r.check(&format!("{what} {case:?} tokens={n_tok}"), got, &want.data, bound);
             }
         }
         r.finish();
@@ -262,13 +336,25 @@ mod gpu {
     #[test]
     fn moe_kernels_match_cpu_through_the_tier() {
         let Some(g0) = gpu("gpu_tier_moe") else { return };
+        tier_cases(&g0, &cases(), "tier", MAX_NMSE);
+    }
+
+    /// The int8-activation kernels through the tier: pool slots, and (host tier) the kernels'
+    /// copies that read host memory.
+    #[test]
+    fn moe_int8_kernels_match_cpu_through_the_tier() {
+        let Some(g0) = gpu("gpu_tier_moe") else { return };
+        tier_cases(&g0.with_matmul_mode(MatmulMode::QuantizedActivations), &int8_cases(), "int8 tier", INT8_MAX_NMSE);
+    }
+
+    fn tier_cases(g0: &WgpuBackend, cases: &[Case], what: &str, bound: f64) {
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
         let mut rng = StdRng::seed_from_u64(seed);
         let c = CpuBackend::new(MatmulMode::Exact);
         let mut r = Report { failures: Vec::new(), ran: 0 };
-        for (i, case) in cases().iter().enumerate() {
-            let b = build(&c, case, &format!("tier{i}"), &mut rng);
+        for (i, case) in cases.iter().enumerate() {
+            let b = build(&c, case, &format!("{}{i}", what.replace(' ', "-")), &mut rng);
             let store = Arc::new(FileStore {
                 gate: b.file.find("gate"),
                 up: b.file.find("up").unwrap(),
@@ -289,7 +375,7 @@ mod gpu {
                 let g = match g0.clone().with_expert_store(store.clone(), opts) {
                     Ok(g) => g,
                     Err(e) => {
-                        r.check(&format!("tier {case:?} {miss:?}"), Err(e), &[], MAX_NMSE);
+                        r.check(&format!("{what} {case:?} {miss:?}"), Err(e), &[], bound);
                         continue;
                     }
                 };
@@ -304,10 +390,10 @@ mod gpu {
                         let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
                         let got = run_gpu(&g, ge, &x, &ids, &weights, case.k, &b.spec);
                         r.check(
-                            &format!("tier {case:?} {miss:?} step {step} layer {l} tokens={n_tok}"),
+                            &format!("{what} {case:?} {miss:?} step {step} layer {l} tokens={n_tok}"),
                             got,
                             &want.data,
-                            MAX_NMSE,
+                            bound,
                         );
                     }
                 }
@@ -324,10 +410,10 @@ mod gpu {
                     _ => total.uploads + total.cpu_computed,
                 };
                 if served != total.misses {
-                    r.failures.push(format!("tier {case:?} {miss:?}: misses not all served ({total:?})"));
+                    r.failures.push(format!("{what} {case:?} {miss:?}: misses not all served ({total:?})"));
                 }
                 if matches!(miss, MissPolicy::Upload | MissPolicy::Host) && total.evictions == 0 {
-                    r.failures.push(format!("tier {case:?} {miss:?}: no eviction ({total:?})"));
+                    r.failures.push(format!("{what} {case:?} {miss:?}: no eviction ({total:?})"));
                 }
             }
         }

@@ -35,6 +35,8 @@ const GATE_UP: &str = include_str!("shaders/moe_gate_up.wgsl");
 const DOWN: &str = include_str!("shaders/moe_down.wgsl");
 const ACT: &str = include_str!("shaders/act.wgsl");
 const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
+const GATE_UP_Q8: &str = include_str!("shaders/moe_gate_up_q8.wgsl");
+const DOWN_Q8: &str = include_str!("shaders/moe_down_q8.wgsl");
 
 /// Experts per layer, experts per token and groups up to which `moe_route.wgsl` routes (its
 /// shared arrays); past them the host routes.
@@ -282,12 +284,19 @@ fn table_parts(kind: TableKind, t_binding: u32) -> (String, String, u32) {
 /// of a line), renamed `name_h` and calling `dot8_h`/`dot8_uh` (the host-memory copies of the
 /// weight types' code) instead of `dot8`/`dot8_u`.
 fn host_copy(template: &str, name: &str) -> String {
+    host_copy_calling(template, name, &[("dot8_u(", "dot8_uh("), ("dot8(", "dot8_h(")])
+}
+
+/// The function `name` of a kernel template renamed `name_h`, with the calls in `calls`
+/// (`(from, to)`, applied in order) replaced.
+fn host_copy_calling(template: &str, name: &str, calls: &[(&str, &str)]) -> String {
     let start = template.find(&format!("fn {name}(")).expect("the kernel template defines the function");
     let len = template[start..].find("\n}\n").expect("the function ends with a brace at the start of a line") + 2;
-    template[start..start + len]
-        .replace(&format!("fn {name}("), &format!("fn {name}_h("))
-        .replace("dot8_u(", "dot8_uh(")
-        .replace("dot8(", "dot8_h(")
+    let mut f = template[start..start + len].replace(&format!("fn {name}("), &format!("fn {name}_h("));
+    for (from, to) in calls {
+        f = f.replace(from, to);
+    }
+    f
 }
 
 /// Common template substitutions of both kernels.
@@ -358,6 +367,260 @@ pub(super) fn down_source(down: &TypeLayout, shape: (u32, u32), subgroups: bool,
     finish(&src, shape, shape.0, subgroups, kind, 5)
 }
 
+/// The workgroup shape of an int8 MoE kernel: `wg` invocations in row slots of `tpr` lanes, each
+/// slot holding `rows` rows in registers (a workgroup covers `rows * wg / tpr` rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MoeQ8Shape {
+    /// Rows per slot.
+    pub(super) rows: u32,
+    /// Invocations per workgroup.
+    pub(super) wg: u32,
+    /// Lanes per row slot.
+    pub(super) tpr: u32,
+}
+
+impl MoeQ8Shape {
+    /// Rows a workgroup covers.
+    pub(super) fn rows_per_group(self) -> u32 {
+        self.rows * (self.wg / self.tpr)
+    }
+
+    /// Whether the kernels can be built with it: rows 1..=8, `wg` a power of two in 32..=256,
+    /// `tpr` a power of two from `rows` to `wg` (so a workgroup's rows are at most its
+    /// invocations, one per row in the epilogue).
+    fn is_valid(self) -> bool {
+        (1..=8).contains(&self.rows)
+            && self.wg.is_power_of_two()
+            && (32..=256).contains(&self.wg)
+            && self.tpr.is_power_of_two()
+            && self.tpr <= self.wg
+            && self.rows <= self.tpr
+    }
+
+    /// `ROWSxWG[tTPR]` (`tpr` defaults to `wg`), e.g. `1x256t8`; `None` when malformed or invalid.
+    pub(super) fn parse(s: &str) -> Option<MoeQ8Shape> {
+        let (rows, rest) = s.split_once('x')?;
+        let (wg, tpr) = match rest.split_once('t') {
+            Some((w, t)) => (w.parse().ok()?, t.parse().ok()?),
+            None => {
+                let w = rest.parse().ok()?;
+                (w, w)
+            }
+        };
+        let shape = MoeQ8Shape { rows: rows.parse().ok()?, wg, tpr };
+        shape.is_valid().then_some(shape)
+    }
+
+    /// Partial sums per row a lane adds one after another after the tree steps.
+    fn serial(self) -> u32 {
+        self.tpr.min(8)
+    }
+}
+
+impl std::fmt::Display for MoeQ8Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.rows, self.wg)?;
+        if self.tpr != self.wg {
+            write!(f, "t{}", self.tpr)?;
+        }
+        Ok(())
+    }
+}
+
+/// Shapes of the int8 gate/up and down kernels: `DISKFORMER_MOE_Q8_GATE_UP` and
+/// `DISKFORMER_MOE_Q8_DOWN` (`ROWSxWG[tTPR]`) for experiments on the device, else 32 rows per
+/// 256-invocation workgroup, 8 lanes a row, for gate/up (the dense int8 GLU kernel's shape: whole
+/// 32-row blocks of h per workgroup, which its epilogue quantizes) and 2 rows per 64 lanes for
+/// down (the dense plain products' default). A gate/up shape whose rows are not whole 32-row
+/// blocks is ignored.
+fn q8_shapes() -> (MoeQ8Shape, MoeQ8Shape) {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| MoeQ8Shape::parse(&v));
+    let gate_up = env("DISKFORMER_MOE_Q8_GATE_UP")
+        .filter(|s| s.rows_per_group().is_multiple_of(32))
+        .unwrap_or(MoeQ8Shape { rows: 1, wg: 256, tpr: 8 });
+    let down = env("DISKFORMER_MOE_Q8_DOWN").unwrap_or(MoeQ8Shape { rows: 2, wg: 64, tpr: 64 });
+    (gate_up, down)
+}
+
+/// Most experts per token of the int8 down kernel (its workgroup copy of the pairs' entries).
+const Q8_MAX_K: usize = 64;
+
+/// A weight type's int8 `dot32` reading `w_name` instead of `W`, named `dot32{suffix}`, after its
+/// block constants `QBV{consts}` / `QBW{consts}` (`consts` `None`: none); `None` when the type has
+/// no int8 kernel.
+fn dot32_code(layout: &TypeLayout, suffix: &str, w_name: &str, consts: Option<&str>) -> Option<String> {
+    let src = super::shaders::dot32_source(layout.dtype)?;
+    let f = src.replace("W[", &format!("{w_name}[")).replace("fn dot32(", &format!("fn dot32{suffix}("));
+    Some(match consts {
+        Some(c) => format!(
+            "const QBV{c}: u32 = {}u;\nconst QBW{c}: u32 = {}u;\n{f}",
+            layout.block_values,
+            layout.block_words()
+        ),
+        None => f,
+    })
+}
+
+/// The reduction of the int8 kernels' row slots: `acc[r]` (r < `nv`) of slot `slot`, lane `lane`
+/// goes to `tot[index(r)]` (`n_tot` entries): each slot's TPR partial sums side by side, halved by
+/// a tree down to SERIAL per row, which one invocation per row adds.
+fn slot_reduce(nv: &str, index: &str, n_tot: &str) -> String {
+    format!(
+        "    for (var r = 0u; r < {nv}; r++) {{
+        red[({index}) * TPR + lane] = acc[r];
+    }}
+    workgroupBarrier();
+    for (var h = TPR / 2u; h >= SERIAL; h >>= 1u) {{
+        if (lane < h) {{
+            for (var r = 0u; r < {nv}; r++) {{
+                let i = ({index}) * TPR + lane;
+                red[i] += red[i + h];
+            }}
+        }}
+        workgroupBarrier();
+    }}
+    for (var i = lid; i < {n_tot}; i += WG) {{
+        var s = 0.0;
+        for (var c = 0u; c < SERIAL; c++) {{
+            s += red[i * TPR + c];
+        }}
+        tot[i] = s;
+    }}
+    workgroupBarrier();"
+    )
+}
+
+/// The int8 gate/up kernel (`moe_gate_up_q8.wgsl`) for these weight types and `n_embd` (a
+/// multiple of 32); `None` when a type has no int8 kernel.
+pub(super) fn gate_up_q8_source(
+    gate: Option<&TypeLayout>,
+    up: &TypeLayout,
+    n_embd: usize,
+    shape: MoeQ8Shape,
+    kind: TableKind,
+) -> Option<String> {
+    let g = gate.unwrap_or(up);
+    let mut quant = format!(
+        "{QUANT_COMMON}\n{}\n{}\n",
+        dot32_code(g, "", "W", Some("_G"))?,
+        dot32_code(up, "_u", "WU", Some("_U"))?
+    );
+    let (products, products_h) = if kind == TableKind::Slots {
+        quant += &format!("{}\n{}\n", dot32_code(g, "_h", "WH", None)?, dot32_code(up, "_uh", "WH", None)?);
+        (
+            "    var acc: array<f32, {{NV}}>;\n    if (in_host(pair)) {\n        acc = products_h(ent, row0, lane);\n    } \
+             else {\n        acc = products(ent, row0, lane);\n    }"
+                .to_string(),
+            host_copy_calling(GATE_UP_Q8, "products", &[("dot32_u(", "dot32_uh("), ("dot32(", "dot32_h(")]),
+        )
+    } else {
+        ("    var acc = products(ent, row0, lane);".to_string(), String::new())
+    };
+    let nb_x = n_embd / 32;
+    let rpw = shape.rows_per_group();
+    let (field, table, p_binding) = table_parts(kind, 7);
+    Some(
+        GATE_UP_Q8
+            .replace("{{QUANT}}", &quant)
+            .replace("{{ACT}}", ACT)
+            .replace("{{PRODUCTS_H}}", &products_h)
+            .replace("{{PRODUCTS}}", &products)
+            .replace("{{REDUCE}}", &slot_reduce("2u * ROWS", "(r / ROWS) * RPW + slot * ROWS + r % ROWS", "2u * RPW"))
+            .replace("{{GATED}}", if gate.is_some() { "true" } else { "false" })
+            .replace("{{TABLE_FIELD}}", &field)
+            .replace("{{TABLE}}", &table)
+            .replace("{{P_BINDING}}", &p_binding.to_string())
+            .replace("{{WG}}", &shape.wg.to_string())
+            .replace("{{TPR}}", &shape.tpr.to_string())
+            .replace("{{ROWS}}", &shape.rows.to_string())
+            .replace("{{SERIAL}}", &shape.serial().to_string())
+            .replace("{{NB_X}}", &nb_x.to_string())
+            .replace("{{XQ_LEN}}", &(2 * nb_x).to_string())
+            .replace("{{NV}}", &(2 * shape.rows).to_string())
+            .replace("{{RED_LEN}}", &(2 * shape.rows * shape.wg).to_string())
+            .replace("{{TOT_LEN}}", &(2 * rpw).to_string())
+            .replace("{{RPW}}", &rpw.to_string())
+            .replace("{{SG_ARGS}}", "")
+            .replace("{{SKIP}}", &format!("{SKIP}u")),
+    )
+}
+
+/// The int8 down kernel (`moe_down_q8.wgsl`) for this weight type and `n_ff` (a multiple of 32);
+/// `None` when the type has no int8 kernel.
+pub(super) fn down_q8_source(
+    down: &TypeLayout,
+    n_ff: usize,
+    shape: MoeQ8Shape,
+    subgroups: bool,
+    kind: TableKind,
+) -> Option<String> {
+    let mut quant = format!("{QUANT_COMMON}\n{}\n", dot32_code(down, "", "W", Some(""))?);
+    let add = |f: &str| {
+        format!(
+            "        for (var r = 0u; r < ROWS; r++) {{\n            acc[r] += w * {f}(base + rb[r], jj, x0, x1, d);\n        }}"
+        )
+    };
+    let (item, in_host) = if kind == TableKind::Slots {
+        quant += &dot32_code(down, "_h", "WH", None)?;
+        (
+            format!(
+                "        if (hosts[j] == 1u) {{\n{}\n        }} else {{\n{}\n        }}",
+                add("dot32_h"),
+                add("dot32")
+            ),
+            "select(0u, 1u, in_host(p0 + j))",
+        )
+    } else {
+        (add("dot32"), "0u")
+    };
+    // One slot of subgroup-reduced lanes, or slots reduced through workgroup memory.
+    let (reduce, sg_args, red_len) = if subgroups && shape.tpr == shape.wg {
+        (
+            "    for (var r = 0u; r < ROWS; r++) {
+        let s = subgroupAdd(acc[r]);
+        if (sg_lane == 0u) {
+            red[r * WG + sg_id] = s;
+        }
+    }
+    workgroupBarrier();
+    if (lid < ROWS) {
+        var s = 0.0;
+        for (var i = 0u; i < n_sg; i++) {
+            s += red[lid * WG + i];
+        }
+        tot[lid] = s;
+    }
+    workgroupBarrier();"
+                .to_string(),
+            SG_ARGS,
+            shape.rows * shape.wg,
+        )
+    } else {
+        (slot_reduce("ROWS", "slot * ROWS + r", "RPW"), "", shape.rows * shape.wg)
+    };
+    let (field, table, p_binding) = table_parts(kind, 6);
+    Some(
+        DOWN_Q8
+            .replace("{{QUANT}}", &quant)
+            .replace("{{ITEM}}", &item)
+            .replace("{{IN_HOST}}", in_host)
+            .replace("{{REDUCE}}", &reduce)
+            .replace("{{SG_ARGS}}", sg_args)
+            .replace("{{TABLE_FIELD}}", &field)
+            .replace("{{TABLE}}", &table)
+            .replace("{{P_BINDING}}", &p_binding.to_string())
+            .replace("{{WG}}", &shape.wg.to_string())
+            .replace("{{TPR}}", &shape.tpr.to_string())
+            .replace("{{ROWS}}", &shape.rows.to_string())
+            .replace("{{SERIAL}}", &shape.serial().to_string())
+            .replace("{{NB_H}}", &(n_ff / 32).to_string())
+            .replace("{{MAX_K}}", &Q8_MAX_K.to_string())
+            .replace("{{RED_LEN}}", &red_len.to_string())
+            .replace("{{RPW}}", &shape.rows_per_group().to_string())
+            .replace("{{SKIP}}", &format!("{SKIP}u")),
+    )
+}
+
 impl WgpuBackend {
     /// Σ_j w_tj · down_e(glu(gate_e(x_t), up_e(x_t))) for the `n_tok` tokens of `x` and their `k`
     /// experts each, in two dispatches: the per-pair kernels of this module. `weights` holds the
@@ -412,20 +675,11 @@ impl WgpuBackend {
             PairTable::Gpu { .. } | PairTable::Slots { .. } => Vec::new(),
         };
         let (gl, ul, dl) = (mats.gate.map(|g| g.1), mats.up.1, mats.down.1);
-        let key = format!(
-            "moe_gate_up {} {} {}x{} sg{sg} {kind:?}",
-            gl.map_or("ungated", |l| l.name),
-            ul.name,
-            shape.0,
-            shape.1
-        );
-        let pipe = self.ctx.pipeline(&key, || gate_up_source(gl.as_ref(), &ul, shape, sg, kind));
         let (op, alpha, limit) = match mats.gate {
             Some(_) => Self::glu_code(spec.glu),
             None => (act_code(spec.glu.ungated_act()), 0.0, 0.0),
         };
         let [gate_bias, up_bias, down_bias] = biases;
-        let h = self.alloc("moe h", &[n_pairs, ff])?;
         let dummy = &self.ctx.dummy;
         let mut words = vec![
             n_embd as u32,
@@ -446,6 +700,80 @@ impl WgpuBackend {
             slots_at,
         ];
         words.extend_from_slice(&table_words);
+        let down_words = {
+            let mut w = vec![
+                ff as u32,
+                n_embd as u32,
+                dl.row_words(ff) as u32,
+                n_tok as u32,
+                k as u32,
+                down_bias.is_some() as u32,
+                table_at,
+                weights.1,
+                strides[0],
+                strides[1],
+                strides[2],
+                slots_at,
+            ];
+            w.extend_from_slice(&table_words);
+            w
+        };
+        if let Some((gs, ds)) = self.moe_q8_shapes(n_embd, ff, k, mats) {
+            // int8 activations: h travels as int8 blocks from the gate/up kernel to the down kernel.
+            let key = format!(
+                "moe_gate_up_q8 {} {} {gs} sg{sg} {kind:?} x{n_embd}",
+                gl.map_or("ungated", |l| l.name),
+                ul.name
+            );
+            let pipe = self.ctx.pipeline_with(
+                &key,
+                || gate_up_q8_source(gl.as_ref(), &ul, n_embd, gs, kind).expect("moe_q8_shapes checked the types"),
+                true,
+            );
+            let hq = self.alloc_bytes("moe hq", (n_pairs * ff) as u64)?;
+            let hd = self.alloc_bytes("moe hd", (8 * n_pairs * (ff / 32)) as u64)?;
+            let mut bufs: Vec<&wgpu::Buffer> = vec![
+                mats.gate.map_or(mats.up.0, |g| g.0),
+                mats.up.0,
+                &x.buf.buffer,
+                gate_bias.map_or(dummy, |b| &b.buf.buffer),
+                up_bias.map_or(dummy, |b| &b.buf.buffer),
+                &hq.buffer,
+                &hd.buffer,
+            ];
+            bufs.extend(&table_bufs);
+            let rpw = gs.rows_per_group() as usize;
+            self.dispatch(pipe, &bufs, &words, [ff.div_ceil(rpw) as u32, n_pairs as u32, 1]);
+
+            let key = format!("moe_down_q8 {} {ds} sg{sg} {kind:?} f{ff}", dl.name);
+            let pipe = self.ctx.pipeline_with(
+                &key,
+                || down_q8_source(&dl, ff, ds, sg, kind).expect("moe_q8_shapes checked the type"),
+                true,
+            );
+            let y = self.alloc("moe out", &[n_tok, n_embd])?;
+            let mut bufs: Vec<&wgpu::Buffer> = vec![
+                mats.down.0,
+                &hq.buffer,
+                &hd.buffer,
+                weights.0,
+                down_bias.map_or(dummy, |b| &b.buf.buffer),
+                &y.buf.buffer,
+            ];
+            bufs.extend(&table_bufs);
+            let rpw = ds.rows_per_group() as usize;
+            self.dispatch(pipe, &bufs, &down_words, [n_embd.div_ceil(rpw) as u32, n_tok as u32, 1]);
+            return Ok(y);
+        }
+        let key = format!(
+            "moe_gate_up {} {} {}x{} sg{sg} {kind:?}",
+            gl.map_or("ungated", |l| l.name),
+            ul.name,
+            shape.0,
+            shape.1
+        );
+        let pipe = self.ctx.pipeline(&key, || gate_up_source(gl.as_ref(), &ul, shape, sg, kind));
+        let h = self.alloc("moe h", &[n_pairs, ff])?;
         let mut bufs: Vec<&wgpu::Buffer> = vec![
             mats.gate.map_or(mats.up.0, |g| g.0),
             mats.up.0,
@@ -460,26 +788,46 @@ impl WgpuBackend {
         let key = format!("moe_down {} {}x{} sg{sg} {kind:?}", dl.name, shape.0, shape.1);
         let pipe = self.ctx.pipeline(&key, || down_source(&dl, shape, sg, kind));
         let y = self.alloc("moe out", &[n_tok, n_embd])?;
-        let mut words = vec![
-            ff as u32,
-            n_embd as u32,
-            dl.row_words(ff) as u32,
-            n_tok as u32,
-            k as u32,
-            down_bias.is_some() as u32,
-            table_at,
-            weights.1,
-            strides[0],
-            strides[1],
-            strides[2],
-            slots_at,
-        ];
-        words.extend_from_slice(&table_words);
         let mut bufs: Vec<&wgpu::Buffer> =
             vec![mats.down.0, &h.buf.buffer, weights.0, down_bias.map_or(dummy, |b| &b.buf.buffer), &y.buf.buffer];
         bufs.extend(&table_bufs);
-        self.dispatch(pipe, &bufs, &words, [n_embd.div_ceil(shape.0 as usize) as u32, n_tok as u32, 1]);
+        self.dispatch(pipe, &bufs, &down_words, [n_embd.div_ceil(shape.0 as usize) as u32, n_tok as u32, 1]);
         Ok(y)
+    }
+}
+
+impl WgpuBackend {
+    /// The shapes of the int8 MoE kernels when they serve this call: int8 activations are on
+    /// ([`MatmulMode::QuantizedActivations`](crate::quant::MatmulMode)), `DISKFORMER_MOE_F32` is
+    /// not set, every weight type has an int8 dot product, both widths are whole 32-value blocks,
+    /// `k` fits the down kernel's table and the kernels' workgroup memory fits the device.
+    fn moe_q8_shapes(
+        &self,
+        n_embd: usize,
+        n_ff: usize,
+        k: usize,
+        mats: &FusedMats<'_>,
+    ) -> Option<(MoeQ8Shape, MoeQ8Shape)> {
+        let types_ok = [mats.gate.map_or(mats.up.1, |g| g.1), mats.up.1, mats.down.1]
+            .iter()
+            .all(|l| super::shaders::dot32_source(l.dtype).is_some());
+        if !self.int8_act
+            || super::env_flag("DISKFORMER_MOE_F32")
+            || !types_ok
+            || !n_embd.is_multiple_of(32)
+            || !n_ff.is_multiple_of(32)
+            || k > Q8_MAX_K
+        {
+            return None;
+        }
+        let (gs, ds) = q8_shapes();
+        // Workgroup bytes: x's blocks (n_embd + n_embd / 4), partial sums, totals and h's
+        // integers; the pairs' entries, weights and flags, partial sums, totals.
+        let (g_rpw, d_rpw) = (gs.rows_per_group() as usize, ds.rows_per_group() as usize);
+        let gate_up_bytes = n_embd + n_embd / 4 + 4 * (2 * (gs.rows * gs.wg) as usize + 2 * g_rpw + g_rpw);
+        let down_bytes = Q8_MAX_K * 24 + 4 * ((ds.rows * ds.wg) as usize + d_rpw);
+        let limit = self.ctx.device.limits().max_compute_workgroup_storage_size as usize;
+        (gate_up_bytes <= limit && down_bytes <= limit).then_some((gs, ds))
     }
 }
 
@@ -608,6 +956,45 @@ mod tests {
                 &gate_up_source(None, &l, (1, 64), false, TableKind::Slots),
             );
         }
+    }
+
+    #[test]
+    fn int8_kernels_parse_and_validate() {
+        use GgmlType::*;
+        let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS];
+        let gate_up_shapes = ["1x256t8", "2x128t8", "4x32t4", "1x64t2"];
+        let down_shapes = ["2x64", "1x256t8", "4x128t32", "1x32t4"];
+        for t in types {
+            let l = TypeLayout::of(t).unwrap();
+            let q6 = TypeLayout::of(Q6_K).unwrap();
+            for kind in [TableKind::Host, TableKind::Gpu, TableKind::Slots] {
+                for (gs, ds) in gate_up_shapes.iter().zip(down_shapes) {
+                    let (gs, ds) = (MoeQ8Shape::parse(gs).unwrap(), MoeQ8Shape::parse(ds).unwrap());
+                    let what = format!("{} {gs} {ds} {kind:?}", l.name);
+                    parse(&format!("gate_up_q8 {what}"), &gate_up_q8_source(Some(&l), &l, 2048, gs, kind).unwrap());
+                    parse(&format!("gate_up_q8 ungated {what}"), &gate_up_q8_source(None, &l, 256, gs, kind).unwrap());
+                    parse(
+                        &format!("gate_up_q8 +q6_k {what}"),
+                        &gate_up_q8_source(Some(&l), &q6, 512, gs, kind).unwrap(),
+                    );
+                    for sg in [false, true] {
+                        parse(&format!("down_q8 {what} sg {sg}"), &down_q8_source(&l, 768, ds, sg, kind).unwrap());
+                    }
+                }
+            }
+        }
+        assert!(gate_up_q8_source(None, &TypeLayout::of(F16).unwrap(), 256, q8_shapes().0, TableKind::Gpu).is_none());
+    }
+
+    #[test]
+    fn q8_shapes_parse() {
+        assert_eq!(MoeQ8Shape::parse("1x256t8"), Some(MoeQ8Shape { rows: 1, wg: 256, tpr: 8 }));
+        assert_eq!(MoeQ8Shape::parse("2x64"), Some(MoeQ8Shape { rows: 2, wg: 64, tpr: 64 }));
+        for bad in ["", "2x", "x64", "9x64", "2x48", "2x64t3", "4x64t2", "1x512", "2x64t128"] {
+            assert_eq!(MoeQ8Shape::parse(bad), None, "{bad}");
+        }
+        assert_eq!(MoeQ8Shape::parse("2x128t8").unwrap().to_string(), "2x128t8");
+        assert_eq!(MoeQ8Shape { rows: 2, wg: 64, tpr: 64 }.to_string(), "2x64");
     }
 
     #[test]
