@@ -392,7 +392,7 @@ mod gpu_ops {
         let shape = |s: &str| AttnDecodeShape::parse(s).expect("valid shape");
         let variants = [
             ("decode 128x64", AttnKernel::Decode { shape: shape("128x64"), subgroups: true }),
-            ("decode 64x16u2", AttnKernel::Decode { shape: shape("64x16u2"), subgroups: true }),
+            ("decode 64x16u2r2", AttnKernel::Decode { shape: shape("64x16u2r2"), subgroups: true }),
             ("decode 128x16 no subgroups", AttnKernel::Decode { shape: shape("128x16"), subgroups: false }),
         ];
         let spec = |n_head, n_head_kv, hdk, hdv, window, softcap| AttnSpec {
@@ -1159,11 +1159,14 @@ mod gpu_ops {
     /// The attention kernel writing its output's int8 blocks (decode, int8 activations on, head
     /// size a multiple of 32), read by the output projection: bit-identical to the product of a
     /// fresh upload of the attention's values, within the int8 bound of the CPU; and a head size
-    /// of 24 (blocks would straddle heads: no epilogue) checked the same way.
+    /// of 24 (blocks would straddle heads: no epilogue) checked the same way. The model path's
+    /// kernel and the decode kernel split into slices of 16 keys (its combine pass writes the
+    /// blocks) each run on their own cache; steps of more than 4 tokens take the prefill kernel.
     fn attention_q8_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
         let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
         // One token's product takes int8 activations (the rounded values), several the exact ones.
         let int8 = g8.uses_int8_activations();
+        let split = AttnKernel::Decode { shape: AttnDecodeShape::parse("64x16").expect("valid"), subgroups: true };
         for (hd, neox) in [(64usize, false), (24, true)] {
             let spec = AttnSpec {
                 n_head: 4,
@@ -1181,8 +1184,10 @@ mod gpu_ops {
             let hw = file.get(&name);
             let (cw, gw) = (c.weight(&hw).unwrap(), g.weight(&hw).unwrap());
             let rope = RopeSpec::new(hd, 10000.0, neox);
-            let (mut cc, mut gc) = (c.new_cache(16, kw, kw).unwrap(), g.new_cache(16, kw, kw).unwrap());
-            for (pos0, n) in [(0usize, 3usize), (3, 1), (4, 1)] {
+            let n_ctx = 48;
+            let mut cc = c.new_cache(n_ctx, kw, kw).unwrap();
+            let mut gcs = [g.new_cache(n_ctx, kw, kw).unwrap(), g.new_cache(n_ctx, kw, kw).unwrap()];
+            for (pos0, n) in [(0usize, 3usize), (3, 1), (4, 1), (5, 30), (35, 1), (36, 1)] {
                 let positions: Vec<u32> = (pos0 as u32..(pos0 + n) as u32).collect();
                 let (q, k, v) = (tensor(rng, &[n, qw], 2.0), tensor(rng, &[n, kw], 2.0), tensor(rng, &[n, kw], 2.0));
                 let step = AttnStep {
@@ -1207,30 +1212,40 @@ mod gpu_ops {
                     spec: &spec,
                     sinks: None,
                 };
-                let case = format!("rope_attention int8 mode (hd {hd}, pos0={pos0}, n={n})");
-                let a = match g8.rope_attention(&gstep, &mut gc) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        r.check(&case, Err(e), &[], 0.0);
-                        continue;
-                    }
-                };
-                let a_host = g.to_host(&a).expect("readback");
-                r.check(&case, Ok(a_host.clone()), &want_a.data, DEFAULT_MAX_NMSE);
-                let got = host(g, g8.matmul(&a, &gw));
-                let fresh = up(g, &CpuTensor { shape: vec![n, qw], data: a_host.clone() });
-                r.exact(
-                    &format!("{case} -> matmul(q8_0) == fresh quantization"),
-                    host(g, g8.matmul(&a, &gw)),
-                    &host(g, g8.matmul(&fresh, &gw)).unwrap_or_default(),
-                );
-                let a_cpu = CpuTensor { shape: vec![n, qw], data: a_host };
-                let (xs, bound) = if n == 1 && int8 {
-                    (q8_rounded(&a_cpu), INT8_ROUNDED_MAX_NMSE)
-                } else {
-                    (a_cpu, DEFAULT_MAX_NMSE)
-                };
-                r.check(&format!("{case} -> matmul(q8_0) vs cpu"), got, &c.matmul(&xs, &cw).unwrap().data, bound);
+                for ((label, kernel), gc) in
+                    [("", None), (" split 16 keys", Some(split))].into_iter().zip(gcs.iter_mut())
+                {
+                    let case = format!("rope_attention{label} int8 mode (hd {hd}, pos0={pos0}, n={n})");
+                    let a = match kernel {
+                        Some(k) if n <= 4 => g8.rope_attention_with(&gstep, gc, k),
+                        Some(_) => g8.rope_attention_with(&gstep, gc, AttnKernel::Prefill),
+                        None => g8.rope_attention(&gstep, gc),
+                    };
+                    let a = match a {
+                        Ok(a) => a,
+                        Err(e) => {
+                            r.check(&case, Err(e), &[], 0.0);
+                            continue;
+                        }
+                    };
+                    let a_host = g.to_host(&a).expect("readback");
+                    r.check(&case, Ok(a_host.clone()), &want_a.data, DEFAULT_MAX_NMSE);
+                    let got = host(g, g8.matmul(&a, &gw));
+                    let fresh = up(g, &CpuTensor { shape: vec![n, qw], data: a_host.clone() });
+                    r.exact(
+                        &format!("{case} -> matmul(q8_0) == fresh quantization"),
+                        host(g, g8.matmul(&a, &gw)),
+                        &host(g, g8.matmul(&fresh, &gw)).unwrap_or_default(),
+                    );
+                    let a_cpu = CpuTensor { shape: vec![n, qw], data: a_host };
+                    let (xs, bound) = if n == 1 && int8 {
+                        (q8_rounded(&a_cpu), INT8_ROUNDED_MAX_NMSE)
+                    } else {
+                        (a_cpu, DEFAULT_MAX_NMSE)
+                    };
+                    let want = c.matmul(&xs, &cw).unwrap();
+                    r.check(&format!("{case} -> matmul(q8_0) vs cpu"), got, &want.data, bound);
+                }
             }
         }
     }
@@ -1476,19 +1491,25 @@ mod gpu_ops {
     }
 
     /// Decode attention shapes `perf_attention` times by default.
-    const ATTN_PERF_SHAPES: [&str; 12] = [
+    const ATTN_PERF_SHAPES: [&str; 18] = [
         "128x64",
         "128x64u2",
         "128x64u8",
         "128x32",
         "128x128",
         "256x64",
+        "256x64u8",
         "256x128",
         "256x256u8",
         "64x32",
         "64x64u2",
         "512x256",
+        "512x512u8",
         "1024x512u8",
+        "1024x1024u8",
+        "1024x512u8r4",
+        "256x64r4",
+        "128x64r2",
     ];
 
     /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,

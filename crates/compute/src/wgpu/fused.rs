@@ -9,7 +9,7 @@
 //!   (its grouped query heads together) and key slice, subgroups scoring keys with the head's
 //!   dims across their lanes, and for a context longer than one slice a second, small dispatch
 //!   combining the slices (flash-decoding). `DISKFORMER_ATTN_DECODE=off` keeps `attention.wgsl`
-//!   (a workgroup per token and head) for every size, `=WGxKEYS[uUNROLL]` picks the shape.
+//!   (a workgroup per token and head) for every size, `=WGxKEYS[uUNROLL][rROWS]` picks the shape.
 //! - The rope cos/sin table of a step is uploaded once and shared by every layer (they all rotate
 //!   the same positions with the same spec), instead of once per `rope` call.
 //! - Int8 blocks written in epilogues: a one-token norm and the attention write their output's
@@ -83,7 +83,7 @@ struct DecodePlan {
     n_split: usize,
 }
 
-/// The decode kernel's shape: `DISKFORMER_ATTN_DECODE=WGxKEYS[uUNROLL]` (e.g. `256x128u2`), `off` (or `0`)
+/// The decode kernel's shape: `DISKFORMER_ATTN_DECODE=WGxKEYS[uUNROLL][rROWS]` (e.g. `256x128u2`), `off` (or `0`)
 /// for `attention.wgsl` at every size, else the default.
 fn default_decode_shape() -> Option<AttnDecodeShape> {
     static SHAPE: std::sync::OnceLock<Option<AttnDecodeShape>> = std::sync::OnceLock::new();
@@ -96,7 +96,7 @@ fn default_decode_shape() -> Option<AttnDecodeShape> {
 
 /// Four subgroups of 32 per workgroup, 64 keys each: an 8B model's decode step at a 512-token
 /// context is 8 slices x 8 KV heads = 64 workgroups.
-const DEFAULT_DECODE_SHAPE: AttnDecodeShape = AttnDecodeShape { wg: 128, split_keys: 64, unroll: 4 };
+const DEFAULT_DECODE_SHAPE: AttnDecodeShape = AttnDecodeShape { wg: 128, split_keys: 64, unroll: 4, max_rows: 8 };
 
 /// Tables kept for one step's positions: enough for models that alternate two rope specs (local
 /// and global layers) with room to spare; past it the oldest goes.
@@ -415,7 +415,7 @@ impl WgpuBackend {
             subgroup_min,
         };
         // Registers: a lane holds ROWS x (CK + CV) chunks of queries and accumulators.
-        let rows_cap = (16 / kernel.ck().max(kernel.cv())).clamp(1, 8);
+        let rows_cap = (16 / kernel.ck().max(kernel.cv())).clamp(1, shape.max_rows);
         kernel.rows = ((group * n).next_power_of_two() as u32).min(rows_cap);
         while kernel.workgroup_bytes() > limits.max_compute_workgroup_storage_size && kernel.rows > 1 {
             kernel.rows /= 2;

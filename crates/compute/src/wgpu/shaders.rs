@@ -732,7 +732,8 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
 
 /// The decode attention kernel's shape (`attention_decode.wgsl`): `wg` invocations per workgroup,
 /// at least `split_keys` keys per workgroup (a longer context is split over several workgroups
-/// and combined by a second dispatch), `unroll` keys per subgroup and loop iteration.
+/// and combined by a second dispatch), `unroll` keys per subgroup and loop iteration, at most
+/// `max_rows` query rows per workgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnDecodeShape {
     /// Invocations per workgroup (64..=1024, a power of two).
@@ -742,23 +743,31 @@ pub struct AttnDecodeShape {
     /// Keys a subgroup scores per loop iteration, their loads issued together (1, 2, 4 or 8;
     /// the fallback without subgroups takes 1).
     pub unroll: u32,
+    /// Most query rows (token, head) a workgroup serves (1, 2, 4 or 8): fewer spread a KV
+    /// head's query heads over more workgroups, each reading the keys again.
+    pub max_rows: u32,
 }
 
 impl AttnDecodeShape {
-    /// `WGxKEYS` with an optional `uUNROLL` (default 4), e.g. `128x64` or `256x128u2`; `None`
-    /// when malformed or out of range.
+    /// `WGxKEYS` with optional `uUNROLL` (default 4) and `rROWS` (default 8), e.g. `128x64`,
+    /// `256x128u2` or `1024x512u8r4`; `None` when malformed or out of range.
     pub fn parse(s: &str) -> Option<AttnDecodeShape> {
         let (wg, rest) = s.split_once('x')?;
+        let (rest, max_rows) = match rest.split_once('r') {
+            Some((a, r)) => (a, r.parse().ok()?),
+            None => (rest, 8),
+        };
         let (keys, unroll) = match rest.split_once('u') {
             Some((k, u)) => (k, u.parse().ok()?),
             None => (rest, 4),
         };
-        let shape = AttnDecodeShape { wg: wg.parse().ok()?, split_keys: keys.parse().ok()?, unroll };
+        let shape = AttnDecodeShape { wg: wg.parse().ok()?, split_keys: keys.parse().ok()?, unroll, max_rows };
         let ok = shape.wg.is_power_of_two()
             && (64..=1024).contains(&shape.wg)
             && shape.split_keys >= 16
             && shape.split_keys.is_multiple_of(16)
-            && [1, 2, 4, 8].contains(&shape.unroll);
+            && [1, 2, 4, 8].contains(&shape.unroll)
+            && [1, 2, 4, 8].contains(&shape.max_rows);
         ok.then_some(shape)
     }
 }
@@ -768,6 +777,9 @@ impl std::fmt::Display for AttnDecodeShape {
         write!(f, "{}x{}", self.wg, self.split_keys)?;
         if self.unroll != 4 {
             write!(f, "u{}", self.unroll)?;
+        }
+        if self.max_rows != 8 {
+            write!(f, "r{}", self.max_rows)?;
         }
         Ok(())
     }
@@ -978,19 +990,39 @@ mod tests {
 
     #[test]
     fn attn_decode_shapes_parse() {
-        assert_eq!(AttnDecodeShape::parse("128x64"), Some(AttnDecodeShape { wg: 128, split_keys: 64, unroll: 4 }));
         assert_eq!(
-            AttnDecodeShape::parse("1024x512u8"),
-            Some(AttnDecodeShape { wg: 1024, split_keys: 512, unroll: 8 })
+            AttnDecodeShape::parse("128x64"),
+            Some(AttnDecodeShape { wg: 128, split_keys: 64, unroll: 4, max_rows: 8 })
         );
-        for bad in
-            ["", "128", "128x", "x64", "96x64", "32x64", "2048x64", "128x8", "128x40", "128x-16", "128x64u3", "128x64u"]
-        {
+        assert_eq!(
+            AttnDecodeShape::parse("1024x512u8r2"),
+            Some(AttnDecodeShape { wg: 1024, split_keys: 512, unroll: 8, max_rows: 2 })
+        );
+        assert_eq!(
+            AttnDecodeShape::parse("64x16r1"),
+            Some(AttnDecodeShape { wg: 64, split_keys: 16, unroll: 4, max_rows: 1 })
+        );
+        for bad in [
+            "",
+            "128",
+            "128x",
+            "x64",
+            "96x64",
+            "32x64",
+            "2048x64",
+            "128x8",
+            "128x40",
+            "128x-16",
+            "128x64u3",
+            "128x64u",
+            "128x64r3",
+            "128x64u2r",
+        ] {
             assert_eq!(AttnDecodeShape::parse(bad), None, "{bad}");
         }
         for s in [
-            AttnDecodeShape { wg: 256, split_keys: 128, unroll: 4 },
-            AttnDecodeShape { wg: 64, split_keys: 16, unroll: 1 },
+            AttnDecodeShape { wg: 256, split_keys: 128, unroll: 4, max_rows: 8 },
+            AttnDecodeShape { wg: 64, split_keys: 16, unroll: 1, max_rows: 4 },
         ] {
             assert_eq!(AttnDecodeShape::parse(&s.to_string()), Some(s));
         }
