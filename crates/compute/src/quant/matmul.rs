@@ -725,8 +725,41 @@ fn check_shapes(
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "x86_64")]
     use super::*;
+
+    /// Claims hand out every row once, in order, in whole groups of eight (a last share may end
+    /// at the odd row count), shrinking from `1 / (2 n_threads)` of the rows down to the minimum
+    /// share and never below it except for the remainder.
+    #[test]
+    fn claims_partition_the_rows_in_shrinking_shares() {
+        for (n_rows, row_bytes, n_threads) in
+            [(8192, 2304, 2), (3072, 1152, 2), (13, 1152, 2), (128_256, 1152, 4), (1, 64, 8)]
+        {
+            let claims = Claims::new(n_rows, row_bytes, n_threads);
+            let min_rows = (MIN_CLAIM_BYTES / row_bytes).next_multiple_of(8).max(8);
+            let mut shares = Vec::new();
+            while let Some(share) = claims.claim() {
+                shares.push(share);
+            }
+            assert_eq!(shares.first().map(|s| s.0), Some(0), "{n_rows} rows");
+            assert_eq!(shares.last().map(|s| s.1), Some(n_rows), "{n_rows} rows");
+            for (i, &(start, end)) in shares.iter().enumerate() {
+                let len = end - start;
+                assert!(start % 8 == 0 && len > 0, "{n_rows} rows: share {start}..{end}");
+                if end < n_rows {
+                    assert!(len % 8 == 0 && len >= min_rows, "{n_rows} rows: share {start}..{end} (min {min_rows})");
+                }
+                if i > 0 {
+                    let (prev_start, prev_end) = shares[i - 1];
+                    assert_eq!(prev_end, start, "{n_rows} rows: gap or overlap");
+                    assert!(len <= prev_end - prev_start, "{n_rows} rows: share {i} grew");
+                }
+            }
+            let first = shares[0].1 - shares[0].0;
+            let want_first = (n_rows / (2 * n_threads)).max(min_rows).next_multiple_of(8).min(n_rows);
+            assert_eq!(first, want_first, "{n_rows} rows, {n_threads} threads");
+        }
+    }
 
     /// The AVX2 reference dot product computes the portable one's bits, tails included.
     #[test]
