@@ -64,22 +64,26 @@ out="$MODELS_DIR/bench-cpu-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 : > "$out"
 for m in "${models[@]}"; do
   for r in $(seq 1 "$ROUNDS"); do
+    # Other processes change both sides' figures (on this VM, idle and busy vCPUs behave
+    # differently): the one-minute load average before each round goes into the record.
+    load=$(cut -d' ' -f1 /proc/loadavg)
     df_json=$("$DF" bench -m "$m" -p "$P" -n "$N" -r 1 -t "$THREADS" --matmul "$MATMUL" --json)
     lb_json=$("$LB" -m "$m" -p "$P" -n "$N" -r 1 -t "$THREADS" -o json 2>/dev/null)
-    python3 - "$m" "$r" "$df_json" "$lb_json" >> "$out" <<'EOF'
+    python3 - "$m" "$r" "$df_json" "$lb_json" "$load" >> "$out" <<'EOF'
 import json, sys
 m, r, df, lb = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+load = float(sys.argv[5])
 pp = next(x["avg_ts"] for x in lb if x["n_prompt"] > 0 and x["n_gen"] == 0)
 tg = next(x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0)
 print(json.dumps({"model": m, "round": r, "df_pp": df["pp_tok_s"], "df_tg": df["tg_tok_s"], "lb_pp": pp, "lb_tg": tg,
-                  "type": df["type"], "arch": df["arch"], "size_bytes": df["size_bytes"]}))
+                  "type": df["type"], "arch": df["arch"], "size_bytes": df["size_bytes"], "load_1min": load}))
 EOF
     tail -1 "$out" | python3 -c '
 import json, sys
 d = json.loads(sys.stdin.read())
 name = d["model"].rsplit("/", 1)[-1]
-print("round %d %s: pp diskformer %.2f llama.cpp %.2f; tg diskformer %.2f llama.cpp %.2f tok/s"
-      % (d["round"], name, d["df_pp"], d["lb_pp"], d["df_tg"], d["lb_tg"]))' >&2
+print("round %d %s: pp diskformer %.2f llama.cpp %.2f; tg diskformer %.2f llama.cpp %.2f tok/s (load %.2f)"
+      % (d["round"], name, d["df_pp"], d["lb_pp"], d["df_tg"], d["lb_tg"], d["load_1min"]))' >&2
   done
 done
 
@@ -90,7 +94,8 @@ path, p, n, t, mm = sys.argv[1:6]
 rows = [json.loads(l) for l in open(path)]
 def ms(v):
     return (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
-print(f"threads {t}, diskformer --matmul {mm}, {max(r['round'] for r in rows)} alternating rounds; raw: {path}\n")
+print(f"threads {t}, diskformer --matmul {mm}, {max(r['round'] for r in rows)} alternating rounds; raw: {path}")
+print(f"one-minute load average before the rounds: {min(r['load_1min'] for r in rows):.2f} to {max(r['load_1min'] for r in rows):.2f}\n")
 print(f"| model | type | test | diskformer t/s | llama.cpp t/s | diskformer / llama.cpp |")
 print(f"|---|---|---|---|---|---|")
 for m in dict.fromkeys(r["model"] for r in rows):
