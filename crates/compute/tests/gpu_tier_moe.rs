@@ -291,16 +291,16 @@ mod gpu {
             for n_tok in [1usize, 3] {
                 let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
                 let logits = tensor(&mut rng, &[n_tok, case.n_expert], 3.0);
-                let got = (|| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>), OpError> {
+                // The GPU's output and its routing, which the CPU reference then takes.
+                let got = (|| -> Result<(Vec<f32>, Routing<CpuBackend>), OpError> {
                     let routing = g.route(&g.from_host(&logits.data, &logits.shape)?, None, &spec)?;
                     let y: WgpuTensor = g.moe_ffn(&g.from_host(&x.data, &x.shape)?, &routing, &ge, &b.spec)?;
-                    Ok((g.to_host(&y)?, g.routing_ids(&routing)?, g.to_host(&routing.weights)?))
+                    let weights = CpuTensor { shape: vec![n_tok, case.k], data: g.to_host(&routing.weights)? };
+                    Ok((g.to_host(&y)?, Routing { ids: g.routing_ids(&routing)?, weights, k: case.k }))
                 })();
                 let case_name = format!("int8 gpu-routed {case:?} tokens={n_tok}");
                 match got {
-                    Ok((y, ids, weights)) => {
-                        let weights = CpuTensor { shape: vec![n_tok, case.k], data: weights };
-                        let routing = Routing::<CpuBackend> { ids, weights, k: case.k };
+                    Ok((y, routing)) => {
                         let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
                         r.check(&case_name, Ok(y), &want.data, INT8_MAX_NMSE);
                     }

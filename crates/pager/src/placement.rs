@@ -236,3 +236,110 @@ fn is_routed_expert(name: &str, shape: &[u64]) -> bool {
         && name.starts_with("blk.")
         && ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"].iter().any(|s| name.ends_with(s))
 }
+
+/// RAM the host tier leaves free when no RAM budget bounds it: at least this, and at least an
+/// eighth of the available RAM ([`default_miss`]).
+pub const HOST_TIER_MIN_FREE_BYTES: u64 = 2 << 30;
+
+/// What a GPU tier's misses do when the user did not choose (`--moe-miss` absent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissDefault {
+    /// Whether the host tier serves them: a copy of every expert in host memory, read by the
+    /// GPU's kernels in place (no wait per layer). Otherwise misses are uploaded into the pool or
+    /// computed on the CPU, whichever the measured costs favour.
+    pub host: bool,
+    /// Why, with the numbers (printed by `--stats`).
+    pub reason: String,
+}
+
+/// The default for a model whose host tier would take `host_bytes`: the host tier when it fits
+/// `ram_budget_bytes` (a budget stays a hard limit: the tier is then bounded by it), or, with no
+/// budget, when it fits `available_bytes` ([`available_ram_bytes`]) leaving
+/// [`HOST_TIER_MIN_FREE_BYTES`] or an eighth of it free, whichever is more; otherwise the
+/// upload path.
+pub fn default_miss(host_bytes: u64, ram_budget_bytes: Option<u64>, available_bytes: Option<u64>) -> MissDefault {
+    let gb = |b: u64| format!("{:.2} GB", b as f64 / 1e9);
+    let what = format!("a host copy of every expert takes {}", gb(host_bytes));
+    match (ram_budget_bytes, available_bytes) {
+        (Some(budget), _) if host_bytes <= budget => {
+            MissDefault { host: true, reason: format!("{what}, within --ram-budget {}", gb(budget)) }
+        }
+        (Some(budget), _) => MissDefault {
+            host: false,
+            reason: format!("{what}, more than --ram-budget {}: misses uploaded or computed on the CPU", gb(budget)),
+        },
+        (None, Some(avail)) => {
+            let keep = HOST_TIER_MIN_FREE_BYTES.max(avail / 8);
+            let room = avail.saturating_sub(keep);
+            MissDefault {
+                host: host_bytes <= room,
+                reason: if host_bytes <= room {
+                    format!("{what}, within the {} of RAM available less {} kept free", gb(avail), gb(keep))
+                } else {
+                    format!(
+                        "{what}, more than the {} of RAM available less {} kept free: misses uploaded or computed on the CPU",
+                        gb(avail),
+                        gb(keep)
+                    )
+                },
+            }
+        }
+        (None, None) => MissDefault {
+            host: false,
+            reason: format!("{what}, and the available RAM is unknown: misses uploaded or computed on the CPU"),
+        },
+    }
+}
+
+/// RAM this process can still take without swapping: `MemAvailable` from `/proc/meminfo`, capped
+/// by the room under a cgroup v2 memory limit; `None` where neither can be read (not Linux).
+pub fn available_ram_bytes() -> Option<u64> {
+    let kib = |text: &str, key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|k| k * 1024)
+    };
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let available = read("/proc/meminfo").and_then(|t| kib(&t, "MemAvailable:"));
+    // `max` (no limit) does not parse.
+    let limit = read("/sys/fs/cgroup/memory.max").and_then(|t| t.trim().parse::<u64>().ok());
+    let room = limit.map(|l| {
+        let used = read("/sys/fs/cgroup/memory.current").and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(0);
+        l.saturating_sub(used)
+    });
+    match (available, room) {
+        (Some(a), Some(r)) => Some(a.min(r)),
+        (a, r) => a.or(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn host_tier_is_the_default_only_where_it_fits() {
+        // A budget is a hard limit, whatever RAM is free.
+        assert!(default_miss(16 * GIB, Some(16 * GIB), Some(GIB)).host);
+        let over = default_miss(16 * GIB + 1, Some(16 * GIB), Some(1000 * GIB));
+        assert!(!over.host);
+        assert!(over.reason.contains("more than --ram-budget 17.18 GB"), "{}", over.reason);
+        // No budget: the available RAM less max(2 GiB, 1/8) kept free.
+        assert!(default_miss(112 * GIB, None, Some(128 * GIB)).host);
+        assert!(!default_miss(112 * GIB + 1, None, Some(128 * GIB)).host);
+        assert!(default_miss(6 * GIB, None, Some(8 * GIB)).host);
+        let small = default_miss(6 * GIB + 1, None, Some(8 * GIB));
+        assert!(!small.host);
+        assert!(small.reason.contains("8.59 GB of RAM available less 2.15 GB kept free"), "{}", small.reason);
+        assert!(!default_miss(1, None, None).host);
+    }
+
+    #[test]
+    fn available_ram_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            let a = available_ram_bytes().expect("MemAvailable on Linux");
+            assert!(a > 0);
+        }
+    }
+}

@@ -110,9 +110,11 @@ pub struct ModelArgs {
     /// Implies --device gpu; misses come from --ram-budget's cache when given, else the memory map.
     #[arg(long, value_parser = parse_size)]
     pub gpu_budget: Option<u64>,
-    /// With --gpu-budget: what a picked expert that is not on the GPU does.
-    #[arg(long, value_enum, default_value_t = MoeMissFlag::Auto)]
-    pub moe_miss: MoeMissFlag,
+    /// With --gpu-budget: what a picked expert that is not on the GPU does. Default: host when a
+    /// host copy of every expert fits --ram-budget (or, without one, the available RAM with a
+    /// margin), else auto; --stats says which and why.
+    #[arg(long, value_enum)]
+    pub moe_miss: Option<MoeMissFlag>,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -293,17 +295,24 @@ fn load_gpu_tier(
         n => n as u64,
     };
     let kv_bytes = w.kv_bytes_per_position * n_ctx + w.recurrent_state_bytes;
-    let slot_bytes = pager::GpuPlacement::plan_on(file, u64::MAX / 4, kv_bytes, 0, &WgpuSizes)?.slot_bytes;
-    let staging_bytes = ExpertTierOptions::new(1, slot_bytes).staging_total_bytes();
+    let unbounded = pager::GpuPlacement::plan_on(file, u64::MAX / 4, kv_bytes, 0, &WgpuSizes)?;
+    let staging_bytes = ExpertTierOptions::new(1, unbounded.slot_bytes).staging_total_bytes();
     let mut scratch_bytes = activation_scratch_bytes(file, GPU_TIER_BATCH.min(n_ctx as usize)) + staging_bytes;
-    if args.moe_miss == MoeMissFlag::Host {
-        let n_experts = pager::GpuPlacement::plan_on(file, u64::MAX / 4, kv_bytes, 0, &WgpuSizes)?.n_experts_total;
-        scratch_bytes += compute::wgpu::host_tier_table_reserve_bytes(n_experts);
+    let host_bytes = unbounded.n_experts_total as u64 * unbounded.slot_bytes;
+    let (moe_miss, miss_reason) = match args.moe_miss {
+        Some(m) => (m, "chosen by --moe-miss".to_string()),
+        None => {
+            let d =
+                pager::placement::default_miss(host_bytes, args.ram_budget, pager::placement::available_ram_bytes());
+            (if d.host { MoeMissFlag::Host } else { MoeMissFlag::Auto }, format!("default: {}", d.reason))
+        }
+    };
+    if moe_miss == MoeMissFlag::Host {
+        scratch_bytes += compute::wgpu::host_tier_table_reserve_bytes(unbounded.n_experts_total);
     }
     let placed = pager::GpuPlacement::plan_on(file, budget, kv_bytes, scratch_bytes, &WgpuSizes)?;
     // The host tier holds every expert itself (bounded by --ram-budget): no RAM cache beside it.
-    let host_tier = args.moe_miss == MoeMissFlag::Host;
-    let host_bytes = placed.n_experts_total as u64 * placed.slot_bytes;
+    let host_tier = moe_miss == MoeMissFlag::Host;
     if let (true, Some(ram)) = (host_tier, args.ram_budget) {
         anyhow::ensure!(
             host_bytes <= ram,
@@ -317,7 +326,7 @@ fn load_gpu_tier(
         None => Arc::new(pager::MappedExperts::open(file)?),
     };
     let topts = ExpertTierOptions {
-        miss: match args.moe_miss {
+        miss: match moe_miss {
             MoeMissFlag::Upload => MissPolicy::Upload,
             MoeMissFlag::Cpu => MissPolicy::Cpu,
             MoeMissFlag::Auto => MissPolicy::Auto,
@@ -355,7 +364,8 @@ fn load_gpu_tier(
         b.expert_upload_bytes_per_s().unwrap_or(0.0) / 1e9,
     );
     let runner = models::load_on(b.clone(), file, opts)?;
-    Ok((runner, pager, Box::new(move || b.format_expert_tier_stats().unwrap_or_default())))
+    let miss_line = format!("expert misses: {} ({miss_reason})\n", format!("{moe_miss:?}").to_lowercase());
+    Ok((runner, pager, Box::new(move || miss_line.clone() + &b.format_expert_tier_stats().unwrap_or_default())))
 }
 
 #[cfg(not(feature = "gpu"))]
