@@ -30,7 +30,7 @@ mod gpu_ops {
     use compute::cpu::{CpuBackend, CpuTensor};
     use compute::quant::{GgmlType, MatmulMode};
     use compute::spec::{Act, AttnSpec, Gating, Glu, MoeSpec, RopeSpec, RouteSpec, Yarn};
-    use compute::wgpu::{AttnDecodeShape, AttnKernel, MatvecShape, Q8Shape, WgpuBackend};
+    use compute::wgpu::{AttnDecodeShape, AttnKernel, MatvecShape, NormKernel, Q8Shape, WgpuBackend};
     use compute::{AttnStep, Backend, Experts};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -84,6 +84,7 @@ mod gpu_ops {
         matmul_cases(&g, &c, &mut rng, &mut r);
         elementwise_cases(&g, &c, &mut rng, &mut r);
         norm_rope_cases(&g, &c, &mut rng, &mut r);
+        norm_kernel_cases(&g, &c, &mut rng, &mut r);
         shape_cases(&g, &c, &mut rng, &mut r);
         attention_cases(&g, &c, &mut rng, &mut r);
         attention_decode_cases(&g, &c, &mut rng, &mut r);
@@ -262,6 +263,92 @@ mod gpu_ops {
                 &c.rope(&x, &positions, &spec).unwrap().data,
                 DEFAULT_MAX_NMSE,
             );
+        }
+    }
+
+    /// Every norm kernel against the CPU: `norm.wgsl` and `norm_reg.wgsl` at several workgroup
+    /// sizes, through subgroups (when the device has them) and through workgroup memory only (the
+    /// fallback, run on every device); RMS and layer norm with weight (and bias); rows whose vec4
+    /// count is not a multiple of the workgroup (tails), several rows per call. Where the rows are
+    /// whole 32-value blocks, the int8 blocks each kernel writes (block maxima and sums by
+    /// subgroup shuffles or through workgroup memory) must equal bit for bit those `quantize_q8`
+    /// makes from the kernel's own result, row by row.
+    fn norm_kernel_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {
+        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        let mut kernels = vec![NormKernel::Loop];
+        for wg in [32u32, 64, 256, 1024] {
+            kernels.push(NormKernel::Registers { wg, subgroups: false });
+            if g.uses_subgroups() {
+                kernels.push(NormKernel::Registers { wg, subgroups: true });
+            }
+        }
+        for (rows, width) in [(1usize, 4096usize), (3, 96), (2, 4128), (1, 8224), (2, 64), (3, 1028)] {
+            let x = tensor(rng, &[rows, width], 4.0);
+            let w = tensor(rng, &[width], 1.0);
+            let b = tensor(rng, &[width], 1.0);
+            let (gx, gw, gb) = (up(g, &x), up(g, &w), up(g, &b));
+            let q8 = width.is_multiple_of(32);
+            for &kernel in &kernels {
+                if let NormKernel::Registers { wg, .. } = kernel {
+                    // norm_reg holds at most 16 vec4 per invocation.
+                    if (width / 4).div_ceil(wg as usize) > 16 {
+                        continue;
+                    }
+                }
+                for layer in [false, true] {
+                    let op = if layer { "layer_norm" } else { "rms_norm" };
+                    let case =
+                        format!("{op}([{rows}, {width}], weight{}) {kernel:?}", if layer { ", bias" } else { "" });
+                    let want = if layer {
+                        c.layer_norm(&x, Some(&w), Some(&b), 1e-5).unwrap()
+                    } else {
+                        c.rms_norm(&x, Some(&w), 1e-6).unwrap()
+                    };
+                    let eps = if layer { 1e-5 } else { 1e-6 };
+                    let got = g.norm_with_kernel(&gx, Some(&gw), layer.then_some(&gb), eps, layer, kernel, q8);
+                    let (y, blocks) = match got {
+                        Ok(t) => t,
+                        Err(e) => {
+                            r.check(&case, Err(e), &[], 0.0);
+                            continue;
+                        }
+                    };
+                    let y_host = match g.to_host(&y) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            r.check(&case, Err(e), &[], 0.0);
+                            continue;
+                        }
+                    };
+                    r.check(&case, Ok(y_host.clone()), &want.data, DEFAULT_MAX_NMSE);
+                    let Some(blocks) = blocks else { continue };
+                    // Each row's blocks from quantize_q8 of a fresh upload of the kernel's result.
+                    let expected = (0..rows).try_fold((Vec::new(), Vec::new()), |(mut qs, mut ds), row| {
+                        let yr = g8.from_host(&y_host[row * width..(row + 1) * width], &[1, width])?;
+                        let q = g8.quantize_activations(&yr)?.expect("int8 activations on for one row of whole blocks");
+                        let (q_row, d_row) = g8.q8_act_to_host(&q)?;
+                        qs.extend(q_row);
+                        ds.extend(d_row.iter().map(|d| d.to_bits()));
+                        Ok::<_, compute::OpError>((qs, ds))
+                    });
+                    let got =
+                        g.q8_act_to_host(&blocks).map(|(q, d)| (q, d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
+                    let first_difference = |(a, b): (Vec<u32>, Vec<u32>), (c, d): &(Vec<u32>, Vec<u32>)| {
+                        let bytes = a.iter().zip(c).position(|(x, y)| x != y).map(|i| format!("packed word {i}"));
+                        let scales = b.iter().zip(d).position(|(x, y)| x != y).map(|i| format!("block {i} scale/sum"));
+                        let sizes = (a.len() != c.len() || b.len() != d.len()).then(|| "sizes".to_string());
+                        bytes.or(scales).or(sizes)
+                    };
+                    match expected {
+                        Ok(expected) => r.exact(
+                            &format!("{case} int8 blocks == quantize_q8 of its result (first difference)"),
+                            got.map(|g| first_difference(g, &expected)),
+                            &None,
+                        ),
+                        Err(e) => r.check(&format!("{case} quantize_q8 reference"), Err(e), &[], 0.0),
+                    }
+                }
+            }
         }
     }
 
@@ -1324,10 +1411,13 @@ mod gpu_ops {
 
     /// What one dispatch costs apart from its work (issue 5), one line per condition: wall time
     /// per dispatch over a batch (submit to completion) and, where the adapter has timestamp
-    /// queries, GPU time per dispatch. `--ignored perf_dispatch` runs only this.
+    /// queries, GPU time per dispatch; each chain without a timestamp inside it and with one
+    /// before every dispatch (as `DISKFORMER_GPU_PROFILE=2`), so the profile's own cost shows.
+    /// `--ignored perf_dispatch` runs only this; `DISKFORMER_PROBE=norm,k)` picks cases by label.
     fn dispatch_costs(g: &WgpuBackend) {
-        const N_DISPATCHES: usize = 1000;
-        for c in g.perf_dispatch(N_DISPATCHES).expect("dispatch probe") {
+        // DISKFORMER_PROBE_N: shorter chains for a quick run on a software adapter.
+        let n_dispatches = std::env::var("DISKFORMER_PROBE_N").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+        for c in g.perf_dispatch(n_dispatches).expect("dispatch probe") {
             let gpu = match c.gpu_secs {
                 Some(s) => format!("{:.2} us GPU", s * 1e6),
                 None => "no timestamp queries".to_string(),
@@ -1338,6 +1428,9 @@ mod gpu_ops {
                 c.wall_secs * 1e6,
                 c.encode_secs * 1e6
             );
+            for (kernel, secs) in &c.per_kernel {
+                println!("    as the GPU profile attributes it: {kernel} {:.2} us per dispatch", secs * 1e6);
+            }
         }
     }
 

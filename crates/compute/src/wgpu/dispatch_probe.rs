@@ -5,6 +5,13 @@
 //! writes its own), one compute pass per dispatch or one for all, workgroup memory zeroed by the
 //! pipeline (WGSL's rule, wgpu's default) or not, and two real kernels of the step.
 //!
+//! Sixth session: every chain is also timed with a timestamp before each dispatch (what the GPU
+//! profile, `DISKFORMER_GPU_PROFILE=2`, does) next to the same chain without any timestamp
+//! inside it, so the profile's own cost per dispatch shows; an empty kernel with and without a
+//! barrier; the decode norm (weight and int8 blocks) in `norm.wgsl` and in `norm_reg.wgsl`'s
+//! shapes; and each small kernel after a 9 MB streaming read (the decode's order: a small kernel
+//! waits for a product's last workgroups), attributed per kernel as the profile does.
+//!
 //! It opens a second device on the back end's adapter with the timestamp features when the
 //! adapter has them, so the GPU's own time per dispatch is measured next to the wall time of the
 //! batch (submit to completion); the back end's device, and so every other measurement, stays as
@@ -49,11 +56,34 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 }
 ";
 
+/// A kernel that does nothing and binds nothing: what launching a dispatch costs when nothing
+/// orders it after the previous one.
+const EMPTY: &str = "
+@compute @workgroup_size(64)
+fn main() {
+}
+";
+
+/// A kernel that does nothing but binds a buffer for writing (written only when P.y == 12345,
+/// never here), so wgpu orders it after the previous dispatch with a barrier: the barrier's cost
+/// without any work.
+const EMPTY_BARRIER: &str = "
+@group(0) @binding(0) var<storage, read_write> B: array<f32>;
+@group(0) @binding(1) var<uniform> P: vec4<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    if (P.y == 12345u && lid == 0u) {
+        B[0] = 1.0;
+    }
+}
+";
+
 /// One line of [`WgpuBackend::perf_dispatch`].
 #[doc(hidden)]
 #[derive(Clone, Debug)]
 pub struct DispatchCost {
-    /// What was dispatched and how.
+    /// What was dispatched and how (the timing mode in brackets).
     pub case: String,
     /// Dispatches in the timed batch.
     pub n_dispatches: usize,
@@ -61,73 +91,140 @@ pub struct DispatchCost {
     pub encode_secs: f64,
     /// Seconds per dispatch from submit to the batch's completion seen by the host.
     pub wall_secs: f64,
-    /// GPU seconds per dispatch between the first pass's start and the last pass's end
-    /// (`None` when the adapter has no timestamp queries).
+    /// GPU seconds per dispatch between the first pass's start (or the first timestamp) and the
+    /// last pass's end (`None` when the adapter has no timestamp queries).
     pub gpu_secs: Option<f64>,
+    /// With a timestamp before every dispatch (what `DISKFORMER_GPU_PROFILE=2` does): GPU
+    /// seconds per dispatch of each kernel of the batch, from its timestamp to the next one, as
+    /// the profile attributes them. Empty in the other modes.
+    pub per_kernel: Vec<(String, f64)>,
 }
 
-/// One dispatch of a batch: the pipeline, its bindings, the workgroup count.
+/// How a batch is recorded and timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timing {
+    /// One compute pass, timestamps at its start and end only (no query inside the chain).
+    OnePass,
+    /// One compute pass per dispatch, timestamps at the first's start and the last's end.
+    PassPerDispatch,
+    /// One compute pass, a timestamp before every dispatch and one after the last (the GPU
+    /// profile's way); needs `TIMESTAMP_QUERY_INSIDE_PASSES`.
+    StampEach,
+}
+
+impl Timing {
+    fn label(self) -> &'static str {
+        match self {
+            Timing::OnePass => "one pass, no timestamp inside",
+            Timing::PassPerDispatch => "a pass per dispatch",
+            Timing::StampEach => "one pass, a timestamp before every dispatch as DISKFORMER_GPU_PROFILE=2",
+        }
+    }
+}
+
+/// One dispatch of a batch: the pipeline, its bindings, the workgroup count, and the index of
+/// its kernel's name in the case's list (for the per-kernel times).
 struct Item<'a> {
     pipeline: &'a wgpu::ComputePipeline,
-    bind_group: &'a wgpu::BindGroup,
+    bind_group: Option<&'a wgpu::BindGroup>,
     groups: u32,
+    kernel: usize,
 }
 
-/// A device of its own with timestamp queries when offered.
+/// What one timed batch gave.
+struct Run {
+    encode_secs: f64,
+    wall_secs: f64,
+    gpu_secs: Option<f64>,
+    /// Per kernel index: (dispatches, GPU seconds) from per-dispatch timestamps.
+    per_kernel: Vec<(usize, f64)>,
+}
+
+/// A device of its own with timestamp queries (and subgroups) when offered.
 struct Probe {
     device: wgpu::Device,
     queue: wgpu::Queue,
     timestamps: Option<Timestamps>,
+    /// Timestamps may be written between dispatches inside a pass.
+    inside_passes: bool,
+    subgroups: bool,
+    max_wg: u32,
 }
 
 struct Timestamps {
     set: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     readback: wgpu::Buffer,
+    /// Timestamps the set holds.
+    capacity: u32,
     /// Nanoseconds per timestamp tick.
     period_ns: f64,
 }
 
+/// Most timestamps one query set may hold (wgpu's limit).
+const MAX_QUERIES: u32 = 4096;
+
 fn failed(why: String) -> OpError {
     OpError::Unsupported { op: "perf_dispatch", backend: "wgpu", why }
+}
+
+/// `DISKFORMER_PROBE=a,norm_reg`: only the cases whose label contains one of the parts (all when
+/// unset), so one kernel's variants can be compared alone.
+fn case_filter() -> Vec<String> {
+    std::env::var("DISKFORMER_PROBE")
+        .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
+        .unwrap_or_default()
 }
 
 impl Probe {
     fn open(adapter_index: usize) -> Result<Probe, OpError> {
         let list = adapters(&instance());
         let adapter = list.get(adapter_index).ok_or_else(|| failed(format!("adapter {adapter_index} is gone")))?;
-        let wanted = wgpu::Features::TIMESTAMP_QUERY;
+        let wanted =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES | wgpu::Features::SUBGROUP;
         let features = adapter.features() & wanted;
+        let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("dispatch probe"),
             required_features: features,
-            required_limits: adapter.limits(),
+            required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| failed(format!("device refused: {e}")))?;
-        let timestamps = features.contains(wanted).then(|| Timestamps {
-            set: device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("probe timestamps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2,
-            }),
-            resolve: device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("probe resolve"),
-                size: 16,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
-            readback: device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("probe readback"),
-                size: 16,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
-            period_ns: f64::from(queue.get_timestamp_period()),
+        let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
+            let capacity = MAX_QUERIES;
+            Timestamps {
+                set: device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("probe timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: capacity,
+                }),
+                resolve: device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("probe resolve"),
+                    size: 8 * u64::from(capacity),
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }),
+                readback: device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("probe readback"),
+                    size: 8 * u64::from(capacity),
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+                capacity,
+                period_ns: f64::from(queue.get_timestamp_period()),
+            }
         });
-        Ok(Probe { device, queue, timestamps })
+        Ok(Probe {
+            device,
+            queue,
+            timestamps,
+            inside_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            max_wg: limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x),
+        })
     }
 
     fn pipeline(&self, label: &str, source: &str, zero_init: bool) -> wgpu::ComputePipeline {
@@ -181,30 +278,54 @@ impl Probe {
         })
     }
 
-    /// Records, submits and waits for one batch: (encode, wall, GPU) seconds for the whole batch.
-    fn run_once(&self, items: &[Item<'_>], pass_per_dispatch: bool) -> Result<(f64, f64, Option<f64>), OpError> {
+    /// Whether `timing` can be measured here, and for how many dispatches.
+    fn supports(&self, timing: Timing, n_dispatches: usize) -> bool {
+        match timing {
+            Timing::OnePass | Timing::PassPerDispatch => true,
+            Timing::StampEach => {
+                self.inside_passes && self.timestamps.as_ref().is_some_and(|t| n_dispatches < t.capacity as usize)
+            }
+        }
+    }
+
+    /// Records, submits and waits for one batch.
+    fn run_once(&self, items: &[Item<'_>], timing: Timing, n_kernels: usize) -> Result<Run, OpError> {
         let recording = std::time::Instant::now();
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("probe") });
-        let n_passes = if pass_per_dispatch { items.len() } else { 1 };
+        let stamps = self.timestamps.as_ref();
+        let n_passes = if timing == Timing::PassPerDispatch { items.len() } else { 1 };
         let per_pass = items.len().div_ceil(n_passes);
+        let n_stamps = match timing {
+            Timing::StampEach => items.len() as u32 + 1,
+            _ => 2,
+        };
         for (p, chunk) in items.chunks(per_pass).enumerate() {
             let first_or_last = p == 0 || p + 1 == n_passes;
-            let timestamp_writes =
-                self.timestamps.as_ref().filter(|_| first_or_last).map(|t| wgpu::ComputePassTimestampWrites {
+            let timestamp_writes = stamps.filter(|_| first_or_last && timing != Timing::StampEach).map(|t| {
+                wgpu::ComputePassTimestampWrites {
                     query_set: &t.set,
                     beginning_of_pass_write_index: (p == 0).then_some(0),
                     end_of_pass_write_index: (p + 1 == n_passes).then_some(1),
-                });
+                }
+            });
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes });
-            for item in chunk {
+            for (i, item) in chunk.iter().enumerate() {
                 pass.set_pipeline(item.pipeline);
-                pass.set_bind_group(0, item.bind_group, &[]);
+                if let Some(bg) = item.bind_group {
+                    pass.set_bind_group(0, bg, &[]);
+                }
+                if let (Timing::StampEach, Some(t)) = (timing, stamps) {
+                    pass.write_timestamp(&t.set, (p * per_pass + i) as u32);
+                }
                 pass.dispatch_workgroups(item.groups, 1, 1);
             }
+            if let (Timing::StampEach, Some(t)) = (timing, stamps) {
+                pass.write_timestamp(&t.set, items.len() as u32);
+            }
         }
-        if let Some(t) = &self.timestamps {
-            enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
-            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.readback, 0, 16);
+        if let Some(t) = stamps {
+            enc.resolve_query_set(&t.set, 0..n_stamps, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.readback, 0, 8 * u64::from(n_stamps));
         }
         let cmd = enc.finish();
         let encode_secs = recording.elapsed().as_secs_f64();
@@ -214,150 +335,305 @@ impl Probe {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| failed(format!("device lost while waiting: {e}")))?;
         let wall_secs = running.elapsed().as_secs_f64();
-        let gpu_secs = match &self.timestamps {
-            None => None,
-            Some(t) => {
-                let (tx, rx) = std::sync::mpsc::channel();
-                t.readback.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-                    let _ = tx.send(r);
-                });
-                self.device
-                    .poll(wgpu::PollType::wait_indefinitely())
-                    .map_err(|e| failed(format!("device lost while mapping: {e}")))?;
-                match rx.recv() {
-                    Ok(Ok(())) => {}
-                    other => return Err(failed(format!("timestamp readback failed: {other:?}"))),
-                }
-                let ticks: Vec<u64> = t
-                    .readback
-                    .slice(..)
-                    .get_mapped_range()
-                    .map(|view| bytemuck::cast_slice::<u8, u64>(&view).to_vec())
-                    .map_err(|e| failed(format!("timestamp readback failed: {e:?}")))?;
-                t.readback.unmap();
-                Some(ticks[1].wrapping_sub(ticks[0]) as f64 * t.period_ns * 1e-9)
+        let mut run = Run { encode_secs, wall_secs, gpu_secs: None, per_kernel: vec![(0, 0.0); n_kernels] };
+        let Some(t) = stamps else { return Ok(run) };
+        let size = 8 * u64::from(n_stamps);
+        let (tx, rx) = std::sync::mpsc::channel();
+        t.readback.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| failed(format!("device lost while mapping: {e}")))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            other => return Err(failed(format!("timestamp readback failed: {other:?}"))),
+        }
+        let ticks: Vec<u64> = t
+            .readback
+            .slice(..size)
+            .get_mapped_range()
+            .map(|view| bytemuck::cast_slice::<u8, u64>(&view).to_vec())
+            .map_err(|e| failed(format!("timestamp readback failed: {e:?}")))?;
+        t.readback.unmap();
+        let secs = |a: u64, b: u64| b.wrapping_sub(a) as f64 * t.period_ns * 1e-9;
+        let last = ticks.len() - 1;
+        run.gpu_secs = Some(secs(ticks[0], ticks[last]));
+        if timing == Timing::StampEach {
+            for (i, item) in items.iter().enumerate() {
+                let e = &mut run.per_kernel[item.kernel];
+                e.0 += 1;
+                e.1 += secs(ticks[i], ticks[i + 1]);
             }
-        };
-        Ok((encode_secs, wall_secs, gpu_secs))
+        }
+        Ok(run)
     }
 
     /// Median over five batches after a quarter second of the same work (clocks ramp up).
-    fn measure(&self, case: String, items: &[Item<'_>], pass_per_dispatch: bool) -> Result<DispatchCost, OpError> {
+    fn measure(&self, case: &str, names: &[&str], items: &[Item<'_>], timing: Timing) -> Result<DispatchCost, OpError> {
         let warm = std::time::Instant::now();
         while warm.elapsed().as_secs_f64() < 0.25 {
-            self.run_once(items, pass_per_dispatch)?;
+            self.run_once(items, timing, names.len())?;
         }
         let mut runs = Vec::with_capacity(5);
         for _ in 0..5 {
-            runs.push(self.run_once(items, pass_per_dispatch)?);
+            runs.push(self.run_once(items, timing, names.len())?);
         }
         let median = |mut v: Vec<f64>| -> f64 {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
         let n = items.len() as f64;
-        let gpu = runs.iter().map(|r| r.2).collect::<Option<Vec<f64>>>();
+        let gpu = runs.iter().map(|r| r.gpu_secs).collect::<Option<Vec<f64>>>();
+        let per_kernel = if timing == Timing::StampEach {
+            names
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| runs[0].per_kernel[*k].0 > 0)
+                .map(|(k, name)| {
+                    let count = runs[0].per_kernel[k].0 as f64;
+                    (name.to_string(), median(runs.iter().map(|r| r.per_kernel[k].1 / count).collect()))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(DispatchCost {
-            case,
+            case: format!("{case} [{}]", timing.label()),
             n_dispatches: items.len(),
-            encode_secs: median(runs.iter().map(|r| r.0).collect()) / n,
-            wall_secs: median(runs.iter().map(|r| r.1).collect()) / n,
+            encode_secs: median(runs.iter().map(|r| r.encode_secs).collect()) / n,
+            wall_secs: median(runs.iter().map(|r| r.wall_secs).collect()) / n,
             gpu_secs: gpu.map(|g| median(g) / n),
+            per_kernel,
         })
     }
 }
 
+/// A labelled batch and the timings it is measured with.
+struct Case<'a> {
+    label: String,
+    names: Vec<&'static str>,
+    items: Vec<Item<'a>>,
+    timings: &'static [Timing],
+}
+
+/// The timings of a chain: without any timestamp inside it, and with one before every dispatch
+/// (so the GPU profile's own cost shows as the difference).
+const BOTH: &[Timing] = &[Timing::OnePass, Timing::StampEach];
+
 impl WgpuBackend {
     /// Time per dispatch of `n_dispatches`-long batches under each condition a decode step
-    /// creates (module documentation), on a second device of this back end's adapter.
+    /// creates (module documentation), on a second device of this back end's adapter; each chain
+    /// without timestamps inside it and with one before every dispatch (the GPU profile's way).
+    /// `DISKFORMER_PROBE` (comma-separated parts of case labels) picks cases.
     ///
     /// # Errors
     /// The adapter refuses a second device, or the device is lost.
     #[doc(hidden)]
     pub fn perf_dispatch(&self, n_dispatches: usize) -> Result<Vec<DispatchCost>, OpError> {
         let probe = Probe::open(self.ctx.adapter.index)?;
-        let n = n_dispatches.max(1);
-        let mut out = Vec::new();
+        let n = n_dispatches.clamp(2, MAX_QUERIES as usize - 2);
+        let one = |pipeline, bind_group, groups| Item { pipeline, bind_group, groups, kernel: 0 };
+        let mut cases: Vec<Case> = Vec::new();
 
         let tiny = probe.pipeline("probe tiny", TINY, true);
         let tiny_params = probe.uniform(&[64, 0, 0, 0]);
         let shared_buf = probe.storage(256);
         let same = probe.bind(&tiny, &[&shared_buf, &tiny_params]);
-        let dependent: Vec<Item> = (0..n).map(|_| Item { pipeline: &tiny, bind_group: &same, groups: 1 }).collect();
-        out.push(probe.measure(
-            format!("a) dependent: {n} x tiny kernel (1 workgroup), each writing the same buffer, one pass"),
-            &dependent,
-            false,
-        )?);
         let own: Vec<wgpu::Buffer> = (0..n).map(|_| probe.storage(256)).collect();
         let own_groups: Vec<wgpu::BindGroup> = own.iter().map(|b| probe.bind(&tiny, &[b, &tiny_params])).collect();
-        let independent: Vec<Item> =
-            own_groups.iter().map(|bg| Item { pipeline: &tiny, bind_group: bg, groups: 1 }).collect();
-        out.push(probe.measure(
-            format!("b) independent: {n} x tiny kernel, each writing its own buffer, one pass"),
-            &independent,
-            false,
-        )?);
-        out.push(probe.measure(
-            format!("c) dependent, one compute pass per dispatch: {n} x tiny kernel"),
-            &dependent,
-            true,
-        )?);
-        out.push(probe.measure(
-            format!("c) independent, one compute pass per dispatch: {n} x tiny kernel"),
-            &independent,
-            true,
-        )?);
+        let dependent = || (0..n).map(|_| one(&tiny, Some(&same), 1)).collect::<Vec<_>>();
+        let independent = || own_groups.iter().map(|bg| one(&tiny, Some(bg), 1)).collect::<Vec<_>>();
+        cases.push(Case {
+            label: format!("a) dependent: {n} x tiny kernel (1 workgroup), each writing the same buffer"),
+            names: vec!["tiny"],
+            items: dependent(),
+            timings: BOTH,
+        });
+        cases.push(Case {
+            label: format!("b) independent: {n} x tiny kernel, each writing its own buffer"),
+            names: vec!["tiny"],
+            items: independent(),
+            timings: BOTH,
+        });
+        cases.push(Case {
+            label: format!("c) dependent: {n} x tiny kernel"),
+            names: vec!["tiny"],
+            items: dependent(),
+            timings: &[Timing::PassPerDispatch],
+        });
+        cases.push(Case {
+            label: format!("c) independent: {n} x tiny kernel"),
+            names: vec!["tiny"],
+            items: independent(),
+            timings: &[Timing::PassPerDispatch],
+        });
+
+        let empty = probe.pipeline("probe empty", EMPTY, false);
+        cases.push(Case {
+            label: format!("g) {n} x empty kernel binding nothing (launch, no barrier)"),
+            names: vec!["empty"],
+            items: (0..n).map(|_| one(&empty, None, 1)).collect(),
+            timings: BOTH,
+        });
+        let empty_barrier = probe.pipeline("probe empty barrier", EMPTY_BARRIER, false);
+        let empty_bg = probe.bind(&empty_barrier, &[&shared_buf, &tiny_params]);
+        cases.push(Case {
+            label: format!("h) dependent: {n} x empty kernel binding a buffer for writing (a barrier, no work)"),
+            names: vec!["empty+barrier"],
+            items: (0..n).map(|_| one(&empty_barrier, Some(&empty_bg), 1)).collect(),
+            timings: BOTH,
+        });
 
         let n_workgroups = 128u32;
         let shared_out = probe.storage(4 * 256 * u64::from(n_workgroups));
         let shared_params = probe.uniform(&[256 * n_workgroups, 0, 0, 0]);
-        for zero_init in [true, false] {
-            let pipe = probe.pipeline("probe shared", SHARED, zero_init);
-            let bg = probe.bind(&pipe, &[&shared_out, &shared_params]);
-            let items: Vec<Item> =
-                (0..n).map(|_| Item { pipeline: &pipe, bind_group: &bg, groups: n_workgroups }).collect();
-            out.push(probe.measure(
-                format!(
+        let shared_pipes: Vec<(bool, wgpu::ComputePipeline)> =
+            [true, false].map(|z| (z, probe.pipeline("probe shared", SHARED, z))).into();
+        let shared_bgs: Vec<wgpu::BindGroup> =
+            shared_pipes.iter().map(|(_, p)| probe.bind(p, &[&shared_out, &shared_params])).collect();
+        for ((zero_init, pipe), bg) in shared_pipes.iter().zip(&shared_bgs) {
+            cases.push(Case {
+                label: format!(
                     "d) dependent: {n} x 8 KiB-workgroup-memory kernel ({n_workgroups} workgroups), zero_initialize_workgroup_memory {zero_init}"
                 ),
-                &items,
-                false,
-            )?);
+                names: vec!["shared"],
+                items: (0..n).map(|_| one(pipe, Some(bg), n_workgroups)).collect(),
+                timings: &[Timing::OnePass],
+            });
         }
 
         let width = 4096u32;
         let n_blocks = width / 32;
         let x = probe.storage(4 * u64::from(width));
+        let norm_w = probe.storage(4 * u64::from(width));
         let qs = probe.storage(u64::from(width));
         let ds = probe.storage(8 * u64::from(n_blocks));
         let q_params = probe.uniform(&[n_blocks, 0, 0, 0]);
-        for zero_init in [true, false] {
-            let pipe = probe.pipeline("probe quantize_q8", &Plain::QuantizeQ8.source(), zero_init);
-            let bg = probe.bind(&pipe, &[&x, &qs, &ds, &q_params]);
-            let items: Vec<Item> =
-                (0..n).map(|_| Item { pipeline: &pipe, bind_group: &bg, groups: n_blocks.div_ceil(64) }).collect();
-            out.push(probe.measure(
-                format!("e) dependent: {n} x quantize_q8 of {width} values (quantize_q8.wgsl), zero_init {zero_init}"),
-                &items,
-                false,
-            )?);
+        let quantize = probe.pipeline("probe quantize_q8", &Plain::QuantizeQ8.source(), false);
+        let quantize_bg = probe.bind(&quantize, &[&x, &qs, &ds, &q_params]);
+        cases.push(Case {
+            label: format!("e) dependent: {n} x quantize_q8 of {width} values (quantize_q8.wgsl)"),
+            names: vec!["quantize_q8"],
+            items: (0..n).map(|_| one(&quantize, Some(&quantize_bg), n_blocks.div_ceil(64))).collect(),
+            timings: BOTH,
+        });
+
+        // The RMS norm of one 4096-wide row, the first dispatch of every layer: norm.wgsl without
+        // weight or int8 blocks (as the fifth session measured it) and as a decode runs it (weight
+        // and int8 blocks), then norm_reg.wgsl in several shapes.
+        let y = probe.storage(4 * u64::from(width));
+        let dummy = probe.storage(16);
+        let params = |w: bool, q8: bool| probe.uniform(&[width, 1, 0, 1e-5f32.to_bits(), w as u32, 0, q8 as u32, 0]);
+        let (plain_params, decode_params) = (params(false, false), params(true, true));
+        let old_norm = probe.pipeline("probe norm", &Plain::Norm.source(), false);
+        let old_plain_bg = probe.bind(&old_norm, &[&x, &dummy, &dummy, &y, &y, &y, &plain_params]);
+        let old_decode_bg = probe.bind(&old_norm, &[&x, &norm_w, &dummy, &y, &qs, &ds, &decode_params]);
+        cases.push(Case {
+            label: format!("f) dependent: {n} x rms_norm of 1x{width} (norm.wgsl), no weight, no int8 blocks"),
+            names: vec!["norm.wgsl"],
+            items: (0..n).map(|_| one(&old_norm, Some(&old_plain_bg), 1)).collect(),
+            timings: BOTH,
+        });
+        cases.push(Case {
+            label: format!("f) dependent: {n} x rms_norm of 1x{width} (norm.wgsl), weight and int8 blocks (decode)"),
+            names: vec!["norm.wgsl q8"],
+            items: (0..n).map(|_| one(&old_norm, Some(&old_decode_bg), 1)).collect(),
+            timings: BOTH,
+        });
+        let mut reg_variants: Vec<(super::norm::NormShape, bool, bool)> = Vec::new();
+        let auto = super::norm::NormShape::for_width(width as usize, probe.max_wg, super::norm::NormChoice::Auto);
+        for wg in [256u32, 1024, 128, 512] {
+            let shape = super::norm::NormShape { wg, nv: (width / 4).div_ceil(wg) };
+            if wg > probe.max_wg {
+                continue;
+            }
+            if probe.subgroups {
+                reg_variants.push((shape, true, true));
+            }
+            if Some(shape) == auto {
+                reg_variants.push((shape, false, true));
+                if probe.subgroups {
+                    reg_variants.push((shape, true, false));
+                }
+            }
+        }
+        let reg_pipes: Vec<wgpu::ComputePipeline> = reg_variants
+            .iter()
+            .map(|(shape, sg, _)| probe.pipeline("probe norm_reg", &shape.source(*sg), false))
+            .collect();
+        let reg_bgs: Vec<wgpu::BindGroup> = reg_variants
+            .iter()
+            .zip(&reg_pipes)
+            .map(|((_, _, q8), pipe)| {
+                if *q8 {
+                    probe.bind(pipe, &[&x, &norm_w, &dummy, &y, &qs, &ds, &decode_params])
+                } else {
+                    probe.bind(pipe, &[&x, &norm_w, &dummy, &y, &y, &y, &params(true, false)])
+                }
+            })
+            .collect();
+        for (((shape, sg, q8), pipe), bg) in reg_variants.iter().zip(&reg_pipes).zip(&reg_bgs) {
+            let what = if *q8 { "weight and int8 blocks (decode)" } else { "weight, no int8 blocks" };
+            let reduce = if *sg { "subgroups" } else { "workgroup memory only" };
+            cases.push(Case {
+                label: format!(
+                    "j) dependent: {n} x rms_norm of 1x{width} (norm_reg.wgsl {}x{} vec4, {reduce}), {what}",
+                    shape.wg, shape.nv
+                ),
+                names: vec!["norm_reg"],
+                items: (0..n).map(|_| one(pipe, Some(bg), 1)).collect(),
+                timings: BOTH,
+            });
         }
 
-        // The RMS norm of one 4096-wide row: one 256-invocation workgroup with a 1 KiB
-        // reduction scratch, the first dispatch of every layer.
-        let y = probe.storage(4 * u64::from(width));
-        let norm_params = probe.uniform(&[width, 1, 0, 1e-5f32.to_bits(), 0, 0, 0, 0]);
-        let dummy = probe.storage(16);
-        for zero_init in [true, false] {
-            let pipe = probe.pipeline("probe norm", &Plain::Norm.source(), zero_init);
-            let bg = probe.bind(&pipe, &[&x, &dummy, &dummy, &y, &y, &y, &norm_params]);
-            let items: Vec<Item> = (0..n).map(|_| Item { pipeline: &pipe, bind_group: &bg, groups: 1 }).collect();
-            out.push(probe.measure(
-                format!("f) dependent: {n} x rms_norm of 1x{width} (norm.wgsl), zero_init {zero_init}"),
-                &items,
-                false,
-            )?);
+        // In context: each small kernel after a 9.4 MB streaming read (an 8B model's o-proj in
+        // Q4_0), as in a decode, where the small kernel waits for the big one's last workgroups.
+        let stream_bytes = 9_437_184u64;
+        let stream_src = probe.storage(stream_bytes);
+        let stream_groups = 132 * 16;
+        let stream_out = probe.storage(4 * u64::from(stream_groups));
+        let stream_params = probe.uniform(&[(stream_bytes / 16) as u32, 0, 0, 0]);
+        let stream = probe.pipeline("probe stream", &Plain::Stream.source(), true);
+        let stream_bg = probe.bind(&stream, &[&stream_src, &stream_out, &stream_params]);
+        let big = || Item { pipeline: &stream, bind_group: Some(&stream_bg), groups: stream_groups, kernel: 0 };
+        cases.push(Case {
+            label: format!("k) dependent: {n} x streaming read of {} MB", stream_bytes >> 20),
+            names: vec!["stream 9 MB"],
+            items: (0..n).map(|_| big()).collect(),
+            timings: BOTH,
+        });
+        let mut small: Vec<(&'static str, &wgpu::ComputePipeline, Option<&wgpu::BindGroup>, u32)> = vec![
+            ("empty+barrier", &empty_barrier, Some(&empty_bg), 1),
+            ("tiny", &tiny, Some(&same), 1),
+            ("quantize_q8", &quantize, Some(&quantize_bg), n_blocks.div_ceil(64)),
+            ("norm.wgsl q8", &old_norm, Some(&old_decode_bg), 1),
+        ];
+        if let Some(k) = reg_variants.iter().position(|(s, sg, q8)| Some(*s) == auto && *sg == probe.subgroups && *q8) {
+            small.push(("norm_reg q8", &reg_pipes[k], Some(&reg_bgs[k]), 1));
+        }
+        for (name, pipe, bg, groups) in small {
+            let items =
+                (0..n / 2).flat_map(|_| [big(), Item { pipeline: pipe, bind_group: bg, groups, kernel: 1 }]).collect();
+            cases.push(Case {
+                label: format!("k) dependent: {} x (streaming read of {} MB, then {name})", n / 2, stream_bytes >> 20),
+                names: vec!["stream 9 MB", name],
+                items,
+                timings: BOTH,
+            });
+        }
+
+        let filter = case_filter();
+        let mut out = Vec::new();
+        for case in &cases {
+            if !filter.is_empty() && !filter.iter().any(|f| case.label.contains(f.as_str())) {
+                continue;
+            }
+            for &timing in case.timings {
+                if probe.supports(timing, case.items.len()) {
+                    out.push(probe.measure(&case.label, &case.names, &case.items, timing)?);
+                }
+            }
         }
         Ok(out)
     }

@@ -42,6 +42,7 @@ mod gpu_timer;
 mod int8;
 pub mod layout;
 mod moe;
+mod norm;
 mod shaders;
 
 pub use experts::{
@@ -57,6 +58,8 @@ use crate::weight::HostWeight;
 #[doc(hidden)]
 pub use dispatch_probe::DispatchCost;
 pub use int8::Q8Act;
+#[doc(hidden)]
+pub use norm::NormKernel;
 use layout::TypeLayout;
 use shaders::Plain;
 pub use fused::AttnKernel;
@@ -335,6 +338,8 @@ struct Ctx {
     commands_submitted: std::sync::atomic::AtomicU64,
     /// Bind groups created so far (cache misses), for [`WgpuBackend::bind_groups_created`].
     bind_groups_created: std::sync::atomic::AtomicU64,
+    /// Which norm kernel a width takes (`DISKFORMER_NORM`, [`norm`]).
+    norm_choice: norm::NormChoice,
 }
 
 /// Where the host's time goes around the GPU (DISKFORMER_GPU_PROFILE=1): a decode step is
@@ -740,6 +745,7 @@ impl WgpuBackend {
             zero_workgroup: std::env::var("DISKFORMER_WG_ZERO").ok().map(|v| v != "0"),
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
             bind_groups_created: std::sync::atomic::AtomicU64::new(0),
+            norm_choice: norm::NormChoice::from_env(),
         };
         Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None, int8_act: false })
     }
@@ -1919,53 +1925,6 @@ impl Backend for WgpuBackend {
             &[n as u32, n_head as u32, head_dim as u32, d_state as u32, inputs.n_group as u32, 0, 0, 0],
             grid(n_head * head_dim),
         );
-        Ok(y)
-    }
-}
-
-impl WgpuBackend {
-    fn norm(
-        &self,
-        op: &'static str,
-        x: &WgpuTensor,
-        weight: Option<&WgpuTensor>,
-        bias: Option<&WgpuTensor>,
-        eps: f32,
-        mode: u32,
-    ) -> Result<WgpuTensor, OpError> {
-        let w = x.width();
-        for t in [weight, bias].into_iter().flatten() {
-            if t.len() != w {
-                return Err(OpError::ShapeMismatch { op, expected: format!("weight of {w}"), got: t.shape.clone() });
-            }
-        }
-        let y = self.alloc(op, &x.shape)?;
-        let rows = x.rows();
-        let wb = weight.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
-        let bb = bias.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
-        // The products after a decode norm take int8 activations: the norm writes them too.
-        let q8 = self.q8_epilogue_target(&y, true);
-        // Without int8 output the kernel writes no blocks; `y` fills their bindings (the dummy is
-        // bound read-only above, and one buffer may not be both read-only and writable).
-        let (qs, ds) = q8.as_ref().map_or((&y.buf.buffer, &y.buf.buffer), |(q, d)| (q, d));
-        self.dispatch(
-            self.plain(Plain::Norm),
-            &[&x.buf.buffer, wb, bb, &y.buf.buffer, qs, ds],
-            &[
-                w as u32,
-                rows as u32,
-                mode,
-                eps.to_bits(),
-                weight.is_some() as u32,
-                bias.is_some() as u32,
-                q8.is_some() as u32,
-                0,
-            ],
-            grid(rows),
-        );
-        if q8.is_some() {
-            self.q8_register(&y.buf.buffer, w);
-        }
         Ok(y)
     }
 }
