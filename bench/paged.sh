@@ -17,8 +17,9 @@
 #   BIN [.gpubin/paged]     folder holding `diskformer`; `llama-bench` and its .so files beside it
 #                           (or in PEER_BIN) are the peer, when present
 #   SHAPE [qwen3-30b-a3b]   TYPE [Q4_K]   PARAMS [] (`synth --params`, e.g. small dims)  SKEW [0]
-#   GPU_BUDGET [4G]  MISS [auto] (--moe-miss: upload|cpu|auto|host; host = misses read by the GPU
-#                           from a copy of every expert in host memory, no wait per layer)
+#   GPU_BUDGET [4G]  MISS [] (--moe-miss: upload|cpu|auto|host; host = misses read by the GPU
+#                           from a copy of every expert in host memory, no wait per layer; empty:
+#                           diskformer's default, host where that copy fits RAM, else auto)
 #   POLICY [lfu] (--cache-policy)
 #   RAM_BUDGET []           empty: misses read from the memory map (the page cache is the host
 #                           tier); a size: through the pager's RAM cache of that size
@@ -53,7 +54,7 @@ PARAMS=${PARAMS:-}
 VOCAB=${VOCAB:-}
 SKEW=${SKEW:-0}
 GPU_BUDGET=${GPU_BUDGET:-4G}
-MISS=${MISS:-auto}
+MISS=${MISS:-}
 POLICY=${POLICY:-lfu}
 RAM_BUDGET=${RAM_BUDGET:-}
 P=${P:-512}
@@ -94,7 +95,8 @@ if [ ! -f "$model" ]; then
 fi
 size_bytes=$(stat -c %s "$model")
 
-flags=(--gpu-budget "$GPU_BUDGET" --moe-miss "$MISS" --cache-policy "$POLICY" -t "$THREADS" -r "$REPS")
+flags=(--gpu-budget "$GPU_BUDGET" --cache-policy "$POLICY" -t "$THREADS" -r "$REPS")
+[ -n "$MISS" ] && flags+=(--moe-miss "$MISS")
 [ -n "$RAM_BUDGET" ] && flags+=(--ram-budget "$RAM_BUDGET")
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 raw="$out_dir/paged-$stamp.jsonl"
@@ -106,10 +108,26 @@ if [ "$P" -gt 0 ]; then
   df_pp=$("$DF" bench -m "$model" -p "$P" -n 0 "${flags[@]}" --stats --json 2>"$pp_stats") \
     || { cat "$pp_stats" >&2; exit 1; }
 fi
-# GPU memory in use while decoding (nvidia-smi, when there is one): the host tier must not be in it.
+# GPU memory (nvidia-smi, when there is one), so that the budget check separates the driver's own
+# context from our buffers: in use before any model loads (idle), the peak of a process holding a
+# model of a few MB (the driver's context plus the back end's fixed buffers), and the peak while
+# decoding (the host tier must not be in it).
 smi_log="$out_dir/paged-$stamp-smi.txt"
+smi_ctx_log="$out_dir/paged-$stamp-smi-context.txt"
 smi_pid=""
+smi_idle=""
 if command -v nvidia-smi >/dev/null 2>&1; then
+  smi_idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  probe_model="$MODELS_DIR/synth-context-probe.gguf"
+  if [ ! -f "$probe_model" ]; then
+    "$DF" synth --shape qwen3-30b-a3b --type Q4_K --seed 1 --vocab 2048 \
+      --params n_layer=1,n_embd=256,n_expert=32,n_expert_used=4,n_ff_exp=256,n_ff=512 --out "$probe_model" >&2
+  fi
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 50 >"$smi_ctx_log" 2>/dev/null &
+  ctx_pid=$!
+  "$DF" bench -m "$probe_model" --device gpu -p 0 -n 16 -r 1 >/dev/null 2>&1 || echo "note: the context probe failed" >&2
+  kill "$ctx_pid" 2>/dev/null || true
+  echo "GPU memory: ${smi_idle} MiB in use before any model loads; the context probe's model: $(stat -c %s "$probe_model") B" >&2
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$smi_log" 2>/dev/null &
   smi_pid=$!
 fi
@@ -139,18 +157,20 @@ elif [ "$PEER" = 1 ]; then
   echo "note: no llama-bench at $LB: diskformer only" >&2
 fi
 
-python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "$MISS" \
-  "$LB_FLAGS" "$raw" "$df_res" "$smi_log" <<'PY'
+python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "${MISS:-default}" \
+  "$LB_FLAGS" "$raw" "$df_res" "$smi_log" "$smi_idle" "$smi_ctx_log" "$tg_stats" <<'PY'
 import json, re, sys
 pp, tg, lb = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 res = json.loads(sys.argv[13])
 stats_path, n_gen, reps, model, size_bytes = sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], int(sys.argv[8])
 budget, miss, lb_flags, raw = sys.argv[9], sys.argv[10], sys.argv[11], sys.argv[12]
-smi = []
-try:
-    smi = [int(l.split()[0]) for l in open(sys.argv[14]) if l.strip()[:1].isdigit()]
-except OSError:
-    pass
+def smi_samples(path):
+    try:
+        return [int(l.split()[0]) for l in open(path) if l.strip()[:1].isdigit()]
+    except OSError:
+        return []
+smi, smi_ctx = smi_samples(sys.argv[14]), smi_samples(sys.argv[16])
+smi_idle = int(sys.argv[15]) if sys.argv[15].strip().isdigit() else None
 lines = open(stats_path).read().splitlines()
 # The GPU tier's table: its header line, then rows up to "all":
 # layer selected hits misses uploads uploadMiB cpu evicted host-reads hit%
@@ -172,7 +192,9 @@ rec = {"model": model, "size_bytes": size_bytes, "gpu_budget": budget, "moe_miss
        "tg_limit_upload": upload_bps / bytes_per_token if bytes_per_token else None, "placement": placement,
        "resident_pp": res.get("pp_tok_s"), "resident_tg": res.get("tg_tok_s"),
        "host_reads_per_token": host_reads / tokens, "tier_profile": profile,
-       "gpu_mem_used_mib_peak": max(smi) if smi else None}
+       "gpu_mem_used_mib_peak": max(smi) if smi else None, "gpu_mem_used_mib_idle": smi_idle,
+       "gpu_mem_used_mib_context_peak": max(smi_ctx) if smi_ctx else None,
+       "moe_miss_choice": next((l for l in open(sys.argv[17]).read().splitlines() if l.startswith("expert misses:")), "")}
 with open(raw, "a") as f:
     f.write(json.dumps(rec) + "\n")
 fmt = lambda v: "-" if v is None else f"{v:.2f}"
@@ -197,6 +219,14 @@ if host_reads:
     print(f"misses read by the GPU from host memory: {host_reads / tokens:.1f} experts per token")
 if profile:
     print(profile)
+if rec["moe_miss_choice"]:
+    print(rec["moe_miss_choice"])
 if smi:
     print(f"GPU memory in use while decoding (nvidia-smi): peak {max(smi)} MiB")
+if smi and smi_ctx and smi_idle is not None:
+    # The context probe holds a few MB of model: its peak above idle is the driver's context and
+    # the back end's fixed buffers, which no budget counts.
+    ctx, ours = max(smi_ctx) - smi_idle, max(smi) - max(smi_ctx)
+    print(f"GPU memory: idle {smi_idle} MiB, driver context (a process with a tiny model) {ctx} MiB, "
+          f"decode peak above that {ours} MiB = {ours * 2**20 / 1e9:.2f} GB against --gpu-budget {budget}")
 PY
