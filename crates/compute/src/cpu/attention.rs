@@ -101,6 +101,8 @@ impl Simd {
 /// A cached element type the kernels read.
 pub(crate) trait KvElem: Copy + Send + Sync {
     /// True for f16 bits (`u16`), false for f32: how the AVX2 passes load eight values.
+    // Only the x86-64 passes read it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const HALF: bool;
     /// `q · k`.
     fn dot(simd: Simd, q: &[f32], k: &[Self]) -> f32;

@@ -197,8 +197,8 @@ const TOKENS_PER_TILE: usize = 16;
 /// [`Kernel::Portable`]. Decode (one token) splits output rows across threads; prefill applies
 /// each block of weight rows to tiles of tokens so a row is fetched from memory once per call.
 /// On AVX2, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K use multi-row kernels (eight rows per step in
-/// decode; in prefill four rows by sixteen tokens, one token per lane, for all but Q8_0, which
-/// takes four rows by four tokens) that give each output the same bits either way. The activation buffers are kept per thread, so repeated calls do not allocate.
+/// decode; in prefill four rows by sixteen tokens, one token per lane) that give each output
+/// the same bits either way. The activation buffers are kept per thread, so repeated calls do not allocate.
 ///
 /// # Errors
 /// As [`matmul`]; also [`QuantError::Unsupported`] for types without an 8-bit activation scheme
@@ -235,9 +235,8 @@ thread_local! {
 }
 
 /// [`matmul_quantized`] with the multi-row kernels: eight rows per call for one token, tiles of
-/// four rows by sixteen tokens ([`matmul_octets`]) or by four tokens otherwise. Rows past
-/// `n_out` and tokens past `n_tok` in a last partial group repeat the last one and are not
-/// stored.
+/// four rows by sixteen tokens ([`matmul_octets`]) otherwise. Rows past `n_out` and tokens past
+/// `n_tok` in a last partial group repeat the last one and are not stored.
 #[allow(clippy::too_many_arguments)]
 fn matmul_tiled(
     tiles: Tiles,
@@ -251,43 +250,14 @@ fn matmul_tiled(
     y: &mut [f32],
 ) {
     let nb = k / kind.block_elems();
-    let row_at = |o: usize| w[o.min(n_out - 1) * row_bytes..].as_ptr();
     let out = SharedOut(y.as_mut_ptr());
-    let n_threads = rayon::current_num_threads().max(1);
     if n_tok == 1 {
         let part = DecodePart::new(tiles, w, n_out, row_bytes, out);
         decode_tiled(&[part], nb, act.row(kind, 0, k), k);
         return;
     }
-    if tiles.uses_octets() {
-        act.build_octets(kind, n_tok, k);
-        matmul_octets(tiles, kind, act, w, n_out, k, n_tok, row_bytes, out);
-        return;
-    }
-    act.build_quads(n_tok, k);
-    let act = &*act;
-    let n_quads = n_tok.div_ceil(4);
-    // Four rows (a few KiB) stay in L1 while every token quad streams past from L2, so the
-    // task size only balances threads: whole groups of four rows, several tasks per thread.
-    let rows_per_task = n_out.div_ceil(8 * n_threads).next_multiple_of(4).max(4);
-    let task = |task_index: usize| {
-        let o_end = ((task_index + 1) * rows_per_task).min(n_out);
-        for o0 in (task_index * rows_per_task..o_end).step_by(4) {
-            let rows = std::array::from_fn(|i| row_at(o0 + i));
-            for q in 0..n_quads {
-                // SAFETY: as for one token.
-                let values = unsafe { tiles.tile_quad(&rows, nb, &act.quad(q, n_tok, k)) };
-                for (r, row_values) in values.iter().enumerate().take(o_end - o0) {
-                    for (t, &v) in row_values.iter().enumerate().take(n_tok - 4 * q) {
-                        // SAFETY: `4 q + t < n_tok` and `o0 + r < n_out`: inside `y`; this
-                        // task alone owns rows o_start..o_end.
-                        unsafe { *out.at((4 * q + t) * n_out + o0 + r) = v };
-                    }
-                }
-            }
-        }
-    };
-    run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);
+    act.build_octets(kind, n_tok, k);
+    matmul_octets(tiles, kind, act, w, n_out, k, n_tok, row_bytes, out);
 }
 
 /// Weight bytes of the rows one prefill task applies to every token octet: they stay in L2

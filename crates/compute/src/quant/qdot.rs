@@ -62,18 +62,6 @@ pub(crate) struct ActRow<'a> {
     pub sums: &'a [i16],
 }
 
-/// Activations of four tokens laid out for the 4-row x 4-token Q8_0 tile kernel: per block,
-/// the four scales side by side (Q8_0-style blocks of 32; Q8_0 weights need no quant sums).
-#[derive(Clone, Copy)]
-// Only the AVX2 tile kernels read the fields; other targets build the value and never use it.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct TokenQuad<'a> {
-    /// The four tokens' quants (`nb * 32` each).
-    pub qs: [&'a [i8]; 4],
-    /// `d[4 * ib + t]`: token `t`'s scale of block `ib`.
-    pub d: &'a [f32],
-}
-
 /// Activations of eight tokens laid out for the one-token-per-lane tile kernels
 /// (`simd/avx2_lanes.rs`): every four consecutive values of a row sit side by side for the eight
 /// tokens, so one 32-byte load gives four values of each token.
@@ -100,8 +88,6 @@ pub(crate) struct ActBuf {
     pub d: Vec<f32>,
     pub qs: Vec<i8>,
     pub sums: Vec<i16>,
-    /// Scales regrouped by four tokens (`build_quads`), `[quad][block][token]`.
-    pub quad_d: Vec<f32>,
     /// Quants regrouped by eight tokens (`build_octets`), [`TokenOctet::qs`] per octet.
     pub octet_qs: Vec<i8>,
     /// Scales regrouped by eight tokens, `[octet][block][token]`.
@@ -130,23 +116,6 @@ impl ActBuf {
         // About 64 KiB of activations per task; a single decode row stays on this thread.
         let min_rows = (16 * 1024 / k).max(1);
         rows.with_min_len(min_rows).for_each(|(((x, d), qs), sums)| quantize_row(kind, x, d, qs, sums));
-    }
-
-    /// Regroups the scales of Q8_0-style rows (`n_tok` tokens of `k` values) by four tokens for
-    /// [`ActBuf::quad`]; a last partial quad repeats its last token.
-    pub(crate) fn build_quads(&mut self, n_tok: usize, k: usize) {
-        let nb = k / QK;
-        let n_quads = n_tok.div_ceil(4);
-        self.quad_d.resize(n_quads * nb * 4, 0.0);
-        for q in 0..n_quads {
-            for t in 0..4 {
-                let tok = (4 * q + t).min(n_tok - 1);
-                for ib in 0..nb {
-                    let at = (q * nb + ib) * 4 + t;
-                    self.quad_d[at] = self.d[tok * nb + ib];
-                }
-            }
-        }
     }
 
     /// Regroups rows quantized as `kind` (`n_tok` tokens of `k` values) by eight tokens for
@@ -217,16 +186,6 @@ impl ActBuf {
             sums: &self.octet_sums[o * n_sums..(o + 1) * n_sums],
             bsums: &self.octet_bsums[o * n_bsums..(o + 1) * n_bsums],
         }
-    }
-
-    /// Tokens `4 q .. 4 q + 4` (the last one repeated past `n_tok`) after `build_quads`.
-    pub(crate) fn quad(&self, q: usize, n_tok: usize, k: usize) -> TokenQuad<'_> {
-        let nb = k / QK;
-        let qs = std::array::from_fn(|t| {
-            let tok = (4 * q + t).min(n_tok - 1);
-            &self.qs[tok * k..(tok + 1) * k]
-        });
-        TokenQuad { qs, d: &self.quad_d[q * nb * 4..(q + 1) * nb * 4] }
     }
 
     pub(crate) fn row(&self, kind: ActKind, t: usize, k: usize) -> ActRow<'_> {

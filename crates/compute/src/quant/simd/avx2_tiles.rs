@@ -1,7 +1,6 @@
-//! AVX2 multi-row kernels for the 32-value types whose prefill and decode dominate the common
-//! models (Q4_0, Q4_1, Q5_0, Q8_0): eight weight rows against one token (decode) and, for Q8_0,
-//! tiles of four rows by four tokens (prefill; the other three have `avx2_lanes`), read from
-//! the GGUF block layout as stored.
+//! AVX2 multi-row decode kernels for the 32-value types whose decode dominates the common
+//! models (Q4_0, Q4_1, Q5_0, Q8_0): eight weight rows against one token, read from the GGUF
+//! block layout as stored (their prefill tiles are in `avx2_lanes`).
 //!
 //! The single-row kernels of `avx2.rs` pay a float conversion, a scale product and an FMA per
 //! (row, token, block), and a sign fix-up per product for signed levels. Here the levels of
@@ -17,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::qdot::{ActRow, TokenQuad};
+use super::super::qdot::ActRow;
 
 /// Q4_0: unsigned nibbles, level = u - 8.
 pub(in crate::quant) const Q4_0: u8 = 0;
@@ -90,16 +89,6 @@ pub(super) unsafe fn levels<const T: u8>(b: *const u8) -> __m256i {
 unsafe fn pair_sums<const T: u8>(u: __m256i, w: __m256i, x: __m256i) -> __m256i {
     let x = if signed(T) { _mm256_sign_epi8(x, w) } else { x };
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
-}
-
-/// Four f16 values at `p[i] + offset` as f32 lanes 0..4.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16x4(p: &[*const u8; 4], offset: usize) -> __m128 {
-    let h = |i: usize| (p[i].add(offset) as *const u16).read_unaligned() as i32;
-    let v = _mm_cvtsi32_si128(h(0) | (h(1) << 16));
-    let v = _mm_insert_epi32(v, h(2) | (h(3) << 16), 1);
-    _mm_cvtph_ps(v)
 }
 
 /// The two f16 values at `p[i] + offset` and `p[i] + offset + 2` of eight rows, as eight f32
@@ -301,53 +290,6 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
     }
     let mut out = [0.0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
-    out
-}
-
-/// A Q8_0 tile of dot products: `out[r][t]` is weight row `rows[r]` times token `t` of `x`
-/// (the unsigned-level types have the one-token-per-lane tiles of `avx2_lanes`).
-///
-/// # Safety
-/// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` Q8_0 blocks; `x`
-/// must hold at least `nb` blocks per token (checked).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::quant) unsafe fn tile4x4_q8_0(rows: &[*const u8; 4], nb: usize, x: &TokenQuad<'_>) -> [[f32; 4]; 4] {
-    for qs in x.qs {
-        assert!(qs.len() >= nb * 32, "activation row too short");
-    }
-    assert!(x.d.len() >= 4 * nb, "activation scales too short");
-    // Lanes: acc[0] = [r0 t0..t3 | r1 t0..t3], acc[1] = [r2 .. | r3 ..].
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let row_of_lane = [_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)];
-    for ib in 0..nb {
-        let xq: [__m256i; 4] =
-            std::array::from_fn(|t| _mm256_loadu_si256(x.qs[t].as_ptr().add(32 * ib) as *const __m256i));
-        let at = ib * block_bytes(Q8_0);
-        let mut h = [_mm256_setzero_si256(); 4];
-        for r in 0..4 {
-            let w = levels::<Q8_0>(rows[r].add(at));
-            let u = _mm256_sign_epi8(w, w);
-            let p: [__m256i; 4] = std::array::from_fn(|t| pair_sums::<Q8_0>(u, w, xq[t]));
-            // [t0 t1 t2 t3 | t0 t1 t2 t3]: low and high halves of the block.
-            h[r] = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        }
-        let d4 = _mm_loadu_ps(x.d.as_ptr().add(4 * ib));
-        let dx = _mm256_set_m128(d4, d4);
-        let dw = _mm256_castps128_ps256(f16x4(rows, at));
-        for half in 0..2 {
-            let (a, b) = (h[2 * half], h[2 * half + 1]);
-            let s = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-            let scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(dw, row_of_lane[half]), dx);
-            acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[half]);
-        }
-    }
-    let mut out = [[0.0f32; 4]; 4];
-    for half in 0..2 {
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[half]);
-        out[2 * half].copy_from_slice(&lanes[..4]);
-        out[2 * half + 1].copy_from_slice(&lanes[4..]);
-    }
     out
 }
 

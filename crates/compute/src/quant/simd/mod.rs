@@ -19,7 +19,7 @@ mod neon;
 
 use gguf::GgmlType;
 
-use super::qdot::{dot_portable, ActRow, TokenOctet, TokenQuad};
+use super::qdot::{dot_portable, ActRow, TokenOctet};
 
 /// An implementation of the quantized-activation dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,25 +122,19 @@ impl RowDequantizer {
 
 /// Eight weight rows (pointers to `nb` blocks each) against one activation row.
 type RowsKernel = unsafe fn(&[*const u8; 8], usize, ActRow<'_>) -> [f32; 8];
-/// Four weight rows against four tokens laid out by quads (32-value types): `out[row][token]`.
-type QuadTileKernel = unsafe fn(&[*const u8; 4], usize, &TokenQuad<'_>) -> [[f32; 4]; 4];
 /// Four weight rows against `N` octets of tokens (32-value types): `out[row][octet][token]`.
 type OctetTileKernel<const N: usize> = unsafe fn(&[*const u8; 4], usize, &[TokenOctet<'_>; N]) -> [[[f32; 8]; N]; 4];
 
-/// How a prefill tile takes its tokens.
+/// A prefill tile's kernels: sixteen tokens per call, one per lane ([`TokenOctet`]), and eight
+/// for a last odd octet.
 #[derive(Clone, Copy)]
-// Only the x86-64 tiles exist so far; other targets match the type but never make one.
+// Only the x86-64 tiles exist so far; other targets name the type but never make one.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-enum TileKernel {
-    /// Scales regrouped by four tokens ([`TokenQuad`]): Q8_0 weights.
-    Quads(QuadTileKernel),
-    /// Sixteen (or for a last odd octet eight) tokens per call, one per lane ([`TokenOctet`]).
-    Octets(OctetTileKernel<2>, OctetTileKernel<1>),
-}
+struct TileKernel(OctetTileKernel<2>, OctetTileKernel<1>);
 
 /// Multi-row kernels of one weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K on AVX2):
-/// decode as eight rows per call, prefill as four rows by sixteen tokens (all but Q8_0) or by
-/// four tokens (Q8_0). Both give each (row, token) the same bits.
+/// decode as eight rows per call, prefill as four rows by sixteen tokens. Both give each (row,
+/// token) the same bits.
 #[derive(Clone, Copy)]
 pub(crate) struct Tiles {
     rows8: RowsKernel,
@@ -156,26 +150,27 @@ impl Tiles {
             use avx2_ktiles as k;
             use avx2_lanes as l;
             use avx2_tiles as t;
-            use TileKernel::{Octets, Quads};
             return Some(match dtype {
                 GgmlType::Q4_0 => Tiles {
                     rows8: t::rows8::<{ t::Q4_0 }>,
-                    tile: Octets(l::tile::<{ t::Q4_0 }, 2>, l::tile::<{ t::Q4_0 }, 1>),
+                    tile: TileKernel(l::tile::<{ t::Q4_0 }, 2>, l::tile::<{ t::Q4_0 }, 1>),
                 },
                 GgmlType::Q4_1 => Tiles {
                     rows8: t::rows8::<{ t::Q4_1 }>,
-                    tile: Octets(l::tile::<{ t::Q4_1 }, 2>, l::tile::<{ t::Q4_1 }, 1>),
+                    tile: TileKernel(l::tile::<{ t::Q4_1 }, 2>, l::tile::<{ t::Q4_1 }, 1>),
                 },
                 GgmlType::Q5_0 => Tiles {
                     rows8: t::rows8::<{ t::Q5_0 }>,
-                    tile: Octets(l::tile::<{ t::Q5_0 }, 2>, l::tile::<{ t::Q5_0 }, 1>),
+                    tile: TileKernel(l::tile::<{ t::Q5_0 }, 2>, l::tile::<{ t::Q5_0 }, 1>),
                 },
-                GgmlType::Q8_0 => Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: Quads(t::tile4x4_q8_0) },
+                GgmlType::Q8_0 => {
+                    Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: TileKernel(l::tile_q8_0::<2>, l::tile_q8_0::<1>) }
+                }
                 GgmlType::Q4_K => {
-                    Tiles { rows8: k::rows8::<{ k::Q4_K }>, tile: Octets(l::tile_q4_k::<2>, l::tile_q4_k::<1>) }
+                    Tiles { rows8: k::rows8::<{ k::Q4_K }>, tile: TileKernel(l::tile_q4_k::<2>, l::tile_q4_k::<1>) }
                 }
                 GgmlType::Q6_K => {
-                    Tiles { rows8: k::rows8::<{ k::Q6_K }>, tile: Octets(l::tile_q6_k::<2>, l::tile_q6_k::<1>) }
+                    Tiles { rows8: k::rows8::<{ k::Q6_K }>, tile: TileKernel(l::tile_q6_k::<2>, l::tile_q6_k::<1>) }
                 }
                 _ => return None,
             });
@@ -183,17 +178,11 @@ impl Tiles {
         None
     }
 
-    /// True when the prefill tile is [`Tiles::tile_octets`] (`ActBuf::build_octets` must run
-    /// first).
-    pub(crate) fn uses_octets(&self) -> bool {
-        matches!(self.tile, TileKernel::Octets(..))
-    }
-
     /// A tile of four rows by one or two octets of tokens (`xs.len()`): `out[r][o][t]` is row
     /// `rows[r]` times token `t` of `xs[o]` (`out[r][1]` is not written for one octet).
     ///
     /// # Safety
-    /// As [`Tiles::rows8`]; [`Tiles::uses_octets`] must be true.
+    /// As [`Tiles::rows8`]; `ActBuf::build_octets` must have laid out the tokens.
     #[inline]
     pub(crate) unsafe fn tile_octets(
         &self,
@@ -201,9 +190,7 @@ impl Tiles {
         nb: usize,
         xs: &[TokenOctet<'_>],
     ) -> [[[f32; 8]; 2]; 4] {
-        let TileKernel::Octets(two, one) = self.tile else {
-            unreachable!("an octet tile called on kernels without one")
-        };
+        let TileKernel(two, one) = self.tile;
         match xs {
             // SAFETY: as in `rows8`.
             [a, b] => unsafe { two(rows, nb, &[*a, *b]) },
@@ -225,20 +212,6 @@ impl Tiles {
         // SAFETY: `new` set the kernel only after confirming the CPU features; the caller
         // guarantees the rows; the kernel checks the activation lengths.
         unsafe { (self.rows8)(rows, nb, x) }
-    }
-
-    /// A 4 x 4 tile: `out[r][t]` is row `rows[r]` times token `t` of `quad`, for the kernels
-    /// without octet tiles ([`Tiles::uses_octets`] false; `ActBuf::build_quads` must run first).
-    ///
-    /// # Safety
-    /// As [`Tiles::rows8`].
-    #[inline]
-    pub(crate) unsafe fn tile_quad(&self, rows: &[*const u8; 4], nb: usize, quad: &TokenQuad<'_>) -> [[f32; 4]; 4] {
-        match self.tile {
-            // SAFETY: as in `rows8`.
-            TileKernel::Quads(f) => unsafe { f(rows, nb, quad) },
-            TileKernel::Octets(..) => unreachable!("an octet tile called as a 4 x 4 tile"),
-        }
     }
 }
 
