@@ -155,9 +155,8 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
 
 /// Runs a model step on a worker of the thread pool. On the CPU back end the other workers
 /// poll for the step's parallel tasks until it ends instead of parking between ops
-/// ([`compute::cpu::warm::run_step`]: synth 1B decode 35-36 -> 38.5-40 tok/s on the 2-vCPU dev
-/// box, where a parked worker's vCPU halts); other back ends wait on the device between their
-/// few host-side parallel loops, where polling threads would only burn cores.
+/// ([`compute::cpu::warm::run_step`], which says why); other back ends wait on the device
+/// between their few host-side parallel loops, where polling threads would only burn cores.
 fn on_pool<B: Backend, R: Send>(b: &B, step: impl FnOnce() -> R + Send) -> R {
     if b.name() == "cpu" {
         compute::cpu::warm::run_step(step)

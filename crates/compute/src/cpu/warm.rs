@@ -2,13 +2,16 @@
 //!
 //! Why: rayon parks a worker that found nothing to do after a few dozen `sched_yield`s, and a
 //! decode step has about a hundred parallel regions (four products and an attention per layer)
-//! separated by short serial stretches (norms, activation quantization, the last task of a
-//! region). On the dev box, a Firecracker VM, a parked worker's vCPU halts, and waking it for
-//! the next region costs far more than on bare metal: `diskformer bench` of synth 1B Q4_0 decoded
-//! at 35-36 tok/s on the idle box and at 38.5-40 tok/s while compilers kept both vCPUs busy at a
-//! lower priority (so the vCPUs never halted), with llama.cpp, whose threads spin between ops,
-//! at 31-33 both ways. Keeping the workers busy-polling for the length of a step is what
-//! ggml's thread pool does.
+//! separated by short serial stretches (norms, activation quantization, the last share of a
+//! region). On the dev box, a 2-vCPU Firecracker VM, `diskformer bench` of synth 1B Q4_0
+//! (`-p 16 -n 64 -t 2`) decoded at 35-36 tok/s while the box was idle and at 38.5-40 tok/s
+//! while compilers kept both vCPUs busy at a lower priority, with llama.cpp, whose threads spin
+//! between ops, at 31-33 both ways; a perf profile of the idle run had each worker off the CPU
+//! 9-13% of the time. Our reading: on an idle VM a parked worker's vCPU halts, and waking it for
+//! the next region costs far more than a wake-up on bare metal. Keeping the workers polling for
+//! the length of a step is what ggml's thread pool does. (Not yet measured: this change itself
+//! on an idle box; the box stayed busy while it was made. `DISKFORMER_CPU_POLL=0` switches it
+//! off for that A/B.)
 //!
 //! How: [`run_step`] runs the step on a pool worker (as `rayon::scope` did before) and spawns one
 //! poller per other worker. A poller takes jobs with [`rayon::yield_now`] (its own deque, then
@@ -45,14 +48,23 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
+/// False when the environment sets `DISKFORMER_CPU_POLL=0`: then [`run_step`] lets idle workers
+/// park as rayon does (for A/B runs, or a machine shared with other work where the polling
+/// cores are wanted elsewhere). Read once.
+fn polling_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("DISKFORMER_CPU_POLL").map_or(true, |v| v.trim() != "0"))
+}
+
 /// Runs `step` on a worker of the current rayon pool while the pool's other workers poll for its
 /// parallel tasks instead of parking between them; returns `step`'s value.
 ///
-/// With one thread it is `rayon::scope` around `step`. Called from inside a pool worker, the
-/// step runs on that worker.
+/// With one thread, or with polling switched off (`DISKFORMER_CPU_POLL=0`), it is
+/// `rayon::scope` around `step`. Called from inside a pool worker, the step runs on that
+/// worker.
 pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
     let n_threads = rayon::current_num_threads();
-    if n_threads < 2 {
+    if n_threads < 2 || !polling_enabled() {
         return rayon::scope(|_| step());
     }
     let done = AtomicBool::new(false);
