@@ -18,8 +18,9 @@
 //! stealing), so it runs the step's parallel tasks exactly as an awake rayon worker would, and
 //! returns when the step is over. Two guards keep it from blocking anything: a poller never runs
 //! on the step's own thread or inside another poller (it returns at once), and it gives up after
-//! [`MAX_IDLE`] without work, so a poller that a worker picked up while waiting inside a job can
-//! delay that job by at most that long (the thread then parks the usual way).
+//! [`MAX_IDLE`] without work, so a poller that a worker picked up while waiting inside a job
+//! holds that job back only while the pool has other work for it, plus at most that long (the
+//! thread then parks the usual way).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
