@@ -1441,6 +1441,165 @@ mod gpu_ops {
         dispatch_costs(&g);
     }
 
+    /// The products of an 8B decode layer where a token meets them (issue 5: alone they read
+    /// Q4_0 at ~66% of the stream, in a token the o-proj and down projection averaged 19 us).
+    /// First each plain decode shape alone, a chain of the same product (o-proj 4096 x 4096,
+    /// down 4096 x 14336) in several workgroup shapes; then a token replayed: 32 layers cycling
+    /// over 4 layers' weights (123 MB each in Q4_0, so nothing stays in L2), each layer's
+    /// dispatches as a dense decode records them (norm with int8 blocks, q/k/v in one dispatch,
+    /// a quantize of q standing in for the attention, o-proj adding into the residual, norm,
+    /// gate/up + GLU with int8 blocks, down adding into the residual), wall time per token and
+    /// per layer. Run it twice: as is, and with DISKFORMER_GPU_PROFILE=2, which prints each
+    /// kernel's GPU time in the token's sequence when the back end drops (the per-layer wall
+    /// time of the two runs gives the profile's own cost). The back end's shapes follow the
+    /// environment (DISKFORMER_MATVEC_Q8, DISKFORMER_MATVEC_Q8_WIDE for the down projection,
+    /// DISKFORMER_GLU_Q8, DISKFORMER_NORM); DISKFORMER_PERF_TYPE=q4_k (q6_k, q8_0) changes the
+    /// weight type.
+    #[test]
+    #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
+    fn perf_layer() {
+        let Some(g) = gpu("perf_layer") else { return };
+        let g = g.with_matmul_mode(MatmulMode::QuantizedActivations);
+        let t = match std::env::var("DISKFORMER_PERF_TYPE").ok().as_deref() {
+            Some("q4_k") => GgmlType::Q4_K,
+            Some("q6_k") => GgmlType::Q6_K,
+            Some("q8_0") => GgmlType::Q8_0,
+            _ => GgmlType::Q4_0,
+        };
+        let tn = type_name(t);
+        let (d, ff, kv) = (4096usize, 14336usize, 1024usize);
+        const N_DISTINCT: usize = 4;
+        const N_LAYERS: usize = 32;
+        let mut tensors = Vec::new();
+        for l in 0..N_DISTINCT {
+            for (name, rows, k) in
+                [("q", d, d), ("k", kv, d), ("v", kv, d), ("o", d, d), ("gate", ff, d), ("up", ff, d), ("down", d, ff)]
+            {
+                tensors.push((format!("{name}{l}"), t, vec![rows, k], Vec::new()));
+            }
+        }
+        let file = WeightFile::new(&format!("backend-ops-perf-layer-{tn}"), &tensors);
+        let w = |name: &str| g.weight(&file.get(name)).expect("upload");
+        let mut rng = StdRng::seed_from_u64(5);
+        let bytes = |rows: usize, k: usize| (rows * k / t.block_elems() * t.block_bytes()) as f64;
+
+        // Alone: a chain of one product in each shape (x quantized once, outside the timing; the
+        // same matrix each time).
+        let x = g.from_host(&rand_vec(&mut rng, ff, 1.0), &[1, ff]).unwrap();
+        let x_d = g.from_host(&rand_vec(&mut rng, d, 1.0), &[1, d]).unwrap();
+        for (name, rows, k) in [("o0", d, d), ("down0", d, ff)] {
+            let wt = w(name);
+            let xx = if k == d { &x_d } else { &x };
+            for v in
+                ["2x64", "1x64", "4x64", "8x64", "1x128", "2x128", "1x256", "2x64u2", "4x64u2", "1x128u2", "2x256t32"]
+            {
+                let shape = Q8Shape::parse(v).expect("valid shape");
+                if let Some(secs) = g.perf_matvec_q8(xx, &wt, shape, 200).expect("matvec_q8") {
+                    println!(
+                        "alone {tn} {rows}x{k} [matvec_q8 {shape}]: {:.2} us, {:.1} GB/s of GGUF bytes",
+                        secs * 1e6,
+                        bytes(rows, k) / secs / 1e9
+                    );
+                }
+            }
+        }
+
+        // Alone but cold: the same chain cycling over the 4 layers' matrices (37 MB of o-proj,
+        // 132 MB of down: the o-proj chain alone above may run from the 50 MB L2), in the back
+        // end's shapes (DISKFORMER_MATVEC_Q8, DISKFORMER_MATVEC_Q8_WIDE).
+        for (name, rows, k) in [("o", d, d), ("down", d, ff)] {
+            let ws: Vec<_> = (0..N_DISTINCT).map(|l| w(&format!("{name}{l}"))).collect();
+            let xx = if k == d { &x_d } else { &x };
+            let xq = g.quantize_activations(xx).expect("quantize");
+            let y = g.from_host(&vec![0f32; rows], &[1, rows]).unwrap();
+            let reps = 200;
+            let chain = || {
+                for i in 0..reps {
+                    g.matvec_q8_into(xx, xq.as_ref(), &ws[i % N_DISTINCT], &y, 0, false).expect("matvec_q8_into");
+                }
+                g.sync();
+            };
+            chain();
+            let mut times: Vec<f64> = (0..5)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    chain();
+                    t0.elapsed().as_secs_f64() / reps as f64
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            println!(
+                "alone, cycling {N_DISTINCT} matrices {tn} {rows}x{k} [back end's shape]: {:.2} us, {:.1} GB/s of GGUF bytes",
+                times[2] * 1e6,
+                bytes(rows, k) / times[2] / 1e9
+            );
+        }
+
+        struct Layer {
+            q: compute::wgpu::WgpuWeight,
+            k: compute::wgpu::WgpuWeight,
+            v: compute::wgpu::WgpuWeight,
+            o: compute::wgpu::WgpuWeight,
+            gate: compute::wgpu::WgpuWeight,
+            up: compute::wgpu::WgpuWeight,
+            down: compute::wgpu::WgpuWeight,
+            attn_norm: compute::wgpu::WgpuTensor,
+            ffn_norm: compute::wgpu::WgpuTensor,
+        }
+        let layers: Vec<Layer> = (0..N_DISTINCT)
+            .map(|l| Layer {
+                q: w(&format!("q{l}")),
+                k: w(&format!("k{l}")),
+                v: w(&format!("v{l}")),
+                o: w(&format!("o{l}")),
+                gate: w(&format!("gate{l}")),
+                up: w(&format!("up{l}")),
+                down: w(&format!("down{l}")),
+                attn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
+                ffn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
+            })
+            .collect();
+        let x0 = rand_vec(&mut rng, d, 1.0);
+        let token = || -> Result<(), compute::OpError> {
+            let mut res = g.from_host(&x0, &[1, d])?;
+            for l in 0..N_LAYERS {
+                let w = &layers[l % N_DISTINCT];
+                let h = g.rms_norm(&res, Some(&w.attn_norm), 1e-5)?;
+                let [q, _k, _v] = g.matmul_many(&h, [&w.q, &w.k, &w.v])?;
+                res = g.matmul_add(&q, &w.o, res)?;
+                let h = g.rms_norm(&res, Some(&w.ffn_norm), 1e-5)?;
+                let a = g.matmul_glu(&h, &w.gate, &w.up, Glu::Plain(Act::Silu))?;
+                res = g.matmul_add(&a, &w.down, res)?;
+            }
+            g.sync();
+            Ok(())
+        };
+        let warm = std::time::Instant::now();
+        while warm.elapsed().as_secs_f64() < 1.0 {
+            token().expect("token");
+        }
+        let commands0 = g.commands_submitted();
+        let mut times: Vec<f64> = (0..7)
+            .map(|_| {
+                let t0 = std::time::Instant::now();
+                token().expect("token");
+                t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        let per_token = (g.commands_submitted() - commands0) as f64 / times.len() as f64;
+        times.sort_by(f64::total_cmp);
+        let secs = times[times.len() / 2];
+        let layer_bytes = bytes(d + 2 * kv + d, d) + bytes(2 * ff, d) + bytes(d, ff);
+        println!(
+            "token replay {tn}: {N_LAYERS} layers (4 distinct, {:.0} MB each): {:.3} ms per token, {:.1} us per layer, {per_token:.0} commands per token, {:.1} GB/s of weights (wall, including host recording; profile {})",
+            layer_bytes / 1e6,
+            secs * 1e3,
+            secs * 1e6 / N_LAYERS as f64,
+            layer_bytes * N_LAYERS as f64 / secs / 1e9,
+            std::env::var("DISKFORMER_GPU_PROFILE").unwrap_or_else(|_| "off".into())
+        );
+    }
+
     /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s, and
     /// the per-dispatch costs of `perf_dispatch`.
     #[test]

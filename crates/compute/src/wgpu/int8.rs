@@ -122,6 +122,23 @@ impl Q8Cache {
 pub(super) struct Q8Config {
     pub(super) plain: Q8Shape,
     pub(super) glu: Q8Shape,
+    /// The plain products of rows at least [`WIDE_K`] long (an FFN's down projection), when
+    /// `DISKFORMER_MATVEC_Q8_WIDE` sets a shape of their own (for comparisons on the device).
+    pub(super) wide: Option<Q8Shape>,
+}
+
+/// Row length from which `DISKFORMER_MATVEC_Q8_WIDE` applies (the down projection of every
+/// dense model from 8B up; an 8B model's 4096-long q/k/v/o rows stay below it).
+pub(super) const WIDE_K: usize = 8192;
+
+impl Q8Config {
+    /// The plain products' shape for rows of `k` values.
+    pub(super) fn plain_for(&self, k: usize) -> Q8Shape {
+        match self.wide {
+            Some(wide) if k >= WIDE_K => wide,
+            _ => self.plain,
+        }
+    }
 }
 
 /// [`Q8Config`] from the environment, else the defaults: 2 rows per 64-invocation workgroup for
@@ -134,6 +151,7 @@ pub(super) fn default_q8_config() -> Q8Config {
     Q8Config {
         plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 1, vec4: false }),
         glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, vec4: false }),
+        wide: env("DISKFORMER_MATVEC_Q8_WIDE"),
     }
 }
 
@@ -264,7 +282,16 @@ impl WgpuBackend {
                         got: vec![q.n_tok, q.width],
                     });
                 }
-                self.matvec_q8_span(&q.qs.buffer, &q.ds.buffer, q.width, w, y, r, self.ctx.matvec_q8.plain, accumulate);
+                self.matvec_q8_span(
+                    &q.qs.buffer,
+                    &q.ds.buffer,
+                    q.width,
+                    w,
+                    y,
+                    r,
+                    self.ctx.matvec_q8.plain_for(w.k),
+                    accumulate,
+                );
                 Ok(())
             }
             _ => self.product_f32(x, w, y, r, accumulate),
@@ -285,7 +312,7 @@ impl WgpuBackend {
             return Ok(false);
         }
         let (qs, ds) = self.q8_blocks(x);
-        self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, self.ctx.matvec_q8.plain, accumulate);
+        self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, self.ctx.matvec_q8.plain_for(w.k), accumulate);
         Ok(true)
     }
 
