@@ -272,6 +272,10 @@ mod gpu {
         let Some(g) = gpu("gpu_tier_moe") else { return };
         let g = g.with_matmul_mode(MatmulMode::QuantizedActivations);
         resident_cases(&g, &int8_cases(), "int8 resident", INT8_MAX_NMSE);
+        // A prefill batch: the grouped path gives each expert its tokens, past one dispatch's 64
+        // pairs for the 4-expert case (about 70 tokens each).
+        let batch: Vec<Case> = int8_cases().into_iter().filter(|c| c.n_expert <= 6).collect();
+        resident_tokens(&g, &batch, "int8 prefill", INT8_MAX_NMSE, &[140]);
         // Routed on the GPU: the kernels read the ids where the router left them.
         let seed = seed();
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
@@ -312,6 +316,10 @@ mod gpu {
     }
 
     fn resident_cases(g: &WgpuBackend, cases: &[Case], what: &str, bound: f64) {
+        resident_tokens(g, cases, what, bound, &[1, 2, 4, 6]);
+    }
+
+    fn resident_tokens(g: &WgpuBackend, cases: &[Case], what: &str, bound: f64, n_toks: &[usize]) {
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -320,7 +328,7 @@ mod gpu {
         for (i, case) in cases.iter().enumerate() {
             let b = build(&c, case, &format!("{}{i}", what.replace(' ', "-")), &mut rng);
             let ge = gpu_experts(g, &b, 0).expect("experts on the GPU");
-            for n_tok in [1usize, 2, 4, 6] {
+            for &n_tok in n_toks {
                 let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
                 let ids = random_ids(&mut rng, n_tok, case.k, case.n_expert);
                 let weights = tensor(&mut rng, &[n_tok, case.k], 1.0);

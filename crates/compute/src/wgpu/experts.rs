@@ -988,6 +988,9 @@ impl WgpuBackend {
         routing: &RouteView<'_>,
         out: &WgpuTensor,
     ) -> Result<(), OpError> {
+        if self.expert_pairs_q8(x, e, toks, mats, experts, spec, routing, out)? {
+            return Ok(());
+        }
         let n_embd = x.width();
         let ff = spec.n_ff;
         let m = toks.len();
@@ -1040,6 +1043,81 @@ impl WgpuBackend {
             super::grid((m * n_embd).div_ceil(256)),
         );
         Ok(())
+    }
+
+    /// [`expert_on_gpu`](Self::expert_on_gpu) through the int8 per-pair kernels (`moe.rs`), each
+    /// of the expert's tokens a pair with weight 1 (the scatter-add applies the router's weight
+    /// and the down bias), up to [`moe::MAX_HOST_PAIRS`] tokens per dispatch; `false` (nothing
+    /// recorded) when they do not apply: int8 activations off, a type or width they do not take,
+    /// or a matrix not in one buffer.
+    ///
+    /// Why: a prefill batch gives an expert a few dozen tokens, and the general product kernels
+    /// made few workgroups of them (the tiled kernel: 64 rows x 64 tokens each, 12 workgroups for
+    /// a 768-row expert on the H200's 132 units, 262 us per product in the fifth session's
+    /// profile). Per pair, a 768-row gate/up is 24 row groups per token and the expert's weights
+    /// come from L2 after the first token; four dispatches per expert instead of six.
+    #[allow(clippy::too_many_arguments)] // expert_on_gpu's inputs
+    fn expert_pairs_q8(
+        &self,
+        x: &WgpuTensor,
+        e: usize,
+        toks: &[(u32, u32)],
+        mats: &ExpertMats<'_>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        routing: &RouteView<'_>,
+        out: &WgpuTensor,
+    ) -> Result<bool, OpError> {
+        let n_embd = x.width();
+        let ff = spec.n_ff;
+        // Each matrix one buffer from its row 0, addressed by the word of its first row.
+        fn whole((w, row0): (&WgpuWeight, usize), k: usize) -> Option<(&wgpu::Buffer, TypeLayout, u32)> {
+            match &w.chunks[..] {
+                [c] if c.row0 == 0 && w.k == k => Some((&c.buffer, w.layout, (row0 * w.layout.row_words(k)) as u32)),
+                _ => None,
+            }
+        }
+        let gate = match mats.gate {
+            Some(g) => match whole(g, n_embd) {
+                Some(g) => Some(g),
+                None => return Ok(false),
+            },
+            None => None,
+        };
+        let (Some(up), Some(down)) = (whole(mats.up, n_embd), whole(mats.down, ff)) else { return Ok(false) };
+        let fused =
+            moe::FusedMats { gate: gate.map(|g| (g.0, g.1)), up: (up.0, up.1), down: (down.0, down.1), host: None };
+        if toks.is_empty() || !self.moe_q8_applies(n_embd, ff, 1, &fused) {
+            return Ok(false);
+        }
+        let entry = [e as u32, gate.map_or(0, |g| g.2), up.2, down.2];
+        let ones =
+            self.from_host(&vec![1f32; toks.len().min(moe::MAX_HOST_PAIRS)], &[toks.len().min(moe::MAX_HOST_PAIRS)])?;
+        let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), None];
+        let bias = experts.down_bias.as_ref().map_or(&self.ctx.dummy, |b| &b.buf.buffer);
+        for part in toks.chunks(moe::MAX_HOST_PAIRS) {
+            let m = part.len();
+            let rows: Vec<u32> = part.iter().map(|&(t, _)| t).collect();
+            let map: Vec<u32> = part.iter().flat_map(|&(t, w)| [t, w]).collect();
+            let rows_b = self.upload("moe rows", bytemuck::cast_slice(&rows))?;
+            let xs = self.alloc("moe gather", &[m, n_embd])?;
+            self.dispatch(
+                self.plain(Plain::GatherRows),
+                &[&x.buf.buffer, &rows_b.buffer, &xs.buf.buffer],
+                &[m as u32, n_embd as u32, 0, 0],
+                super::grid((m * n_embd).div_ceil(256)),
+            );
+            let table = moe::PairTable::Host(vec![entry; m]);
+            let y = self.moe_pairs(&xs, 1, &table, (&ones.buf.buffer, 0), &fused, biases, spec)?;
+            let map_b = self.upload("moe map", bytemuck::cast_slice(&map))?;
+            self.dispatch(
+                self.plain(Plain::ScatterAdd),
+                &[&y.buf.buffer, &map_b.buffer, &routing.weights.buf.buffer, bias, &out.buf.buffer],
+                &[m as u32, n_embd as u32, experts.down_bias.is_some() as u32, (e * n_embd) as u32],
+                super::grid((m * n_embd).div_ceil(256)),
+            );
+        }
+        Ok(true)
     }
 
     /// `moe_ffn` through the expert tier: hits in place, misses uploaded or computed on the CPU

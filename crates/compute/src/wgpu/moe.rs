@@ -433,12 +433,15 @@ impl std::fmt::Display for MoeQ8Shape {
 /// 32-row blocks of h per workgroup, which its epilogue quantizes) and 2 rows per 64 lanes for
 /// down (the dense plain products' default). A gate/up shape whose rows are not whole 32-row
 /// blocks is ignored.
-fn q8_shapes() -> (MoeQ8Shape, MoeQ8Shape) {
+/// When a token has few down items (`k × n_ff / 32`: one expert per token in a prefill's
+/// per-expert calls, 24 items of a 768-wide row), 64 lanes per row would idle: below 128 items
+/// the down kernel takes the gate/up shape (8 lanes a row) instead.
+fn q8_shapes(down_items: usize) -> (MoeQ8Shape, MoeQ8Shape) {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| MoeQ8Shape::parse(&v));
-    let gate_up = env("DISKFORMER_MOE_Q8_GATE_UP")
-        .filter(|s| s.rows_per_group().is_multiple_of(32))
-        .unwrap_or(MoeQ8Shape { rows: 1, wg: 256, tpr: 8 });
-    let down = env("DISKFORMER_MOE_Q8_DOWN").unwrap_or(MoeQ8Shape { rows: 2, wg: 64, tpr: 64 });
+    let narrow = MoeQ8Shape { rows: 1, wg: 256, tpr: 8 };
+    let gate_up = env("DISKFORMER_MOE_Q8_GATE_UP").filter(|s| s.rows_per_group().is_multiple_of(32)).unwrap_or(narrow);
+    let wide = MoeQ8Shape { rows: 2, wg: 64, tpr: 64 };
+    let down = env("DISKFORMER_MOE_Q8_DOWN").unwrap_or(if down_items < 128 { narrow } else { wide });
     (gate_up, down)
 }
 
@@ -801,6 +804,11 @@ impl WgpuBackend {
     /// ([`MatmulMode::QuantizedActivations`](crate::quant::MatmulMode)), `DISKFORMER_MOE_F32` is
     /// not set, every weight type has an int8 dot product, both widths are whole 32-value blocks,
     /// `k` fits the down kernel's table and the kernels' workgroup memory fits the device.
+    /// Whether the int8 kernels serve a call of `k` experts per token on these matrices.
+    pub(super) fn moe_q8_applies(&self, n_embd: usize, n_ff: usize, k: usize, mats: &FusedMats<'_>) -> bool {
+        self.moe_q8_shapes(n_embd, n_ff, k, mats).is_some()
+    }
+
     fn moe_q8_shapes(
         &self,
         n_embd: usize,
@@ -820,7 +828,7 @@ impl WgpuBackend {
         {
             return None;
         }
-        let (gs, ds) = q8_shapes();
+        let (gs, ds) = q8_shapes(k * n_ff / 32);
         // Workgroup bytes: x's blocks (n_embd + n_embd / 4), partial sums, totals and h's
         // integers; the pairs' entries, weights and flags, partial sums, totals.
         let (g_rpw, d_rpw) = (gs.rows_per_group() as usize, ds.rows_per_group() as usize);
@@ -983,7 +991,7 @@ mod tests {
                 }
             }
         }
-        assert!(gate_up_q8_source(None, &TypeLayout::of(F16).unwrap(), 256, q8_shapes().0, TableKind::Gpu).is_none());
+        assert!(gate_up_q8_source(None, &TypeLayout::of(F16).unwrap(), 256, q8_shapes(8).0, TableKind::Gpu).is_none());
     }
 
     #[test]
