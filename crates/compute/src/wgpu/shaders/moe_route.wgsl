@@ -13,8 +13,8 @@
 // the lower index: a strict total order) is below k, so each invocation ranks its own experts
 // against all n in workgroup memory and the chosen ones write themselves into place: two barriers
 // where k rounds of a workgroup arg-max took ~9 each (31 us per call on the H200, top 8 of 128).
-// The maximum and the softmax sum are read serially by every invocation, in expert order (the
-// CPU's order), instead of a tree of barriers.
+// The maximum and the softmax sum are read by every invocation, four experts at a time, instead
+// of a tree of barriers.
 // Limits (the caller routes on the host beyond them): n_expert <= MAX_E, k <= MAX_K, n_group <= WG.
 struct Params {
     n_expert: u32,
@@ -74,18 +74,29 @@ fn main(
     }
     workgroupBarrier();
     // The softmax's maximum and sum, the same in every invocation.
+    // Four at a time: independent loads and four chains instead of one.
     var s = 1.0;
     if (P.gating == SOFTMAX) {
-        var m = -3.4028235e38;
-        for (var e = 0u; e < n; e++) {
+        var m4 = vec4<f32>(-3.4028235e38);
+        var e = 0u;
+        for (; e + 4u <= n; e += 4u) {
+            m4 = max(m4, vec4<f32>(prob[e], prob[e + 1u], prob[e + 2u], prob[e + 3u]));
+        }
+        var m = max(max(m4.x, m4.y), max(m4.z, m4.w));
+        for (; e < n; e++) {
             m = max(m, prob[e]);
         }
-        for (var e = lid; e < n; e += WG) {
-            ex[e] = exp(prob[e] - m);
+        for (var o = lid; o < n; o += WG) {
+            ex[o] = exp(prob[o] - m);
         }
         workgroupBarrier();
-        s = 0.0;
-        for (var e = 0u; e < n; e++) {
+        var s4 = vec4<f32>(0.0);
+        e = 0u;
+        for (; e + 4u <= n; e += 4u) {
+            s4 += vec4<f32>(ex[e], ex[e + 1u], ex[e + 2u], ex[e + 3u]);
+        }
+        s = (s4.x + s4.y) + (s4.z + s4.w);
+        for (; e < n; e++) {
             s += ex[e];
         }
     }
@@ -140,8 +151,18 @@ fn main(
     }
     for (var e = lid; e < n; e += WG) {
         let v = sel[e];
-        var rank = 0u;
-        for (var o = 0u; o < n; o++) {
+        let v4 = vec4<f32>(v);
+        var r4 = vec4<u32>(0u);
+        var o = 0u;
+        for (; o + 4u <= n; o += 4u) {
+            let s4 = vec4<f32>(sel[o], sel[o + 1u], sel[o + 2u], sel[o + 3u]);
+            let i4 = vec4<u32>(o) + vec4<u32>(0u, 1u, 2u, 3u);
+            // better(s4[i], i4[i], v, e), lane-wise.
+            let beats = (s4 > v4) | ((s4 == v4) & (i4 < vec4<u32>(e)));
+            r4 += select(vec4<u32>(0u), vec4<u32>(1u), beats);
+        }
+        var rank = (r4.x + r4.y) + (r4.z + r4.w);
+        for (; o < n; o++) {
             if (better(sel[o], o, v, e)) {
                 rank++;
             }
