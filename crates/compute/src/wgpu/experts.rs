@@ -1447,7 +1447,23 @@ impl WgpuBackend {
         st.last_use[slot] = tick;
         busy[slot] = true;
         let (buf, _) = tier.slot_base(slot);
-        self.stage_matrices(tier, st, ex, &mats, &tier.pool[buf], batch, scratch)?;
+        match st.host.layers.get(layer).and_then(|h| h.as_ref()) {
+            // The host tier (a prefill's misses) holds the expert in GPU-visible host memory
+            // already: one DMA copy per matrix, as the refills between steps, where the staging
+            // path read the store and filled a staging buffer on the CPU first (its 4-5 GB/s
+            // memcpy into write-combined memory, against PCIe's tens of GB/s).
+            Some(h) => {
+                let from = h.mats[e];
+                for (src, dst) in
+                    [(from.gate, mats.gate), (Some(from.up), Some(mats.up)), (Some(from.down), Some(mats.down))]
+                {
+                    let (Some(src), Some(dst)) = (src, dst) else { continue };
+                    let size = (4 * src.n_out * src.layout.row_words(src.k)) as u64;
+                    self.copy(&h.buffer, 4 * src.word0 as u64, &tier.pool[buf], 4 * dst.word0 as u64, size);
+                }
+            }
+            None => self.stage_matrices(tier, st, ex, &mats, &tier.pool[buf], batch, scratch)?,
+        }
         let s = &mut st.stats[layer];
         s.uploads += 1;
         s.bytes_uploaded += expert_gpu_bytes;
@@ -1567,7 +1583,9 @@ impl WgpuBackend {
         routing: &RouteView<'_>,
         out: Option<&WgpuTensor>,
     ) -> Result<(), OpError> {
-        if batch.copies.is_empty() {
+        // Copies from the host tier are recorded as they are made: a batch may have experts and
+        // no staged copies.
+        if batch.copies.is_empty() && batch.experts.is_empty() {
             return Ok(());
         }
         self.submit_staged(tier, st, batch);
