@@ -868,7 +868,8 @@ impl WgpuBackend {
         let (n_group, topk_group) = spec.groups.unwrap_or((0, 0));
         let out = self.alloc_bytes("route", 8 * (n * k) as u64)?;
         self.dispatch(
-            self.ctx.pipeline("moe_route", || ROUTE.to_string()),
+            // Workgroup memory written before it is read (argued in the shader): no zeroing.
+            self.ctx.pipeline_with("moe_route", || ROUTE.to_string(), true),
             &[&logits.buf.buffer, bias.map_or(&self.ctx.dummy, |b| &b.buf.buffer), &out.buffer],
             &[
                 n_expert as u32,
