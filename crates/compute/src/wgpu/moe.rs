@@ -23,6 +23,13 @@
 //!   weights once per batch.
 //! - A pair whose expert the CPU computes (the tier's hybrid misses) has the entry `SKIP`: its
 //!   workgroups return at once and the down kernel leaves it out of the sum.
+//! - With int8 activations (`MatmulMode::QuantizedActivations`) the pairs go through
+//!   `moe_gate_up_q8.wgsl` / `moe_down_q8.wgsl` instead ([`MoeQ8Shape`]): the weight types' int8
+//!   `dot32`, x quantized inside each gate/up workgroup, h passed to down as int8 blocks, and
+//!   down's (expert, block) items spread over a row slot's lanes. The f32 kernels (about 300 and
+//!   175 GB/s on the H200) stay for exact mode, float weights and widths that are not whole
+//!   32-value blocks. A prefill's per-expert calls (`expert_pairs_q8` in experts.rs) use them too,
+//!   each token a pair of weight 1.
 
 use super::layout::TypeLayout;
 use super::{act_code, grid, WgpuBackend, WgpuTensor};
