@@ -500,6 +500,23 @@ fn slot_reduce(nv: &str, index: &str, n_tot: &str) -> String {
     )
 }
 
+/// One activation block `q`'s gate and up terms in `moe_gate_up_q8.wgsl`'s `products`.
+const GATE_UP_Q8_BLOCK: &str = "        let x0 = xq[2u * q];
+        let x1 = xq[2u * q + 1u];
+        let d = xd[q];
+        if (GATED) {
+            let bo = (q / (QBV_G / 32u)) * QBW_G;
+            let j = q % (QBV_G / 32u);
+            for (var r = 0u; r < ROWS; r++) {
+                acc[r] += dot32(rg[r] + bo, j, x0, x1, d);
+            }
+        }
+        let bou = (q / (QBV_U / 32u)) * QBW_U;
+        let ju = q % (QBV_U / 32u);
+        for (var r = 0u; r < ROWS; r++) {
+            acc[ROWS + r] += dot32_u(ru[r] + bou, ju, x0, x1, d);
+        }";
+
 /// The int8 gate/up kernel (`moe_gate_up_q8.wgsl`) for these weight types and `n_embd` (a
 /// multiple of 32); `None` when a type has no int8 kernel.
 pub(super) fn gate_up_q8_source(
@@ -510,6 +527,7 @@ pub(super) fn gate_up_q8_source(
     kind: TableKind,
 ) -> Option<String> {
     let g = gate.unwrap_or(up);
+    let template = GATE_UP_Q8.replace("{{BLOCK}}", GATE_UP_Q8_BLOCK);
     let mut quant = format!(
         "{QUANT_COMMON}\n{}\n{}\n",
         dot32_code(g, "", "W", Some("_G"))?,
@@ -521,7 +539,7 @@ pub(super) fn gate_up_q8_source(
             "    var acc: array<f32, {{NV}}>;\n    if (in_host(pair)) {\n        acc = products_h(ent, row0, lane);\n    } \
              else {\n        acc = products(ent, row0, lane);\n    }"
                 .to_string(),
-            host_copy_calling(GATE_UP_Q8, "products", &[("dot32_u(", "dot32_uh("), ("dot32(", "dot32_h(")]),
+            host_copy_calling(&template, "products", &[("dot32_u(", "dot32_uh("), ("dot32(", "dot32_h(")]),
         )
     } else {
         ("    var acc = products(ent, row0, lane);".to_string(), String::new())
@@ -530,7 +548,7 @@ pub(super) fn gate_up_q8_source(
     let rpw = shape.rows_per_group();
     let (field, table, p_binding) = table_parts(kind, 7);
     Some(
-        GATE_UP_Q8
+        template
             .replace("{{QUANT}}", &quant)
             .replace("{{ACT}}", ACT)
             .replace("{{PRODUCTS_H}}", &products_h)
@@ -555,11 +573,28 @@ pub(super) fn gate_up_q8_source(
     )
 }
 
+/// Item `q` (expert `q / NB_H`, block `q % NB_H`) of a row in `moe_down_q8.wgsl`; `{{ITEM}}` adds
+/// its terms to `acc`.
+const DOWN_Q8_ITEM: &str = "        let j = q / NB_H;
+        let b = q % NB_H;
+        let ent = ents[j];
+        if (ent.x != SKIP) {
+            let hb = (p0 + j) * NB_H + b;
+            let x0 = HQ[2u * hb];
+            let x1 = HQ[2u * hb + 1u];
+            let d = HD[hb];
+            let w = ws[j];
+            let base = ent.w + (b / (QBV / 32u)) * QBW;
+            let jj = b % (QBV / 32u);
+{{ITEM}}
+        }";
+
 /// The int8 down kernel (`moe_down_q8.wgsl`) for this weight type and `n_ff` (a multiple of 32);
 /// `None` when the type has no int8 kernel.
 pub(super) fn down_q8_source(
     down: &TypeLayout,
     n_ff: usize,
+    k_top: usize,
     shape: MoeQ8Shape,
     subgroups: bool,
     kind: TableKind,
@@ -567,14 +602,14 @@ pub(super) fn down_q8_source(
     let mut quant = format!("{QUANT_COMMON}\n{}\n", dot32_code(down, "", "W", Some(""))?);
     let add = |f: &str| {
         format!(
-            "        for (var r = 0u; r < ROWS; r++) {{\n            acc[r] += w * {f}(base + rb[r], jj, x0, x1, d);\n        }}"
+            "            for (var r = 0u; r < ROWS; r++) {{\n                acc[r] += w * {f}(base + rb[r], jj, x0, x1, d);\n            }}"
         )
     };
     let (item, in_host) = if kind == TableKind::Slots {
         quant += &dot32_code(down, "_h", "WH", None)?;
         (
             format!(
-                "        if (hosts[j] == 1u) {{\n{}\n        }} else {{\n{}\n        }}",
+                "            if (hosts[j] == 1u) {{\n{}\n            }} else {{\n{}\n            }}",
                 add("dot32_h"),
                 add("dot32")
             ),
@@ -612,7 +647,8 @@ pub(super) fn down_q8_source(
     Some(
         DOWN_Q8
             .replace("{{QUANT}}", &quant)
-            .replace("{{ITEM}}", &item)
+            .replace("{{ITEM_BODY}}", &DOWN_Q8_ITEM.replace("{{ITEM}}", &item))
+            .replace("{{K_TOP}}", &k_top.to_string())
             .replace("{{IN_HOST}}", in_host)
             .replace("{{REDUCE}}", &reduce)
             .replace("{{SG_ARGS}}", sg_args)
@@ -755,10 +791,10 @@ impl WgpuBackend {
             let rpw = gs.rows_per_group() as usize;
             self.dispatch(pipe, &bufs, &words, [ff.div_ceil(rpw) as u32, n_pairs as u32, 1]);
 
-            let key = format!("moe_down_q8 {} {ds} sg{sg} {kind:?} f{ff}", dl.name);
+            let key = format!("moe_down_q8 {} {ds} sg{sg} {kind:?} f{ff} k{k}", dl.name);
             let pipe = self.ctx.pipeline_with(
                 &key,
-                || down_q8_source(&dl, ff, ds, sg, kind).expect("moe_q8_shapes checked the type"),
+                || down_q8_source(&dl, ff, k, ds, sg, kind).expect("moe_q8_shapes checked the type"),
                 true,
             );
             let y = self.alloc("moe out", &[n_tok, n_embd])?;
@@ -994,7 +1030,12 @@ mod tests {
                         &gate_up_q8_source(Some(&l), &q6, 512, gs, kind).unwrap(),
                     );
                     for sg in [false, true] {
-                        parse(&format!("down_q8 {what} sg {sg}"), &down_q8_source(&l, 768, ds, sg, kind).unwrap());
+                        for k in [1, 3, 8] {
+                            parse(
+                                &format!("down_q8 {what} sg {sg} k {k}"),
+                                &down_q8_source(&l, 768, k, ds, sg, kind).unwrap(),
+                            );
+                        }
                     }
                 }
             }

@@ -13,9 +13,9 @@
 // Shape: WG invocations in SLOTS = WG / TPR row slots of TPR lanes, ROWS rows per slot in
 // registers: RPW = SLOTS * ROWS output rows per workgroup. Grid x: row groups, y: tokens.
 // Template parameters (moe.rs): QUANT (quant/common.wgsl, the down type's dot32 over W and its
-// host-tier copy dot32_h over WH), QBV / QBW (its block values and words), NB_H (n_ff / 32), WG,
-// TPR, ROWS, SERIAL, MAX_K, SKIP, TABLE_FIELD, TABLE (the table bindings from 6), P_BINDING,
-// SG_ARGS, REDUCE, ITEM (adds one item to acc, reading WH for a pair whose expert is in host
+// host-tier copy dot32_h over WH), QBV / QBW (its block values and words), NB_H (n_ff / 32), K_TOP
+// (experts per token, the same as P.k_top), WG, TPR, ROWS, SERIAL, MAX_K, SKIP, TABLE_FIELD, TABLE (the table bindings from 6), P_BINDING,
+// SG_ARGS, REDUCE, ITEM_BODY (adds item q to acc, reading WH for a pair whose expert is in host
 // memory when the tier's slot table is bound). Pairs whose entry is SKIP (computed on the CPU) are
 // left out.
 struct Params {
@@ -52,6 +52,9 @@ const SLOTS: u32 = WG / TPR;
 const ROWS: u32 = {{ROWS}}u;
 const RPW: u32 = SLOTS * ROWS;
 const NB_H: u32 = {{NB_H}}u;
+const K_TOP: u32 = {{K_TOP}}u;
+// (expert, block) items of a row.
+const ITEMS: u32 = K_TOP * NB_H;
 const MAX_K: u32 = {{MAX_K}}u;
 const SKIP: u32 = {{SKIP}};
 const SERIAL: u32 = {{SERIAL}}u;
@@ -92,22 +95,15 @@ fn main(
         rb[r] = min(row0 + r, P.n_embd - 1u) * P.rw_d;
     }
     var acc: array<f32, ROWS>;
-    let n_items = P.k_top * NB_H;
-    for (var q = lane; q < n_items; q += TPR) {
-        let j = q / NB_H;
-        let b = q % NB_H;
-        let ent = ents[j];
-        if (ent.x == SKIP) {
-            continue;
-        }
-        let hb = (p0 + j) * NB_H + b;
-        let x0 = HQ[2u * hb];
-        let x1 = HQ[2u * hb + 1u];
-        let d = HD[hb];
-        let w = ws[j];
-        let base = ent.w + (b / (QBV / 32u)) * QBW;
-        let jj = b % (QBV / 32u);
-{{ITEM}}
+    // A trip count the compiler knows (K_TOP is the pipeline's), so it may unroll and issue the
+    // loads of several items at once.
+    for (var i = 0u; i < ITEMS / TPR; i++) {
+        let q = lane + i * TPR;
+{{ITEM_BODY}}
+    }
+    if (lane < ITEMS % TPR) {
+        let q = (ITEMS / TPR) * TPR + lane;
+{{ITEM_BODY}}
     }
 {{REDUCE}}
     if (lid < RPW && wrow0 + lid < P.n_embd) {

@@ -23,7 +23,8 @@
 // type's as dot32_u over WU, with the host tier's copies dot32_h / dot32_uh over WH), QBV_G / QBW_G /
 // QBV_U / QBW_U (block values and words of the gate and up types), NB_X (n_embd / 32), WG, TPR,
 // ROWS, GATED, SKIP, TABLE_FIELD, TABLE, P_BINDING, ACT, PRODUCTS (acc from products(), or from
-// products_h() for a pair whose expert is read from host memory), PRODUCTS_H (that copy), REDUCE.
+// products_h() for a pair whose expert is read from host memory), PRODUCTS_H (that copy), REDUCE,
+// BLOCK (one activation block q's gate and up terms, substituted before the host copy is made).
 struct Params {
     n_embd: u32,
     n_ff: u32,
@@ -92,22 +93,15 @@ fn products(ent: vec4<u32>, row0: u32, lane: u32) -> array<f32, {{NV}}> {
         ru[r] = ent.z + row * P.rw_u;
     }
     var acc: array<f32, {{NV}}>;
-    for (var q = lane; q < NB_X; q += TPR) {
-        let x0 = xq[2u * q];
-        let x1 = xq[2u * q + 1u];
-        let d = xd[q];
-        if (GATED) {
-            let bo = (q / (QBV_G / 32u)) * QBW_G;
-            let j = q % (QBV_G / 32u);
-            for (var r = 0u; r < ROWS; r++) {
-                acc[r] += dot32(rg[r] + bo, j, x0, x1, d);
-            }
-        }
-        let bou = (q / (QBV_U / 32u)) * QBW_U;
-        let ju = q % (QBV_U / 32u);
-        for (var r = 0u; r < ROWS; r++) {
-            acc[ROWS + r] += dot32_u(ru[r] + bou, ju, x0, x1, d);
-        }
+    // A trip count the compiler knows (every lane has NB_X / TPR blocks, the first NB_X % TPR
+    // lanes one more), so it may unroll and issue the weight loads of several blocks at once.
+    for (var i = 0u; i < NB_X / TPR; i++) {
+        let q = lane + i * TPR;
+{{BLOCK}}
+    }
+    if (lane < NB_X % TPR) {
+        let q = (NB_X / TPR) * TPR + lane;
+{{BLOCK}}
     }
     return acc;
 }
