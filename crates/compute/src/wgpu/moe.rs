@@ -418,7 +418,8 @@ impl MoeQ8Shape {
         shape.is_valid().then_some(shape)
     }
 
-    /// Partial sums per row a lane adds one after another after the tree steps.
+    /// Partial sums per row that one invocation adds in the end, after the tree steps halved
+    /// the TPR down to this many.
     fn serial(self) -> u32 {
         self.tpr.min(8)
     }
