@@ -1091,15 +1091,17 @@ impl WgpuBackend {
             return Ok(false);
         }
         let entry = [e as u32, gate.map_or(0, |g| g.2), up.2, down.2];
-        let ones =
-            self.from_host(&vec![1f32; toks.len().min(moe::MAX_HOST_PAIRS)], &[toks.len().min(moe::MAX_HOST_PAIRS)])?;
         let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), None];
         let bias = experts.down_bias.as_ref().map_or(&self.ctx.dummy, |b| &b.buf.buffer);
         for part in toks.chunks(moe::MAX_HOST_PAIRS) {
             let m = part.len();
             let rows: Vec<u32> = part.iter().map(|&(t, _)| t).collect();
-            let map: Vec<u32> = part.iter().flat_map(|&(t, w)| [t, w]).collect();
+            // The scatter-add's (token, weight index) pairs, then the pairs' weights of 1 for the
+            // kernels: one upload (each makes a buffer).
+            let mut map: Vec<u32> = part.iter().flat_map(|&(t, w)| [t, w]).collect();
+            map.extend(std::iter::repeat_n(1f32.to_bits(), m));
             let rows_b = self.upload("moe rows", bytemuck::cast_slice(&rows))?;
+            let map_b = self.upload("moe map", bytemuck::cast_slice(&map))?;
             let xs = self.alloc("moe gather", &[m, n_embd])?;
             self.dispatch(
                 self.plain(Plain::GatherRows),
@@ -1108,8 +1110,7 @@ impl WgpuBackend {
                 super::grid((m * n_embd).div_ceil(256)),
             );
             let table = moe::PairTable::Host(vec![entry; m]);
-            let y = self.moe_pairs(&xs, 1, &table, (&ones.buf.buffer, 0), &fused, biases, spec)?;
-            let map_b = self.upload("moe map", bytemuck::cast_slice(&map))?;
+            let y = self.moe_pairs(&xs, 1, &table, (&map_b.buffer, 2 * m as u32), &fused, biases, spec)?;
             self.dispatch(
                 self.plain(Plain::ScatterAdd),
                 &[&y.buf.buffer, &map_b.buffer, &routing.weights.buf.buffer, bias, &out.buf.buffer],
