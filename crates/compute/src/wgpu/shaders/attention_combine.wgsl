@@ -16,7 +16,7 @@ struct Params {
 @group(0) @binding(0) var<storage, read> PACC: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> PML: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read> S: array<f32>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<storage, read_write> Y: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> QS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> DS: array<vec2<f32>>;
 @group(0) @binding(6) var<uniform> P: Params;
@@ -62,11 +62,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             a += PACC[(s * P.n_rows + row) * HDV4 + c] * exp(ms - mm);
         }
         let y = a / ll;
-        let at = row * HDV + 4u * c;
-        Y[at] = y.x;
-        Y[at + 1u] = y.y;
-        Y[at + 2u] = y.z;
-        Y[at + 3u] = y.w;
+        Y[row * HDV4 + c] = y;
         out[c] = y;
     }
     if (P.q8 == 1u) {

@@ -54,7 +54,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> S: array<f32>;
 @group(0) @binding(5) var<storage, read_write> KC: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> VC: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(7) var<storage, read_write> Y: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> QS: array<u32>;
 @group(0) @binding(9) var<storage, read_write> DS: array<vec2<f32>>;
 @group(0) @binding(10) var<storage, read_write> PACC: array<vec4<f32>>;
@@ -166,21 +166,9 @@ fn main(
     let vw = P.n_head_kv * HDV;
     let pos_last = P.pos0 + P.n_tok - 1u;
 
-    // This step's keys and values to the cache, once per KV head.
-    if (rg == 0u && split == 0u) {
-        for (var x = lid; x < P.n_tok * HDK4; x += WG) {
-            let t = x / HDK4;
-            let c = x % HDK4;
-            KC[((P.pos0 + t) * kw + kvh * HDK) / 4u + c] = kn4_at(t * kw + kvh * HDK + 4u * c, t);
-        }
-        for (var x = lid; x < P.n_tok * HDV4; x += WG) {
-            let t = x / HDV4;
-            let c = x % HDV4;
-            VC[((P.pos0 + t) * vw + kvh * HDV) / 4u + c] = VN[(t * vw + kvh * HDV) / 4u + c];
-        }
-    }
-
-    // The rows' queries (rotated) in registers: chunk i of lane holds dims 4 * (lane + gsize * i).
+    // The rows' queries (rotated) go to registers in the first iteration of the key loop, after
+    // its key and value loads are issued, so both wait on memory together. Chunk i of a lane
+    // holds dims 4 * (lane + gsize * i).
     var qv: array<vec4<f32>, ROWS * CK>;
     // Visible key range of each row: [row_lo, row_hi]; an inactive row sees none.
     var row_lo: array<u32, ROWS>;
@@ -189,21 +177,11 @@ fn main(
     for (var r = 0u; r < ROWS; r++) {
         let rho = rg * ROWS + r;
         row_active[r] = rho < n_rows;
-        let t = min(rho / group, P.n_tok - 1u);
-        let h = kvh * group + rho % group;
-        let pos = P.pos0 + t;
+        let pos = P.pos0 + min(rho / group, P.n_tok - 1u);
         row_hi[r] = pos;
         row_lo[r] = 0u;
         if (P.window > 0u && pos + 1u > P.window) {
             row_lo[r] = pos + 1u - P.window;
-        }
-        for (var i = 0u; i < CK; i++) {
-            let c = lane + gsize * i;
-            var v = vec4<f32>(0.0);
-            if (row_active[r] && c < HDK4) {
-                v = q4_at(t * P.n_head * HDK + h * HDK + 4u * c, t);
-            }
-            qv[r * CK + i] = v;
         }
     }
 
@@ -253,6 +231,21 @@ fn main(
                     }
                 }
                 vv[u * CV + i] = vx;
+            }
+        }
+        if (it == 0u) {
+            for (var r = 0u; r < ROWS; r++) {
+                let rho = rg * ROWS + r;
+                let t = min(rho / group, P.n_tok - 1u);
+                let h = kvh * group + rho % group;
+                for (var i = 0u; i < CK; i++) {
+                    let c = lane + gsize * i;
+                    var v = vec4<f32>(0.0);
+                    if (row_active[r] && c < HDK4) {
+                        v = q4_at(t * P.n_head * HDK + h * HDK + 4u * c, t);
+                    }
+                    qv[r * CK + i] = v;
+                }
             }
         }
         var part: array<f32, NSUM>;
@@ -374,11 +367,7 @@ fn main(
                     ll = ll * corr + exp(sk - m_new);
                 }
                 let y = sh_acc[x] * corr / ll;
-                let at = row * HDV + 4u * c;
-                Y[at] = y.x;
-                Y[at + 1u] = y.y;
-                Y[at + 2u] = y.z;
-                Y[at + 3u] = y.w;
+                Y[row * HDV4 + c] = y;
                 sh_acc[x] = y;
             } else {
                 let at = split * P.n_tok * P.n_head + row;
@@ -405,6 +394,21 @@ fn main(
                 }
                 q8_block(v, ((t * P.n_head + h) * HDV) / 32u + blk);
             }
+        }
+    }
+    // This step's keys and values to the cache, once per KV head. Last, so the stores (which
+    // wait for their KN loads) do not hold up the key loop; no workgroup reads these rows from
+    // the cache in this dispatch.
+    if (rg == 0u && split == 0u) {
+        for (var x = lid; x < P.n_tok * HDK4; x += WG) {
+            let t = x / HDK4;
+            let c = x % HDK4;
+            KC[((P.pos0 + t) * kw + kvh * HDK) / 4u + c] = kn4_at(t * kw + kvh * HDK + 4u * c, t);
+        }
+        for (var x = lid; x < P.n_tok * HDV4; x += WG) {
+            let t = x / HDV4;
+            let c = x % HDV4;
+            VC[((P.pos0 + t) * vw + kvh * HDV) / 4u + c] = VN[(t * vw + kvh * HDV) / 4u + c];
         }
     }
 }
