@@ -57,12 +57,12 @@ use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 #[doc(hidden)]
 pub use dispatch_probe::DispatchCost;
+pub use fused::AttnKernel;
 pub use int8::Q8Act;
+use layout::TypeLayout;
 #[doc(hidden)]
 pub use norm::NormKernel;
-use layout::TypeLayout;
 use shaders::Plain;
-pub use fused::AttnKernel;
 pub use shaders::{AttnDecodeShape, MatvecShape, Q8Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
