@@ -1618,7 +1618,13 @@ mod gpu_ops {
         let mut rng = StdRng::seed_from_u64(7);
         let (n_out, k) = (32768usize, 8192usize);
         // Q6_K: the output matrix (and some FFN matrices) of every Q4_K_M file.
+        // DISKFORMER_PERF_TYPES=q4_0,q4_k: only these types' matrix-vector lines.
+        let only: Option<Vec<String>> =
+            std::env::var("DISKFORMER_PERF_TYPES").ok().map(|v| v.split(',').map(str::to_string).collect());
         for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16] {
+            if only.as_ref().is_some_and(|o| !o.contains(&type_name(t))) {
+                continue;
+            }
             let tensors = vec![(format!("w_{}", type_name(t)), t, vec![n_out, k], Vec::new())];
             let file = WeightFile::new(&format!("backend-ops-perf-{}", type_name(t)), &tensors);
             let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
@@ -1765,9 +1771,9 @@ mod gpu_ops {
     ];
 
     /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,
-    /// unrolled loops, 16-byte loads for Q4_K/Q5_K: `v` is the same kernel as without it for the
-    /// other types).
-    const Q8_PERF_SHAPES: [&str; 26] = [
+    /// unrolled loops, 16-byte loads for Q4_K/Q5_K and grouped Q4_0: `v` is the same kernel as
+    /// without it for the other types).
+    const Q8_PERF_SHAPES: [&str; 36] = [
         "1x64",
         "2x64",
         "4x64",
@@ -1794,6 +1800,16 @@ mod gpu_ops {
         "1x256t8v",
         "1x256t16u2v",
         "4x64u2v",
+        "2x64v",
+        "1x64u4v",
+        "1x128u2v",
+        "2x128u2v",
+        "2x128u4v",
+        "4x64u4v",
+        "1x256t16u4v",
+        "1x256t32u2v",
+        "1x256t32u4v",
+        "2x256t32u2v",
     ];
 
     /// One 8B decode layer's grouped products with int8 activations, each timed with its

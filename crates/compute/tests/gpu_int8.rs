@@ -118,21 +118,30 @@ mod int8 {
         let c = CpuBackend::new(MatmulMode::Exact);
         let mut r = Report { failures: Vec::new(), ran: 0 };
         for t in INT8_TYPES {
-            type_cases(&g8, &c, t, &mut rng, &mut r);
+            type_cases(&g8, &c, t, shapes(t), &mut rng, &mut r);
         }
+        // Q4_0 rows of whole 256-value groups take the grouped GPU layout (layout.rs), with its
+        // own dot products (4-byte and 16-byte loads).
+        type_cases(&g8, &c, GgmlType::Q4_0, ([37, 19, 256], 512), &mut rng, &mut r);
         mixed_cases(&g8, &c, &mut rng, &mut r);
         r.finish();
     }
 
     /// One type: the multi-weight kernel for 2 and 3 weights and the GLU kernel with every
     /// tested shape, then the `Backend` entries with their dispatch counts.
-    fn type_cases(g: &WgpuBackend, c: &CpuBackend, t: GgmlType, rng: &mut StdRng, r: &mut Report) {
+    fn type_cases(
+        g: &WgpuBackend,
+        c: &CpuBackend,
+        t: GgmlType,
+        (rows, k): ([usize; 3], usize),
+        rng: &mut StdRng,
+        r: &mut Report,
+    ) {
         let tn = type_name(t);
-        let (rows, k) = shapes(t);
         let names = ["w0", "w1", "w2", "gate", "up", "down"];
         let dims = [[rows[0], k], [rows[1], k], [rows[2], k], [rows[2], k], [rows[2], k], [37, rows[2]]];
         let tensors: Vec<_> = names.iter().zip(dims).map(|(n, d)| (n.to_string(), t, d)).collect();
-        let file = weight_file(&tn, rng, &tensors);
+        let file = weight_file(&format!("{tn}-{k}"), rng, &tensors);
         let hw: Vec<HostWeight> = names.iter().map(|n| file.get(n)).collect();
         let cw: Vec<_> = hw.iter().map(|w| c.weight(w).expect("cpu weight")).collect();
         let gw: Vec<WgpuWeight> = match hw.iter().map(|w| g.weight(w)).collect() {

@@ -169,6 +169,18 @@ mod gpu {
                 biases: true,
                 k: 2,
             },
+            // Q4_0 throughout, rows of whole 256-value groups (the grouped GPU layout).
+            Case {
+                n_expert: 4,
+                n_embd: 256,
+                n_ff: 512,
+                gate: Some(Q4_0),
+                up: Q4_0,
+                down: Q4_0,
+                glu: Glu::Plain(Act::Silu),
+                biases: false,
+                k: 2,
+            },
             // Ungated experts.
             Case {
                 n_expert: 4,

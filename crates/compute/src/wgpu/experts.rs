@@ -152,7 +152,7 @@ pub fn host_tier_table_reserve_bytes(n_experts_total: usize) -> u64 {
 /// Bytes a weight of `n_rows` rows of `k` values of `dtype` takes on the GPU (the repacked
 /// layout), or `None` when the GPU has no kernel for the type.
 pub fn weight_bytes(dtype: gguf::GgmlType, n_rows: usize, k: usize) -> Option<u64> {
-    let l = TypeLayout::of(dtype)?;
+    let l = TypeLayout::for_weight(dtype, k)?;
     Some((4 * n_rows * l.row_words(k)) as u64)
 }
 
@@ -162,7 +162,7 @@ pub fn weight_bytes(dtype: gguf::GgmlType, n_rows: usize, k: usize) -> Option<u6
 pub fn expert_slot_bytes(matrices: &[(gguf::GgmlType, usize, usize)]) -> Option<u64> {
     let mut words = 0;
     for &(dtype, n_out, k) in matrices {
-        let l = TypeLayout::of(dtype)?;
+        let l = TypeLayout::for_weight(dtype, k)?;
         words += (n_out + 1) * l.row_words(k);
     }
     Some(4 * words as u64)
@@ -418,7 +418,7 @@ impl ExpertTier {
     fn place_at(&self, base: usize, ex: &HostExpert<'_>) -> Result<SlotMats, OpError> {
         let mut at = base;
         let mut put = |m: &HostMatrix<'_>, what: &str| -> Result<Placed, OpError> {
-            let layout = TypeLayout::of(m.dtype).ok_or_else(|| OpError::Weight {
+            let layout = TypeLayout::for_weight(m.dtype, m.k).ok_or_else(|| OpError::Weight {
                 name: format!("expert {} {what}", ex.id),
                 why: format!("type {} has no GPU kernel", m.dtype),
             })?;
@@ -533,7 +533,7 @@ fn repacks_in_place(l: &TypeLayout, k: usize) -> bool {
     if l.is_float() {
         k * l.block_bytes() / 8 == 4 * l.row_words(k)
     } else {
-        l.fields.iter().all(|f| f % 4 == 0)
+        l.copies_verbatim()
     }
 }
 
@@ -555,22 +555,14 @@ fn repack_into(l: &TypeLayout, src: &[u8], n_rows: usize, k: usize, dst: &mut [u
         }
         return;
     }
-    if l.fields.iter().all(|f| f % 4 == 0) {
+    if l.copies_verbatim() {
         dst[..src.len()].copy_from_slice(src);
         return;
     }
     let block_bytes = l.block_bytes();
     let block_gpu = 4 * l.block_words();
     for (b, block) in src.chunks_exact(block_bytes).enumerate() {
-        let d = &mut dst[b * block_gpu..(b + 1) * block_gpu];
-        let mut at = 0;
-        let mut from = 0;
-        for &f in l.fields {
-            d[at..at + f].copy_from_slice(&block[from..from + f]);
-            d[at + f..at + f.div_ceil(4) * 4].fill(0);
-            from += f;
-            at += f.div_ceil(4) * 4;
-        }
+        l.repack_block(block, &mut dst[b * block_gpu..(b + 1) * block_gpu]);
     }
 }
 
@@ -2111,8 +2103,16 @@ mod tests {
 
     #[test]
     fn repack_into_matches_repack() {
-        for (t, k) in [(GgmlType::Q4_0, 64), (GgmlType::Q6_K, 256), (GgmlType::Q4_K, 256), (GgmlType::F16, 12)] {
-            let l = TypeLayout::of(t).unwrap();
+        let of = |t| TypeLayout::of(t).unwrap();
+        let q4_0g = TypeLayout::q4_0_grouped();
+        for (l, k) in [
+            (of(GgmlType::Q4_0), 64),
+            (q4_0g, 512),
+            (of(GgmlType::Q6_K), 256),
+            (of(GgmlType::Q4_K), 256),
+            (of(GgmlType::F16), 12),
+        ] {
+            let t = l.name;
             let n_rows = 3;
             let stored = if l.is_float() { k * l.block_bytes() / 8 } else { k / l.block_values * l.block_bytes() };
             let src: Vec<u8> = (0..n_rows * stored).map(|i| (i * 7 + 3) as u8).collect();

@@ -529,7 +529,7 @@ impl WgpuBackend {
             return Ok(None);
         }
         // One type for both (the kernel pairs each gate row with the up row of the same index).
-        if gate.layout.dtype != up.layout.dtype {
+        if gate.layout != up.layout {
             return Ok(None);
         }
         let n = gate.n_rows;

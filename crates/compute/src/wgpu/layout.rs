@@ -6,6 +6,13 @@
 //!
 //! Float types have no blocks; they are cut into groups of 8 values, rows padded with zeros to
 //! a whole number of groups, so every type reaches the kernels as "groups of 8 values".
+//!
+//! Q4_0 rows of a multiple of 256 values take a grouped layout instead ([`TypeLayout::for_weight`]):
+//! eight GGUF blocks become one 144-byte GPU block, their eight f16 scales first (16 bytes), then
+//! their eight 16-byte quant arrays. Padding the 2-byte scale of each 18-byte block (the layout
+//! above) reads 20 bytes per 32 values and leaves the quants on 4-byte boundaries only; grouped,
+//! a row is read at 18 bytes per 32 values and every quant array, like the scales, is one 16-byte
+//! load (`shaders/quant/i8/q4_0g_v4.wgsl`). Kernels see it as a 256-value block type, as Q4_K.
 
 use gguf::GgmlType;
 
@@ -22,7 +29,13 @@ pub struct TypeLayout {
     pub shader: &'static str,
     /// Short name used in pipeline keys and test output (`q4_k`).
     pub name: &'static str,
+    /// GGUF blocks gathered into one GPU block (1: each block repacked on its own; 8: Q4_0's
+    /// grouped layout, `fields` then being the group's scales and quants).
+    pub group: usize,
 }
+
+/// Q4_0 blocks per grouped GPU block.
+const Q4_0_GROUP: usize = 8;
 
 impl TypeLayout {
     /// The layout of `dtype`, or `None` when the GPU has no kernel for it.
@@ -47,7 +60,62 @@ impl TypeLayout {
             MXFP4 => (32, &[1, 16], include_str!("shaders/quant/mxfp4.wgsl"), "mxfp4"),
             _ => return None,
         };
-        Some(TypeLayout { dtype, block_values, fields, shader, name })
+        Some(TypeLayout { dtype, block_values, fields, shader, name, group: 1 })
+    }
+
+    /// Q4_0's grouped layout (eight blocks per GPU block, see the module docs), for rows of a
+    /// multiple of 256 values.
+    pub fn q4_0_grouped() -> TypeLayout {
+        TypeLayout {
+            dtype: GgmlType::Q4_0,
+            block_values: 32 * Q4_0_GROUP,
+            fields: &[2 * Q4_0_GROUP, 16 * Q4_0_GROUP],
+            shader: include_str!("shaders/quant/q4_0g.wgsl"),
+            name: "q4_0g",
+            group: Q4_0_GROUP,
+        }
+    }
+
+    /// The layout a weight of `dtype` with rows of `k` values takes on the GPU: Q4_0's grouped
+    /// layout where rows are whole groups (`DISKFORMER_Q4_0_LAYOUT=blocks` keeps every Q4_0
+    /// weight in per-block layout, for comparisons), else [`TypeLayout::of`]. Every upload and
+    /// placement of a weight asks here, so a matrix and its copies (expert slots, the host tier)
+    /// agree.
+    pub fn for_weight(dtype: GgmlType, k: usize) -> Option<TypeLayout> {
+        static BLOCKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let blocks = *BLOCKS.get_or_init(|| std::env::var("DISKFORMER_Q4_0_LAYOUT").is_ok_and(|v| v == "blocks"));
+        if dtype == GgmlType::Q4_0 && !blocks && k.is_multiple_of(32 * Q4_0_GROUP) {
+            return Some(TypeLayout::q4_0_grouped());
+        }
+        TypeLayout::of(dtype)
+    }
+
+    /// Whether a stored block's bytes are its GPU block's bytes (every field whole words, not
+    /// grouped), so uploads may copy rows as they are.
+    pub fn copies_verbatim(&self) -> bool {
+        self.group == 1 && self.fields.iter().all(|f| f % 4 == 0)
+    }
+
+    /// Writes one stored block (`src`, `block_bytes()` long, as in the file) into `dst`
+    /// (`4 * block_words()` bytes) in the GPU layout, zeroing the padding.
+    pub fn repack_block(&self, src: &[u8], dst: &mut [u8]) {
+        if self.group > 1 {
+            // Grouped Q4_0: block i's scale to bytes 2i.., its quants to 16 + 16i.. .
+            let (scales, quants) = dst.split_at_mut(2 * self.group);
+            for (i, b) in src.chunks_exact(18).enumerate() {
+                scales[2 * i..2 * i + 2].copy_from_slice(&b[..2]);
+                quants[16 * i..16 * i + 16].copy_from_slice(&b[2..]);
+            }
+            return;
+        }
+        let mut at = 0;
+        let mut from = 0;
+        for &f in self.fields {
+            dst[at..at + f].copy_from_slice(&src[from..from + f]);
+            dst[at + f..at + f.div_ceil(4) * 4].fill(0);
+            from += f;
+            at += f.div_ceil(4) * 4;
+        }
     }
 
     /// Whether rows are cut into 8-value groups rather than GGUF blocks.
@@ -94,13 +162,7 @@ impl TypeLayout {
         let words: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
         let block_words = self.block_words();
         for (b, block) in src.chunks_exact(block_bytes).enumerate() {
-            let mut at = b * block_words * 4;
-            let mut from = 0;
-            for &f in self.fields {
-                words[at..at + f].copy_from_slice(&block[from..from + f]);
-                from += f;
-                at += f.div_ceil(4) * 4;
-            }
+            self.repack_block(block, &mut words[b * block_words * 4..(b + 1) * block_words * 4]);
         }
         out
     }
@@ -129,5 +191,32 @@ mod tests {
         assert_eq!(&bytes[..2], &[0, 1]);
         assert_eq!(&bytes[2..4], &[0, 0]);
         assert_eq!(&bytes[4..20], &block[2..18]);
+    }
+
+    #[test]
+    fn grouped_q4_0_puts_scales_first_then_quants() {
+        let l = TypeLayout::q4_0_grouped();
+        assert_eq!((l.block_bytes(), l.block_words()), (8 * 18, 36));
+        // Two rows of 512 values: 32 stored blocks, block i's bytes all 1 + i.
+        let src: Vec<u8> = (0..32u8).flat_map(|i| [1 + i; 18]).collect();
+        let words = l.repack(&src, 2, 512);
+        assert_eq!(words.len(), 2 * 2 * 36);
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        for (g, group) in bytes.chunks_exact(144).enumerate() {
+            for i in 0..8 {
+                let v = 1 + (8 * g + i) as u8;
+                assert_eq!(&group[2 * i..2 * i + 2], &[v; 2], "scale of block {i} of group {g}");
+                assert_eq!(&group[16 + 16 * i..32 + 16 * i], &[v; 16], "quants of block {i} of group {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn q4_0_rows_of_whole_groups_take_the_grouped_layout() {
+        let blocks = std::env::var("DISKFORMER_Q4_0_LAYOUT").is_ok_and(|v| v == "blocks");
+        let name = |k| TypeLayout::for_weight(GgmlType::Q4_0, k).unwrap().name;
+        assert_eq!(name(4096), if blocks { "q4_0" } else { "q4_0g" });
+        assert_eq!(name(4096 + 32), "q4_0");
+        assert_eq!(TypeLayout::for_weight(GgmlType::Q4_K, 4096).unwrap().name, "q4_k");
     }
 }

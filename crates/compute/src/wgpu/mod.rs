@@ -1390,11 +1390,11 @@ impl Backend for WgpuBackend {
     }
 
     fn weight(&self, w: &HostWeight) -> Result<WgpuWeight, OpError> {
-        let l = TypeLayout::of(w.dtype).ok_or_else(|| OpError::Weight {
+        let k = w.row_len();
+        let l = TypeLayout::for_weight(w.dtype, k).ok_or_else(|| OpError::Weight {
             name: w.name.clone(),
             why: format!("type {} has no GPU kernel", w.dtype),
         })?;
-        let k = w.row_len();
         let n_rows = w.n_rows();
         // Paged experts stay on the host: the expert tier uploads them into slots on demand.
         if self.experts.is_some() && w.shape.len() == 3 && w.name.ends_with("_exps.weight") {

@@ -460,7 +460,7 @@ const Q8_MAX_K: usize = 64;
 /// block constants `QBV{consts}` / `QBW{consts}` (`consts` `None`: none); `None` when the type has
 /// no int8 kernel.
 fn dot32_code(layout: &TypeLayout, suffix: &str, w_name: &str, consts: Option<&str>) -> Option<String> {
-    let src = super::shaders::dot32_source(layout.dtype)?;
+    let src = super::shaders::dot32_layout_source(layout)?;
     let f = src.replace("W[", &format!("{w_name}[")).replace("fn dot32(", &format!("fn dot32{suffix}("));
     Some(match consts {
         Some(c) => format!(
@@ -982,8 +982,8 @@ mod tests {
     fn every_type_pair_parses_and_validates() {
         use GgmlType::*;
         let types = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4];
-        for t in types {
-            let l = TypeLayout::of(t).unwrap();
+        let layouts = types.iter().map(|&t| TypeLayout::of(t).unwrap()).chain([TypeLayout::q4_0_grouped()]);
+        for l in layouts {
             for sg in [false, true] {
                 for kind in [TableKind::Host, TableKind::Gpu, TableKind::Slots] {
                     for shape in [(1, 64), (2, 128)] {
@@ -1017,8 +1017,8 @@ mod tests {
         let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS];
         let gate_up_shapes = ["1x256t8", "2x128t8", "4x32t4", "1x64t2"];
         let down_shapes = ["2x64", "1x256t8", "4x128t32", "1x32t4"];
-        for t in types {
-            let l = TypeLayout::of(t).unwrap();
+        let layouts = types.iter().map(|&t| TypeLayout::of(t).unwrap()).chain([TypeLayout::q4_0_grouped()]);
+        for l in layouts {
             let q6 = TypeLayout::of(Q6_K).unwrap();
             for kind in [TableKind::Host, TableKind::Gpu, TableKind::Slots] {
                 for (gs, ds) in gate_up_shapes.iter().zip(down_shapes) {

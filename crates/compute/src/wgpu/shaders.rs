@@ -296,8 +296,8 @@ pub struct Q8Shape {
     pub tpr: u32,
     /// Activation blocks per loop iteration (1, 2 or 4).
     pub unroll: u32,
-    /// 16-byte weight loads (`quant/i8/*_v4.wgsl`) for the types whose repacked blocks start on
-    /// 16-byte boundaries (Q4_K, Q5_K); other types ignore it.
+    /// 16-byte weight loads (`quant/i8/*_v4.wgsl`) for the layouts whose repacked blocks start on
+    /// 16-byte boundaries (Q4_K, Q5_K, grouped Q4_0); others ignore it.
     pub vec4: bool,
 }
 
@@ -586,6 +586,15 @@ const Q8_GLU_VALUE: &str = "fn glu_value(gv: f32, uv: f32) -> f32 {
     return act(gv, P.glu_op) * uv;
 }";
 
+/// The `dot32` of weights in layout `l`: the type's ([`dot32_source`]), or the grouped Q4_0
+/// layout's own.
+pub fn dot32_layout_source(l: &TypeLayout) -> Option<&'static str> {
+    if l.group > 1 {
+        return Some(include_str!("shaders/quant/i8/q4_0g.wgsl"));
+    }
+    dot32_source(l.dtype)
+}
+
 /// A weight type's `dot32` reading weight `i`'s binding (`W`, `W1`, `W2`) as `dot32`, `dot32_1`, ...
 fn dot32_for(src: &str, i: u32) -> String {
     if i == 0 {
@@ -595,10 +604,13 @@ fn dot32_for(src: &str, i: u32) -> String {
     }
 }
 
-/// A weight type's `dot32` with 16-byte weight loads (`W` bound as `array<vec4<u32>>`), for the
-/// types whose repacked blocks are whole 16-byte units.
-pub fn dot32_v4_source(dtype: GgmlType) -> Option<&'static str> {
-    Some(match dtype {
+/// A layout's `dot32` with 16-byte weight loads (`W` bound as `array<vec4<u32>>`), for the
+/// layouts whose repacked blocks are whole 16-byte units (Q4_K, Q5_K, grouped Q4_0).
+pub fn dot32_v4_source(l: &TypeLayout) -> Option<&'static str> {
+    if l.group > 1 {
+        return Some(include_str!("shaders/quant/i8/q4_0g_v4.wgsl"));
+    }
+    Some(match l.dtype {
         GgmlType::Q4_K => include_str!("shaders/quant/i8/q4_k_v4.wgsl"),
         GgmlType::Q5_K => include_str!("shaders/quant/i8/q5_k_v4.wgsl"),
         _ => return None,
@@ -638,13 +650,13 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
     };
     let layouts = layouts.get(..n_w as usize)?;
     let layout = &layouts[0];
-    let one_type = layouts.iter().all(|l| l.dtype == layout.dtype);
-    let v4 = if shape.vec4 && one_type { dot32_v4_source(layout.dtype) } else { None };
+    let one_type = layouts.iter().all(|l| l == layout);
+    let v4 = if shape.vec4 && one_type { dot32_v4_source(layout) } else { None };
     let mut dots = Vec::new();
     for (i, l) in layouts.iter().enumerate() {
         let src = match v4 {
             Some(src) => src,
-            None => dot32_source(l.dtype)?,
+            None => dot32_layout_source(l)?,
         };
         dots.push(format!(
             "const QBV{i}: u32 = {}u;\nconst QBW{i}: u32 = {}u;\n{}",
@@ -936,9 +948,7 @@ mod tests {
         for p in Plain::ALL {
             parse(&format!("{p:?}"), &p.source());
         }
-        use GgmlType::*;
-        for t in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4] {
-            let l = TypeLayout::of(t).unwrap();
+        for l in all_layouts() {
             for tok in MATMUL_TILES {
                 for guard in [false, true] {
                     for sg in [false, true] {
@@ -956,8 +966,8 @@ mod tests {
                 }
             }
             // Mixed types: this one with Q6_K and Q4_0 (q/k/v of a Q4_K_M file).
-            if dot32_source(t).is_some() {
-                let mixed = [l, TypeLayout::of(Q6_K).unwrap(), TypeLayout::of(Q4_0).unwrap()];
+            if dot32_layout_source(&l).is_some() {
+                let mixed = [l, TypeLayout::of(GgmlType::Q6_K).unwrap(), TypeLayout::q4_0_grouped()];
                 for sg in [false, true] {
                     let src = matvec_q8_types(&mixed, Q8Shape::TESTED[1], Q8Kind::Weights(3), sg).unwrap();
                     parse(&format!("matvec_q8 {} + q6_k + q4_0 subgroups {sg}", l.name), &src);
@@ -1028,15 +1038,23 @@ mod tests {
         }
     }
 
+    /// Every GPU layout: each type's per-block one and the grouped Q4_0.
+    fn all_layouts() -> Vec<TypeLayout> {
+        use GgmlType::*;
+        let types = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4];
+        let mut v: Vec<TypeLayout> = types.iter().map(|&t| TypeLayout::of(t).unwrap()).collect();
+        v.push(TypeLayout::q4_0_grouped());
+        v
+    }
+
     /// Multi-weight kernels rename `W[` and `fn dot32(` per weight: a dot32 file must hold that
     /// one function and nothing else that would be defined twice.
     #[test]
     fn dot32_files_define_only_dot32() {
-        use GgmlType::*;
-        for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
-            for src in [dot32_source(t), dot32_v4_source(t)].into_iter().flatten() {
-                assert_eq!(src.matches("fn ").count(), 1, "{t}: only dot32");
-                assert!(src.contains("fn dot32("), "{t}");
+        for l in all_layouts() {
+            for src in [dot32_layout_source(&l), dot32_v4_source(&l)].into_iter().flatten() {
+                assert_eq!(src.matches("fn ").count(), 1, "{}: only dot32", l.name);
+                assert!(src.contains("fn dot32("), "{}", l.name);
             }
         }
         assert!(!without_fn(QUANT_COMMON, "wbyte").contains("fn wbyte("));
@@ -1064,9 +1082,7 @@ mod tests {
 
     #[test]
     fn shader_block_constants_match_layouts() {
-        use GgmlType::*;
-        for t in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4] {
-            let l = TypeLayout::of(t).unwrap();
+        for l in all_layouts() {
             let words = if l.is_float() { l.block_bytes().div_ceil(4) } else { l.block_words() };
             assert!(l.shader.contains(&format!("const BW: u32 = {words}u;")), "{}: BW should be {words}", l.name);
             assert!(
