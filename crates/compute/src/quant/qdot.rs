@@ -63,11 +63,12 @@ pub(crate) struct ActRow<'a> {
 }
 
 /// Activations of eight tokens laid out for the one-token-per-lane tile kernels
-/// (`simd/avx2_lanes.rs`): every four consecutive values of a row sit side by side for the eight
-/// tokens, so one 32-byte load gives four values of each token.
+/// (`simd/avx2_lanes.rs`, `simd/neon_tiles.rs`): every four consecutive values of a row sit
+/// side by side for the eight tokens, so one 32-byte load gives four values of each token.
 #[derive(Clone, Copy)]
-// Only the AVX2 tile kernels read the fields; other targets build the value and never use it.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// Only the AVX2 and NEON tile kernels read the fields; other targets build the value and never
+// use it.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 pub(crate) struct TokenOctet<'a> {
     /// `qs[32 * (v / 4) + 4 * t + v % 4]`: value `v` of token `t` (`8 * k` bytes).
     pub qs: &'a [i8],

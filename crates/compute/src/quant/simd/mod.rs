@@ -16,6 +16,8 @@ mod avx2_lanes;
 mod avx2_tiles;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_tiles;
 
 use gguf::GgmlType;
 
@@ -128,11 +130,11 @@ type OctetTileKernel<const N: usize> = unsafe fn(&[*const u8; 4], usize, &[Token
 /// A prefill tile's kernels: sixteen tokens per call, one per lane ([`TokenOctet`]), and eight
 /// for a last odd octet.
 #[derive(Clone, Copy)]
-// Only the x86-64 tiles exist so far; other targets name the type but never make one.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// Only x86-64 and aarch64 have tiles; other targets name the type but never make one.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 struct TileKernel(OctetTileKernel<2>, OctetTileKernel<1>);
 
-/// Multi-row kernels of one weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K on AVX2):
+/// Multi-row kernels of one weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K on AVX2 and NEON):
 /// decode as eight rows per call, prefill as four rows by sixteen tokens. Both give each (row,
 /// token) the same bits.
 #[derive(Clone, Copy)]
@@ -174,6 +176,11 @@ impl Tiles {
                 }
                 _ => return None,
             });
+        }
+        #[cfg(target_arch = "aarch64")]
+        if kernel == Kernel::Neon && kernel.is_available() {
+            let (rows8, two, one) = neon_tiles::kernels(dtype)?;
+            return Some(Tiles { rows8, tile: TileKernel(two, one) });
         }
         None
     }

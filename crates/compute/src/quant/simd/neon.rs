@@ -55,7 +55,7 @@ unsafe fn load_x(x: &[i8], at: usize) -> int8x16_t {
 /// Low and high nibbles of 16 bytes: values 0..16 and 16..32 of a 32-value block.
 #[inline]
 #[target_feature(enable = "neon")]
-unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+pub(super) unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
     let q = vld1q_u8(p);
     (vandq_u8(q, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(q))
 }
@@ -63,19 +63,22 @@ unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
 /// 0x10 in each byte whose bit is set in `bits` (16 bits: two bytes, little-endian).
 #[inline]
 #[target_feature(enable = "neon")]
-unsafe fn fifth_bits(b0: u8, b1: u8) -> uint8x16_t {
+pub(super) unsafe fn fifth_bits(b0: u8, b1: u8) -> uint8x16_t {
     const MASKS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
     let bytes = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
     vandq_u8(vtstq_u8(bytes, vld1q_u8(MASKS.as_ptr())), vdupq_n_u8(0x10))
 }
 
 /// The shared loop of the 32-value types: `levels(block)` gives the two halves of the levels,
-/// `scales(block)` gives `(d, m)`.
+/// `scales(block)` gives `(d, m)`; `m` is used only for the types that have one (`has_min`), so
+/// each block adds `(d * d_x) * s` (plus `(m * d_x) * sum(x)`), the float operations of the
+/// multi-row kernels in `neon_tiles`, which give the same bits.
 #[inline(always)]
 unsafe fn dot_blocks32(
     w: &[u8],
     x: ActRow<'_>,
     block_bytes: usize,
+    has_min: bool,
     levels: impl Fn(*const u8) -> (int8x16_t, int8x16_t),
     scales: impl Fn(*const u8) -> (f32, f32),
 ) -> f32 {
@@ -87,7 +90,11 @@ unsafe fn dot_blocks32(
         let (l0, l1) = levels(b);
         let sumi = dot16(l0, load_x(x.qs, ib * 32)) + dot16(l1, load_x(x.qs, ib * 32 + 16));
         let (d, m) = scales(b);
-        acc += d * x.d[ib] * sumi as f32 + m * x.d[ib] * x.sums[ib] as f32;
+        let mut t = d * x.d[ib] * sumi as f32;
+        if has_min {
+            t += m * x.d[ib] * x.sums[ib] as f32;
+        }
+        acc += t;
     }
     acc
 }
@@ -102,6 +109,7 @@ unsafe fn dot_q4_0(w: &[u8], x: ActRow<'_>) -> f32 {
         w,
         x,
         18,
+        false,
         |b| {
             let (lo, hi) = nibbles(b.add(2));
             let eight = vdupq_n_s8(8);
@@ -117,6 +125,7 @@ unsafe fn dot_q4_1(w: &[u8], x: ActRow<'_>) -> f32 {
         w,
         x,
         20,
+        true,
         |b| {
             let (lo, hi) = nibbles(b.add(4));
             (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
@@ -138,12 +147,12 @@ unsafe fn levels_q5(qh: *const u8, qs: *const u8, offset: i8) -> (int8x16_t, int
 
 #[target_feature(enable = "neon")]
 unsafe fn dot_q5_0(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_blocks32(w, x, 22, |b| levels_q5(b.add(2), b.add(6), 16), |b| (block_f16(b, 0), 0.0))
+    dot_blocks32(w, x, 22, false, |b| levels_q5(b.add(2), b.add(6), 16), |b| (block_f16(b, 0), 0.0))
 }
 
 #[target_feature(enable = "neon")]
 unsafe fn dot_q5_1(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_blocks32(w, x, 24, |b| levels_q5(b.add(4), b.add(8), 0), |b| (block_f16(b, 0), block_f16(b, 2)))
+    dot_blocks32(w, x, 24, true, |b| levels_q5(b.add(4), b.add(8), 0), |b| (block_f16(b, 0), block_f16(b, 2)))
 }
 
 #[target_feature(enable = "neon")]
@@ -152,6 +161,7 @@ unsafe fn dot_q8_0(w: &[u8], x: ActRow<'_>) -> f32 {
         w,
         x,
         34,
+        false,
         |b| (vld1q_s8(b.add(2) as *const i8), vld1q_s8(b.add(18) as *const i8)),
         |b| (block_f16(b, 0), 0.0),
     )
@@ -167,12 +177,12 @@ unsafe fn lookup(table: &[i8; 16], p: *const u8) -> (int8x16_t, int8x16_t) {
 
 #[target_feature(enable = "neon")]
 unsafe fn dot_iq4_nl(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_blocks32(w, x, 18, |b| lookup(&KVALUES_IQ4NL, b.add(2)), |b| (block_f16(b, 0), 0.0))
+    dot_blocks32(w, x, 18, false, |b| lookup(&KVALUES_IQ4NL, b.add(2)), |b| (block_f16(b, 0), 0.0))
 }
 
 #[target_feature(enable = "neon")]
 unsafe fn dot_mxfp4(w: &[u8], x: ActRow<'_>) -> f32 {
-    dot_blocks32(w, x, 17, |b| lookup(&KVALUES_MXFP4, b.add(1)), |b| (e8m0_to_f32_half(*b), 0.0))
+    dot_blocks32(w, x, 17, false, |b| lookup(&KVALUES_MXFP4, b.add(1)), |b| (e8m0_to_f32_half(*b), 0.0))
 }
 
 /// `(n_superblocks)` after checking the activation row covers them.
