@@ -83,20 +83,43 @@ struct DecodePlan {
     n_split: usize,
 }
 
-/// The decode kernel's shape: `DISKFORMER_ATTN_DECODE=WGxKEYS[uUNROLL][rROWS]` (e.g. `256x128u2`), `off` (or `0`)
-/// for `attention.wgsl` at every size, else the default.
-fn default_decode_shape() -> Option<AttnDecodeShape> {
-    static SHAPE: std::sync::OnceLock<Option<AttnDecodeShape>> = std::sync::OnceLock::new();
-    *SHAPE.get_or_init(|| match std::env::var("DISKFORMER_ATTN_DECODE") {
-        Ok(v) if v == "off" || v == "0" => None,
-        Ok(v) => Some(AttnDecodeShape::parse(&v).unwrap_or(DEFAULT_DECODE_SHAPE)),
-        Err(_) => Some(DEFAULT_DECODE_SHAPE),
+/// What `DISKFORMER_ATTN_DECODE` asks of the decode kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DecodeChoice {
+    /// `off` (or `0`): `attention.wgsl` at every size.
+    Off,
+    /// `WGxKEYS[uUNROLL][rROWS]` (e.g. `256x128u2`): that shape at every context.
+    Fixed(AttnDecodeShape),
+    /// Unset (or malformed): [`default_decode_shape`] by context length.
+    ByContext,
+}
+
+fn decode_choice() -> DecodeChoice {
+    static CHOICE: std::sync::OnceLock<DecodeChoice> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("DISKFORMER_ATTN_DECODE") {
+        Ok(v) if v == "off" || v == "0" => DecodeChoice::Off,
+        Ok(v) => AttnDecodeShape::parse(&v).map_or(DecodeChoice::ByContext, DecodeChoice::Fixed),
+        Err(_) => DecodeChoice::ByContext,
     })
 }
 
-/// Four subgroups of 32 per workgroup, 64 keys each: an 8B model's decode step at a 512-token
-/// context is 8 slices x 8 KV heads = 64 workgroups.
-const DEFAULT_DECODE_SHAPE: AttnDecodeShape = AttnDecodeShape { wg: 128, split_keys: 64, unroll: 4, max_rows: 8 };
+/// The decode kernel's shape for a step that sees `n_keys` keys, chosen from the H200 grid of
+/// the seventh session (docs/NOTES.md; 18 shapes x contexts 1 to 8192, 32 query heads over 8 and
+/// over 4 KV heads, head dim 128): one query row per workgroup at every context (a KV head's
+/// query heads in separate workgroups read its keys again, from L2, but the workgroups are 4-8x
+/// more: with 8 rows, Qwen3-30B-A3B's step was 4 workgroups at a short context and took 66 us
+/// where one row takes 25); 16 keys per workgroup and 4 keys per loop iteration up to 256 keys
+/// (ctx 128: 31 us against 88 for the former 128x64), past that 32 keys and one key per
+/// iteration (fewer registers: ctx 2048 105 us against 118 with 4, 8192 220 against 249).
+/// End to end the short-context shape took the 8B decode from 156 to 205 tok/s and Qwen3-30B-A3B
+/// from 80 to 145 in the same run.
+fn default_decode_shape(n_keys: usize) -> AttnDecodeShape {
+    if n_keys <= 256 {
+        AttnDecodeShape { wg: 128, split_keys: 16, unroll: 4, max_rows: 1 }
+    } else {
+        AttnDecodeShape { wg: 128, split_keys: 32, unroll: 1, max_rows: 1 }
+    }
+}
 
 /// Tables kept for one step's positions: enough for models that alternate two rope specs (local
 /// and global layers) with room to spare; past it the oldest goes.
@@ -226,7 +249,14 @@ impl WgpuBackend {
         }
         let n = q.rows();
         let plan = match kernel {
-            AttnKernel::Auto => default_decode_shape().and_then(|s| self.decode_plan(n, pos0, spec, s, true)),
+            AttnKernel::Auto => match decode_choice() {
+                DecodeChoice::Off => None,
+                DecodeChoice::Fixed(shape) => self.decode_plan(n, pos0, spec, shape, true),
+                DecodeChoice::ByContext => {
+                    let n_keys = pos0 + n - spec.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
+                    self.decode_plan(n, pos0, spec, default_decode_shape(n_keys), true)
+                }
+            },
             AttnKernel::Prefill => None,
             AttnKernel::Decode { shape, subgroups } => {
                 Some(self.decode_plan(n, pos0, spec, shape, subgroups).ok_or_else(|| OpError::Unsupported {
