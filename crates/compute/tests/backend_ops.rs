@@ -1490,9 +1490,23 @@ mod gpu_ops {
         for (name, rows, k) in [("o0", d, d), ("down0", d, ff)] {
             let wt = w(name);
             let xx = if k == d { &x_d } else { &x };
-            for v in
-                ["2x64", "1x64", "4x64", "8x64", "1x128", "2x128", "1x256", "2x64u2", "4x64u2", "1x128u2", "2x256t32"]
-            {
+            for v in [
+                "2x64",
+                "1x64",
+                "4x64",
+                "8x64",
+                "1x128",
+                "2x128",
+                "1x256",
+                "2x64u2",
+                "4x64u2",
+                "1x128u2",
+                "2x256t32",
+                "2x64v",
+                "2x64u2v",
+                "1x128u2v",
+                "1x256t32u2v",
+            ] {
                 let shape = Q8Shape::parse(v).expect("valid shape");
                 if let Some(secs) = g.perf_matvec_q8(xx, &wt, shape, 200).expect("matvec_q8") {
                     println!(
@@ -1671,6 +1685,9 @@ mod gpu_ops {
         let (n_out, k, n_tok) = (14336usize, 4096usize, 512usize);
         let x = g.from_host(&rand_vec(&mut rng, n_tok * k, 1.0), &[n_tok, k]).unwrap();
         for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16] {
+            if only.as_ref().is_some_and(|o| !o.contains(&type_name(t))) {
+                continue;
+            }
             let tensors = vec![(format!("p_{}", type_name(t)), t, vec![n_out, k], Vec::new())];
             let file = WeightFile::new(&format!("backend-ops-perf-prefill-{}", type_name(t)), &tensors);
             let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
@@ -1822,8 +1839,13 @@ mod gpu_ops {
         let g = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
         let k = 4096usize;
         let x = g.from_host(&rand_vec(rng, k, 1.0), &[1, k]).unwrap();
+        let only: Option<Vec<String>> =
+            std::env::var("DISKFORMER_PERF_TYPES").ok().map(|v| v.split(',').map(str::to_string).collect());
         for t in [GgmlType::Q4_0, GgmlType::Q4_K] {
             let tn = type_name(t);
+            if only.as_ref().is_some_and(|o| !o.contains(&tn)) {
+                continue;
+            }
             let tensors: Vec<_> = [("q", 4096usize), ("k", 1024), ("v", 1024), ("gate", 14336), ("up", 14336)]
                 .iter()
                 .map(|&(n, rows)| (format!("{n}_{tn}"), t, vec![rows, k], Vec::new()))
@@ -1833,7 +1855,8 @@ mod gpu_ops {
             let qkv = [&ws[0], &ws[1], &ws[2]];
             let qkv_bytes = (6144 * k / t.block_elems() * t.block_bytes()) as f64;
             // The separate products take the default shape (DISKFORMER_MATVEC_Q8, else 2x64).
-            let fused_shapes = ["1x64", "2x64", "2x64u2", "1x256t8"].map(|v| Q8Shape::parse(v).expect("valid"));
+            let fused_shapes =
+                ["1x64", "2x64", "2x64u2", "1x256t8", "2x64u2v", "1x256t8v"].map(|v| Q8Shape::parse(v).expect("valid"));
             let runs = std::iter::once(("3 dispatches".to_string(), None))
                 .chain(fused_shapes.map(|s| (format!("1 dispatch {s}"), Some(s))));
             for (label, fused) in runs {
@@ -1863,6 +1886,9 @@ mod gpu_ops {
                 "2x128t8u2",
                 "1x64t2",
                 "1x256t8u2v",
+                "1x256t8v",
+                "2x128t8u2v",
+                "1x256t16u2v",
             ] {
                 let shape = Q8Shape::parse(v).expect("valid");
                 let secs = g.perf_group_q8(&x, &gu, Some(silu), Some(shape), 50).expect("glu");
