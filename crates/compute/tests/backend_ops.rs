@@ -480,6 +480,9 @@ mod gpu_ops {
         let variants = [
             ("decode 128x64", AttnKernel::Decode { shape: shape("128x64"), subgroups: true }),
             ("decode 64x16u2r2", AttnKernel::Decode { shape: shape("64x16u2r2"), subgroups: true }),
+            // The two shapes the model path takes by default (short and long contexts).
+            ("decode 128x16r1", AttnKernel::Decode { shape: shape("128x16r1"), subgroups: true }),
+            ("decode 128x32u1r1", AttnKernel::Decode { shape: shape("128x32u1r1"), subgroups: true }),
             ("decode 128x16 no subgroups", AttnKernel::Decode { shape: shape("128x16"), subgroups: false }),
         ];
         let spec = |n_head, n_head_kv, hdk, hdv, window, softcap| AttnSpec {
@@ -1766,7 +1769,7 @@ mod gpu_ops {
     }
 
     /// Decode attention shapes `perf_attention` times by default.
-    const ATTN_PERF_SHAPES: [&str; 18] = [
+    const ATTN_PERF_SHAPES: [&str; 22] = [
         "128x64",
         "128x64u2",
         "128x64u8",
@@ -1785,6 +1788,10 @@ mod gpu_ops {
         "1024x512u8r4",
         "256x64r4",
         "128x64r2",
+        "128x16r1",
+        "128x32r1",
+        "128x32u1r1",
+        "64x16u1r1",
     ];
 
     /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,

@@ -329,6 +329,9 @@ struct Ctx {
     timer: Option<Arc<gpu_timer::GpuTimer>>,
     /// The current step's rope cos/sin tables (shared by the layers).
     rope_tables: Mutex<fused::RopeTables>,
+    /// Head dims (`hdk << 32 | hdv`) whose decode attention pipelines were all created ahead of
+    /// their first use ([`fused`]'s `prepare_decode_pipelines`); `u64::MAX` before any.
+    decode_pipelines_ready: std::sync::atomic::AtomicU64,
     /// Fused ops on (`DISKFORMER_NO_FUSE=1` runs the op-by-op graph, for comparison).
     fuse: bool,
     /// DISKFORMER_WG_ZERO: zero workgroup memory in every kernel (`Some(true)`), in none
@@ -741,6 +744,7 @@ impl WgpuBackend {
             }),
             timer,
             rope_tables: Mutex::new(fused::RopeTables::default()),
+            decode_pipelines_ready: std::sync::atomic::AtomicU64::new(u64::MAX),
             fuse: !env_flag("DISKFORMER_NO_FUSE"),
             zero_workgroup: std::env::var("DISKFORMER_WG_ZERO").ok().map(|v| v != "0"),
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
