@@ -63,7 +63,7 @@ pub(super) unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
 /// 0x10 in each byte whose bit is set in `bits` (16 bits: two bytes, little-endian).
 #[inline]
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn fifth_bits(b0: u8, b1: u8) -> uint8x16_t {
+unsafe fn fifth_bits(b0: u8, b1: u8) -> uint8x16_t {
     const MASKS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
     let bytes = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
     vandq_u8(vtstq_u8(bytes, vld1q_u8(MASKS.as_ptr())), vdupq_n_u8(0x10))

@@ -43,7 +43,7 @@ use gguf::GgmlType;
 
 use super::super::float::f16_at;
 use super::super::qdot::{ActRow, TokenOctet};
-use super::neon::{fifth_bits, nibbles};
+use super::neon::nibbles;
 use super::{OctetTileKernel, RowsKernel};
 
 /// Q4_0: unsigned nibbles, level = u - 8.
@@ -289,13 +289,33 @@ unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
     vreinterpretq_f32_u32(vorrq_u32(sign, vbslq_u32(special, inf_nan, finite)))
 }
 
+/// [`f16x4_to_f32`] of eight values, lanes 0..4 and 4..8.
+#[inline(always)]
+unsafe fn f16x8_to_f32(h: uint16x8_t) -> [float32x4_t; 2] {
+    [f16x4_to_f32(vget_low_u16(h)), f16x4_to_f32(vget_high_u16(h))]
+}
+
+/// The little-endian u16 at `p`, which need not be aligned.
+#[inline(always)]
+unsafe fn u16_at(p: *const u8) -> u16 {
+    u16::from_le((p as *const u16).read_unaligned())
+}
+
 /// The f16 at `rows[i] + at` of eight rows as f32, rows 0..4 and 4..8.
 #[inline(always)]
 unsafe fn f16x8(rows: &[*const u8; 8], at: usize) -> [float32x4_t; 2] {
-    let h = |i: usize| u16::from_le_bytes([*rows[i].add(at), *rows[i].add(at + 1)]) as u64;
-    let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
-    let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
-    [f16x4_to_f32(vcreate_u16(lo)), f16x4_to_f32(vcreate_u16(hi))]
+    let h: [u16; 8] = std::array::from_fn(|i| u16_at(rows[i].add(at)));
+    f16x8_to_f32(vld1q_u16(h.as_ptr()))
+}
+
+/// The two f16 at `rows[i] + at` and `rows[i] + at + 2` of eight rows (a Q4_1 block's `d` and
+/// `m`) as f32: one 32-bit load per row, the halves separated by one unzip each.
+#[inline(always)]
+unsafe fn f16_pairs8(rows: &[*const u8; 8], at: usize) -> ([float32x4_t; 2], [float32x4_t; 2]) {
+    let words: [u32; 8] = std::array::from_fn(|i| u32::from_le((rows[i].add(at) as *const u32).read_unaligned()));
+    let lo = vreinterpretq_u16_u32(vld1q_u32(words.as_ptr()));
+    let hi = vreinterpretq_u16_u32(vld1q_u32(words.as_ptr().add(4)));
+    (f16x8_to_f32(vuzp1q_u16(lo, hi)), f16x8_to_f32(vuzp2q_u16(lo, hi)))
 }
 
 /// The f16 at `p` as f32 (`float::f16_at`).
@@ -312,8 +332,18 @@ unsafe fn levels<const T: u8>(b: *const u8) -> [int8x16_t; 2] {
         Q4_0 => nibbles(b.add(2)),
         Q4_1 => nibbles(b.add(4)),
         Q5_0 => {
+            // Bit j of the u32 at b + 2 is value j's fifth bit: its four bytes spread one per
+            // eight lanes by a table lookup, then each lane tests its own bit.
+            const SPREAD: [[u8; 16]; 2] =
+                [[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3]];
+            const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+            let word = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le((b.add(2) as *const u32).read_unaligned())));
+            let fifth = |i: usize| {
+                let spread = vqtbl1q_u8(word, vld1q_u8(SPREAD[i].as_ptr()));
+                vandq_u8(vtstq_u8(spread, vld1q_u8(BIT.as_ptr())), vdupq_n_u8(0x10))
+            };
             let (lo, hi) = nibbles(b.add(6));
-            (vorrq_u8(lo, fifth_bits(*b.add(2), *b.add(3))), vorrq_u8(hi, fifth_bits(*b.add(4), *b.add(5))))
+            (vorrq_u8(lo, fifth(0)), vorrq_u8(hi, fifth(1)))
         }
         _ => return [vld1q_s8(b.add(2) as *const i8), vld1q_s8(b.add(18) as *const i8)],
     };
@@ -339,8 +369,7 @@ unsafe fn rows8_32<const T: u8, const DOT: bool>(rows: &[*const u8; 8], nb: usiz
             s = s.map(|v| vsubq_s32(v, vdupq_n_s32(level_offset(T) * sx)));
         }
         let dx = vdupq_n_f32(*x.d.get_unchecked(ib));
-        let dw = f16x8(rows, at);
-        let mw = if T == Q4_1 { f16x8(rows, at + 2) } else { [vdupq_n_f32(0.0); 2] };
+        let (dw, mw) = if T == Q4_1 { f16_pairs8(rows, at) } else { (f16x8(rows, at), [vdupq_n_f32(0.0); 2]) };
         for h in 0..2 {
             let mut t = vmulq_f32(vmulq_f32(dw[h], dx), vcvtq_f32_s32(s[h]));
             if T == Q4_1 {
@@ -470,7 +499,7 @@ unsafe fn rows8_q4_k<const DOT: bool>(rows: &[*const u8; 8], nb: usize, x: ActRo
             summ[r] = vmlaq_s32(vmulq_s32(pairs[0], mn[0]), pairs[1], mn[1]);
         }
         let (si, sm) = (fold8(&sumi), fold8(&summ));
-        let (dw, dmin) = (f16x8(rows, at), f16x8(rows, at + 2));
+        let (dw, dmin) = f16_pairs8(rows, at);
         let dx = vdupq_n_f32(*x.d.get_unchecked(ib));
         for h in 0..2 {
             let v = vsubq_f32(vmulq_f32(dw[h], vcvtq_f32_s32(si[h])), vmulq_f32(dmin[h], vcvtq_f32_s32(sm[h])));
