@@ -607,8 +607,9 @@ fn gpu_bytes(model: &GgufModel) -> (Option<u64>, Option<u64>) {
     use compute::wgpu::layout::TypeLayout;
     let (mut total, mut experts) = (0u64, 0u64);
     for t in model.tensors() {
-        let Some(layout) = TypeLayout::of(t.dtype()) else { return (None, None) };
-        let bytes = layout.row_words(t.info.row_len() as usize) as u64 * 4 * t.info.n_rows();
+        let k = t.info.row_len() as usize;
+        let Some(layout) = TypeLayout::for_weight(t.dtype(), k) else { return (None, None) };
+        let bytes = layout.row_words(k) as u64 * 4 * t.info.n_rows();
         total += bytes;
         if is_routed_expert(t.name()) {
             experts += bytes;
