@@ -1509,6 +1509,8 @@ mod gpu_ops {
                 "2x64u2v",
                 "1x128u2v",
                 "1x256t32u2v",
+                "2x64u2pv",
+                "1x256t16u2pv",
             ] {
                 let shape = Q8Shape::parse(v).expect("valid shape");
                 if let Some(secs) = g.perf_matvec_q8(xx, &wt, shape, 200).expect("matvec_q8") {
@@ -1795,9 +1797,9 @@ mod gpu_ops {
     ];
 
     /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,
-    /// unrolled loops, 16-byte loads for Q4_K/Q5_K and grouped Q4_0: `v` is the same kernel as
-    /// without it for the other types).
-    const Q8_PERF_SHAPES: [&str; 36] = [
+    /// unrolled loops, pairs of adjacent blocks per invocation (`p`), 16-byte loads for Q4_K/Q5_K
+    /// and grouped Q4_0: `v` is the same kernel as without it for the other types).
+    const Q8_PERF_SHAPES: [&str; 45] = [
         "1x64",
         "2x64",
         "4x64",
@@ -1834,6 +1836,15 @@ mod gpu_ops {
         "1x256t32u2v",
         "1x256t32u4v",
         "2x256t32u2v",
+        "2x64p",
+        "2x64pv",
+        "2x64u2pv",
+        "1x64u2pv",
+        "1x128u2pv",
+        "4x64u2pv",
+        "1x256t16pv",
+        "1x256t16u2pv",
+        "1x256t32u2pv",
     ];
 
     /// One 8B decode layer's grouped products with int8 activations, each timed with its
@@ -1896,6 +1907,8 @@ mod gpu_ops {
                 "1x256t8v",
                 "2x128t8u2v",
                 "1x256t16u2v",
+                "1x256t8pv",
+                "2x128t8pv",
             ] {
                 let shape = Q8Shape::parse(v).expect("valid");
                 let secs = g.perf_group_q8(&x, &gu, Some(silu), Some(shape), 50).expect("glu");

@@ -114,7 +114,7 @@ impl Q8Cache {
     }
 }
 
-/// The int8 kernels' shapes: the plain products' (`DISKFORMER_MATVEC_Q8=ROWSxWG[tTPR][uUNROLL]`,
+/// The int8 kernels' shapes: the plain products' (`DISKFORMER_MATVEC_Q8=ROWSxWG[tTPR][uUNROLL][p][v]`,
 /// see [`Q8Shape::parse`]) and the GLU kernel's (`DISKFORMER_GLU_Q8`, whose workgroups must
 /// cover whole 32-row blocks to quantize their result; other shapes leave the quantization to
 /// the down projection).
@@ -149,8 +149,22 @@ impl Q8Config {
 pub(super) fn default_q8_config() -> Q8Config {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| Q8Shape::parse(&v));
     Q8Config {
-        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 1, vec4: false }),
-        glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, vec4: false }),
+        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape {
+            rows: 2,
+            wg: 64,
+            tpr: 64,
+            unroll: 1,
+            pairs: false,
+            vec4: false,
+        }),
+        glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape {
+            rows: 1,
+            wg: 256,
+            tpr: 8,
+            unroll: 1,
+            pairs: false,
+            vec4: false,
+        }),
         wide: env("DISKFORMER_MATVEC_Q8_WIDE"),
     }
 }

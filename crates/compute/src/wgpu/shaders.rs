@@ -284,7 +284,8 @@ pub fn dot32_source(dtype: GgmlType) -> Option<&'static str> {
 
 /// The shape of the int8 decode kernel (`matvec_q8.wgsl`): `wg` invocations in row slots of `tpr`
 /// invocations, each slot holding `rows` rows in registers (a workgroup covers
-/// `rows * wg / tpr` rows), `unroll` activation blocks per loop iteration.
+/// `rows * wg / tpr` rows), `unroll` activation blocks (or pairs of adjacent blocks) per loop
+/// iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Q8Shape {
     /// Rows per slot (they share the activation loads).
@@ -296,6 +297,11 @@ pub struct Q8Shape {
     pub tpr: u32,
     /// Activation blocks per loop iteration (1, 2 or 4).
     pub unroll: u32,
+    /// Each invocation takes two adjacent activation blocks where it would take one (`unroll`
+    /// pairs per iteration): the two sub-blocks of a weight block it meets share their block's
+    /// header loads, Q4_K's two share their quant bytes (low and high nibbles), and grouped Q4_0's
+    /// are 32 contiguous bytes.
+    pub pairs: bool,
     /// 16-byte weight loads (`quant/i8/*_v4.wgsl`) for the layouts whose repacked blocks start on
     /// 16-byte boundaries (Q4_K, Q5_K, grouped Q4_0); others ignore it.
     pub vec4: bool,
@@ -317,10 +323,15 @@ impl Q8Shape {
             && matches!(self.unroll, 1 | 2 | 4)
     }
 
-    /// `ROWSxWG[tTPR][uUNROLL][v]`, e.g. `2x64` (every invocation on the same rows, one block per
-    /// iteration) or `1x256t8u2v`; `None` when malformed or invalid.
+    /// `ROWSxWG[tTPR][uUNROLL][p][v]`, e.g. `2x64` (every invocation on the same rows, one block
+    /// per iteration) or `1x256t8u2pv` (`p`: pairs of adjacent blocks); `None` when malformed or
+    /// invalid.
     pub fn parse(s: &str) -> Option<Q8Shape> {
         let (s, vec4) = match s.strip_suffix('v') {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
+        let (s, pairs) = match s.strip_suffix('p') {
             Some(rest) => (rest, true),
             None => (s, false),
         };
@@ -333,25 +344,27 @@ impl Q8Shape {
             Some((w, t)) => (w.parse().ok()?, Some(t.parse().ok()?)),
             None => (rest.parse().ok()?, None),
         };
-        let shape = Q8Shape { rows: rows.parse().ok()?, wg, tpr: tpr.unwrap_or(wg), unroll, vec4 };
+        let shape = Q8Shape { rows: rows.parse().ok()?, wg, tpr: tpr.unwrap_or(wg), unroll, pairs, vec4 };
         shape.is_valid().then_some(shape)
     }
 
     /// The shapes the int8 kernel is compiled for in tests (every one must parse and agree with
     /// the CPU): the classic ones and the row-slot ones with and without unrolling.
-    pub const TESTED: [Q8Shape; 6] = [
-        Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1, vec4: false },
-        Q8Shape { rows: 2, wg: 128, tpr: 128, unroll: 2, vec4: true },
-        Q8Shape { rows: 4, wg: 64, tpr: 64, unroll: 4, vec4: false },
-        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, vec4: true },
-        Q8Shape { rows: 2, wg: 128, tpr: 16, unroll: 2, vec4: false },
-        Q8Shape { rows: 1, wg: 32, tpr: 4, unroll: 4, vec4: true },
+    pub const TESTED: [Q8Shape; 8] = [
+        Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1, pairs: false, vec4: false },
+        Q8Shape { rows: 2, wg: 128, tpr: 128, unroll: 2, pairs: false, vec4: true },
+        Q8Shape { rows: 4, wg: 64, tpr: 64, unroll: 4, pairs: false, vec4: false },
+        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, pairs: false, vec4: true },
+        Q8Shape { rows: 2, wg: 128, tpr: 16, unroll: 2, pairs: false, vec4: false },
+        Q8Shape { rows: 1, wg: 32, tpr: 4, unroll: 4, pairs: false, vec4: true },
+        Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 2, pairs: true, vec4: true },
+        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, pairs: true, vec4: false },
     ];
 }
 
 impl From<MatvecShape> for Q8Shape {
     fn from(s: MatvecShape) -> Q8Shape {
-        Q8Shape { rows: s.rows, wg: s.wg, tpr: s.wg, unroll: 1, vec4: false }
+        Q8Shape { rows: s.rows, wg: s.wg, tpr: s.wg, unroll: 1, pairs: false, vec4: false }
     }
 }
 
@@ -363,6 +376,9 @@ impl std::fmt::Display for Q8Shape {
         }
         if self.unroll != 1 {
             write!(f, "u{}", self.unroll)?;
+        }
+        if self.pairs {
+            write!(f, "p")?;
         }
         if self.vec4 {
             write!(f, "v")?;
@@ -390,10 +406,38 @@ const Q8_LOAD: &str = "            let x0{S} = XQ[2u * (P.xb0 + q{S})];
 ";
 
 /// The main loop over activation blocks, `unroll` per iteration (their loads issued together,
-/// then the arithmetic), then one at a time; `{ACC}` adds block `{S}` to the accumulators.
-fn q8_loop(unroll: u32, acc: &str) -> String {
+/// then the arithmetic), then one at a time; `{ACC}` adds block `{S}` to the accumulators. With
+/// `pairs`, `unroll` pairs of adjacent blocks per iteration, then a pair at a time.
+fn q8_loop(unroll: u32, pairs: bool, acc: &str) -> String {
     let one = |sfx: &str| Q8_LOAD.replace("{S}", sfx);
     let add = |sfx: &str| acc.replace("{S}", sfx);
+    if pairs {
+        let sfx = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        let u = unroll as usize;
+        // Invocation `lane` takes blocks 2 lane and 2 lane + 1, then the same 2 TPR further on.
+        let mut s = String::from("        var q = 2u * lane;\n");
+        s += &format!("        for (; q + {}u * TPR + 1u < n_blocks; q += {}u * TPR) {{\n", 2 * (u - 1), 2 * u);
+        for i in 0..u {
+            s += &format!("            let q{} = q + {}u * TPR;\n", sfx[2 * i], 2 * i);
+            s += &format!("            let q{} = q{} + 1u;\n", sfx[2 * i + 1], sfx[2 * i]);
+        }
+        for x in sfx.iter().take(2 * u) {
+            s += &one(x);
+        }
+        for x in sfx.iter().take(2 * u) {
+            s += &add(x);
+        }
+        s += "        }\n";
+        // What is left: fewer than `unroll` pairs, the last possibly a single block.
+        s += "        for (; q < n_blocks; q += 2u * TPR) {\n            let qa = q;\n";
+        s += &one("a");
+        s += &add("a");
+        s += "            if (q + 1u < n_blocks) {\n                let qb = q + 1u;\n";
+        s += &one("b");
+        s += &add("b");
+        s += "            }\n        }\n";
+        return s;
+    }
     let sfx = ["a", "b", "c", "d"];
     let mut s = String::from("        var q = lane;\n");
     if unroll > 1 {
@@ -438,6 +482,7 @@ fn q8_weight_body(shape: Q8Shape, subgroups: bool) -> String {
     );
     s += &q8_loop(
         shape.unroll,
+        shape.pairs,
         "            for (var r = 0u; r < ROWS; r++) {\n                acc[r] += {DOT}(rb[r] + bo{S}, j{S}, x0{S}, x1{S}, xd{S});\n            }\n",
     );
     let store = Q8_STORE;
@@ -521,6 +566,7 @@ fn q8_glu_body(shape: Q8Shape) -> String {
     );
     s += &q8_loop(
         shape.unroll,
+        shape.pairs,
         "            for (var r = 0u; r < ROWS; r++) {\n                ag[r] += dot32(rb[r] + bo{S}, j{S}, x0{S}, x1{S}, xd{S});\n                au[r] += dot32_1(rb[r] + bo{S}, j{S}, x0{S}, x1{S}, xd{S});\n            }\n",
     );
     s += "    }
@@ -1063,10 +1109,15 @@ mod tests {
 
     #[test]
     fn q8_shapes_parse() {
-        assert_eq!(Q8Shape::parse("2x64"), Some(Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 1, vec4: false }));
-        assert_eq!(Q8Shape::parse("1x256t8u2"), Some(Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 2, vec4: false }));
-        assert_eq!(Q8Shape::parse("4x128u4v"), Some(Q8Shape { rows: 4, wg: 128, tpr: 128, unroll: 4, vec4: true }));
-        for bad in ["", "2", "2x", "2x63", "0x64", "1x64t128", "1x64u3", "1x64t3", "9x64"] {
+        let p = |rows, wg, tpr, unroll, pairs, vec4| Some(Q8Shape { rows, wg, tpr, unroll, pairs, vec4 });
+        assert_eq!(Q8Shape::parse("2x64"), p(2, 64, 64, 1, false, false));
+        assert_eq!(Q8Shape::parse("2x64u2pv"), p(2, 64, 64, 2, true, true));
+        assert_eq!(Q8Shape::parse("1x256t8p"), p(1, 256, 8, 1, true, false));
+        assert_eq!(Q8Shape::parse("1x256t8u2"), p(1, 256, 8, 2, false, false));
+        assert_eq!(Q8Shape::parse("4x128u4v"), p(4, 128, 128, 4, false, true));
+        for bad in
+            ["", "2", "2x", "2x63", "0x64", "1x64t128", "1x64u3", "1x64t3", "9x64", "2x64vp", "2x64pp", "2x64pu2"]
+        {
             assert_eq!(Q8Shape::parse(bad), None, "{bad}");
         }
         for s in Q8Shape::TESTED {
