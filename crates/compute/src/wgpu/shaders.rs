@@ -298,9 +298,10 @@ pub struct Q8Shape {
     /// Activation blocks per loop iteration (1, 2 or 4).
     pub unroll: u32,
     /// Each invocation takes two adjacent activation blocks where it would take one (`unroll`
-    /// pairs per iteration): the two sub-blocks of a weight block it meets share their block's
-    /// header loads, Q4_K's two share their quant bytes (low and high nibbles), and grouped Q4_0's
-    /// are 32 contiguous bytes.
+    /// pairs per iteration): the two sub-blocks of a weight block it meets load their block's
+    /// header from the same address, Q4_K's two their quant bytes too (low and high nibbles), so
+    /// the compiler may merge those loads (else the second hits the cache); grouped Q4_0's two are
+    /// 32 contiguous bytes. Whether the driver merges them is not checked.
     pub pairs: bool,
     /// 16-byte weight loads (`quant/i8/*_v4.wgsl`) for the layouts whose repacked blocks start on
     /// 16-byte boundaries (Q4_K, Q5_K, grouped Q4_0); others ignore it.
