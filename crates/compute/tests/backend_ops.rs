@@ -1847,6 +1847,14 @@ mod gpu_ops {
         "1x256t32u2pv",
     ];
 
+    /// The perf test would stop at the first shape that does not parse, on the device.
+    #[test]
+    fn perf_shapes_parse() {
+        for v in Q8_PERF_SHAPES {
+            assert!(Q8Shape::parse(v).is_some(), "{v}");
+        }
+    }
+
     /// One 8B decode layer's grouped products with int8 activations, each timed with its
     /// quantization: q/k/v (4096, 1024, 1024 rows x 4096) in one multi-weight dispatch against
     /// three, and gate/up (14336 rows x 4096) with the GLU in one dispatch (which also writes the
