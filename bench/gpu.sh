@@ -14,7 +14,7 @@
 #                        2. backend_ops (every op against the CPU reference) and the fixtures on the GPU
 #                           (CHECKS=0 skips them);
 #                        3. the perf test: a plain streaming read and the decode matrix-vector product
-#                           for Q4_0, Q4_K, Q8_0, F16 over workgroup shapes;
+#                           of the benchmarked types over workgroup shapes;
 #                        4. writes an 8B-class dense model (Llama-3.1-8B shape) in Q4_0 and Q4_K with
 #                           `diskformer synth` and runs `diskformer bench --device gpu` and
 #                           `llama-bench -ngl 99` (Vulkan, then CUDA if it was built by then)
@@ -22,8 +22,11 @@
 #                        5. prints every figure, the ratios, and the decode weight-read bandwidth
 #                           against the streaming read of the same run.
 #
-# Settings: ROUNDS=2 P=512 N=128 SHAPE=dense-8b TYPES="Q4_0 Q4_K" CUDA=1 CHECKS=1
+# Settings: ROUNDS=2 REPS=3 P=512 N=128 SHAPE=dense-8b TYPES="Q4_0 Q4_K" CUDA=1 CHECKS=1
 #           CUDA_WAIT=300 (seconds to wait at the end for the CUDA build).
+#           REPS: timed repetitions per process, each engine (`-r`); each figure is their mean, the
+#           first repetition included (on the H200 it decodes 10-20% slower than the next ones
+#           for diskformer, so a single repetition per process understated steady decode).
 # Logs and a summary go to $OUT when set (the device tool returns that folder), else /tmp/gpu-bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,6 +84,7 @@ for l in sys.stdin:
 fi
 
 ROUNDS=${ROUNDS:-2}
+REPS=${REPS:-3}
 P=${P:-512}
 N=${N:-128}
 SHAPE=${SHAPE:-dense-8b}
@@ -131,8 +135,10 @@ if [ "$CHECKS" = 1 ]; then
     fi
 fi
 
-# 3. Bandwidth: the streaming read and the decode kernel's shapes.
-"$bin/backend_ops" --nocapture --ignored perf >"$out/perf.log" 2>&1 || status=1
+# 3. Bandwidth: the streaming read and the decode kernel's shapes (of the benchmarked types).
+# The benchmarked types only (DISKFORMER_PERF_TYPES, e.g. q4_0,q4_k), unless set otherwise.
+perf_types=${DISKFORMER_PERF_TYPES:-$(echo "$TYPES" | tr 'A-Z ' 'a-z,')}
+DISKFORMER_PERF_TYPES=$perf_types "$bin/backend_ops" --nocapture --ignored --exact gpu_ops::perf >"$out/perf.log" 2>&1 || status=1
 grep -E "stream read|matvec" "$out/perf.log" | tee -a "$summary" || true
 stream_gbs=$(sed -n 's/^stream read .*, \([0-9.]*\) GB\/s$/\1/p' "$out/perf.log" | head -1)
 
@@ -143,11 +149,11 @@ if [ -f "$bin/peer-vulkan.tar.xz" ]; then
     peer_vk=$work/peer-vulkan
 fi
 df_bench() { # model -> "pp tg" tok/s
-    "$bin/diskformer" bench -m "$1" --device gpu -p "$P" -n "$N" -r 1 --json 2>>"$out/diskformer.err" \
+    "$bin/diskformer" bench -m "$1" --device gpu -p "$P" -n "$N" -r "$REPS" --json 2>>"$out/diskformer.err" \
         | python3 -c 'import json,sys; j=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(j["pp_tok_s"], j["tg_tok_s"])'
 }
 peer_bench() { # dir model -> "pp tg" tok/s
-    LD_LIBRARY_PATH=$1 "$1/llama-bench" -m "$2" -ngl 99 -p "$P" -n "$N" -r 1 -o json 2>>"$out/peer.err" \
+    LD_LIBRARY_PATH=$1 "$1/llama-bench" -m "$2" -ngl 99 -p "$P" -n "$N" -r "$REPS" -o json 2>>"$out/peer.err" \
         | python3 -c 'import json,sys
 rows=json.load(sys.stdin); pp=[r["avg_ts"] for r in rows if r["n_prompt"]>0]; tg=[r["avg_ts"] for r in rows if r["n_gen"]>0]
 print(pp[0] if pp else 0, tg[0] if tg else 0)'
