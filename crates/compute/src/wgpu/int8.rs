@@ -19,11 +19,13 @@
 //! `eval`'s) keeps f32 activations; `DISKFORMER_GPU_F32_ACT=1` forces f32 activations whatever
 //! was asked, for comparisons.
 
+use super::layout::TypeLayout;
 use super::shaders::{self, Plain, Q8Kind, Q8Shape};
 use super::{expect_width, grid, lock, Cmd, Pending, PooledBuffer, Span, WgpuBackend, WgpuTensor, WgpuWeight, STORAGE};
 use crate::error::OpError;
 use crate::quant::MatmulMode;
 use crate::spec::Glu;
+use gguf::GgmlType;
 
 /// Values per activation block (one scale and one sum each).
 const BLOCK: usize = 32;
@@ -118,54 +120,102 @@ impl Q8Cache {
 /// see [`Q8Shape::parse`]) and the GLU kernel's (`DISKFORMER_GLU_Q8`, whose workgroups must
 /// cover whole 32-row blocks to quantize their result; other shapes leave the quantization to
 /// the down projection).
+/// Without the variables each layout takes its own shapes ([`Q8Config::plain_for`],
+/// [`Q8Config::many_for`], [`Q8Config::glu_for`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Q8Config {
+    /// `DISKFORMER_MATVEC_Q8`, else 2x64 (the shape of the layouts without 16-byte loads).
     pub(super) plain: Q8Shape,
+    /// `DISKFORMER_GLU_Q8`, else 1x256t8 (the shape of the layouts not measured otherwise).
     pub(super) glu: Q8Shape,
     /// The plain products of rows at least [`WIDE_K`] long (an FFN's down projection), when
     /// `DISKFORMER_MATVEC_Q8_WIDE` sets a shape of their own (for comparisons on the device).
     pub(super) wide: Option<Q8Shape>,
+    /// Whether `DISKFORMER_MATVEC_Q8` / `DISKFORMER_GLU_Q8` set `plain` / `glu` (then every
+    /// layout takes them).
+    plain_set: bool,
+    glu_set: bool,
 }
 
 /// Row length from which `DISKFORMER_MATVEC_Q8_WIDE` applies (the down projection of every
 /// dense model from 8B up; an 8B model's 4096-long q/k/v/o rows stay below it).
 pub(super) const WIDE_K: usize = 8192;
 
+/// The int8 kernels' default shapes per layout, from one H200 run (seventh session, the
+/// `perf` test at commit ba77316, 32768 x 8192 products against a 3930 GB/s stream read, and its
+/// 8B-layer groups with their quantization):
+/// - plain products: 1 row per 64 invocations with 16-byte loads (`1x64v`) for the layouts that
+///   have them: grouped Q4_0 2999 GB/s (76% of the stream) against 2630 for 2x64, Q4_K 2520
+///   against 2192 (Q5_K, not measured, follows Q4_K). Others keep 2x64 (fourth session: Q4_0
+///   2662 vs 2537 for 1x64, Q6_K 2665 vs 2534, Q8_0 3503 vs 3578);
+/// - q/k/v in one dispatch (6144 x 4096): grouped Q4_0 `2x64u2v` 20.3 us against 23.3 for 2x64,
+///   Q4_K `1x64` 22.5 against 29.5; others (and mixed types) 2x64;
+/// - gate/up with the GLU (2 x 14336 x 4096): grouped Q4_0 `1x256t8u2` 41.2 us against 44.4 for
+///   1x256t8, Q4_K `1x256t8v` 47.2 against 60.2; others 1x256t8.
+mod default_shape {
+    use super::Q8Shape;
+
+    const fn shape(rows: u32, wg: u32, tpr: u32, unroll: u32, vec4: bool) -> Q8Shape {
+        Q8Shape { rows, wg, tpr, unroll, pairs: false, vec4 }
+    }
+    pub(super) const PLAIN: Q8Shape = shape(2, 64, 64, 1, false);
+    pub(super) const PLAIN_V4: Q8Shape = shape(1, 64, 64, 1, true);
+    pub(super) const MANY_Q4_0G: Q8Shape = shape(2, 64, 64, 2, true);
+    pub(super) const MANY_Q4_K: Q8Shape = shape(1, 64, 64, 1, false);
+    pub(super) const GLU: Q8Shape = shape(1, 256, 8, 1, false);
+    pub(super) const GLU_Q4_0G: Q8Shape = shape(1, 256, 8, 2, false);
+    pub(super) const GLU_Q4_K: Q8Shape = shape(1, 256, 8, 1, true);
+}
+
 impl Q8Config {
-    /// The plain products' shape for rows of `k` values.
-    pub(super) fn plain_for(&self, k: usize) -> Q8Shape {
+    /// The plain products' shape for weights of layout `l` with rows of `k` values.
+    pub(super) fn plain_for(&self, l: &TypeLayout, k: usize) -> Q8Shape {
         match self.wide {
             Some(wide) if k >= WIDE_K => wide,
-            _ => self.plain,
+            _ if self.plain_set => self.plain,
+            _ if shaders::dot32_v4_source(l).is_some() => default_shape::PLAIN_V4,
+            _ => default_shape::PLAIN,
+        }
+    }
+
+    /// The multi-weight kernel's shape for weights of layouts `ls` (q/k/v).
+    pub(super) fn many_for(&self, ls: &[TypeLayout]) -> Q8Shape {
+        if self.plain_set {
+            return self.plain;
+        }
+        match ls.first() {
+            Some(l) if ls.iter().any(|m| m != l) => default_shape::PLAIN,
+            Some(l) if l.group > 1 => default_shape::MANY_Q4_0G,
+            Some(l) if l.dtype == GgmlType::Q4_K => default_shape::MANY_Q4_K,
+            _ => default_shape::PLAIN,
+        }
+    }
+
+    /// The GLU kernel's shape for gate and up of layout `l`.
+    pub(super) fn glu_for(&self, l: &TypeLayout) -> Q8Shape {
+        if self.glu_set {
+            return self.glu;
+        }
+        if l.group > 1 {
+            default_shape::GLU_Q4_0G
+        } else if l.dtype == GgmlType::Q4_K {
+            default_shape::GLU_Q4_K
+        } else {
+            default_shape::GLU
         }
     }
 }
 
-/// [`Q8Config`] from the environment, else the defaults: 2 rows per 64-invocation workgroup for
-/// the plain products (the fourth session's H200 run: 2x64 against 1x64 read Q4_0 at 2662 vs 2537
-/// GB/s, Q4_K 2280 vs 2023, Q6_K 2665 vs 2534, Q8_0 3503 vs 3578, and decoded the 8B Q4_0 model
-/// at 128.1 vs 126.5 tok/s), and for the GLU 32 rows per 256-invocation workgroup, 8 invocations
-/// per row (one block of the result per workgroup; not measured yet).
+/// [`Q8Config`] from the environment; layouts take their own shapes where it sets none.
 pub(super) fn default_q8_config() -> Q8Config {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| Q8Shape::parse(&v));
+    let (plain, glu) = (env("DISKFORMER_MATVEC_Q8"), env("DISKFORMER_GLU_Q8"));
     Q8Config {
-        plain: env("DISKFORMER_MATVEC_Q8").unwrap_or(Q8Shape {
-            rows: 2,
-            wg: 64,
-            tpr: 64,
-            unroll: 1,
-            pairs: false,
-            vec4: false,
-        }),
-        glu: env("DISKFORMER_GLU_Q8").unwrap_or(Q8Shape {
-            rows: 1,
-            wg: 256,
-            tpr: 8,
-            unroll: 1,
-            pairs: false,
-            vec4: false,
-        }),
+        plain: plain.unwrap_or(default_shape::PLAIN),
+        glu: glu.unwrap_or(default_shape::GLU),
         wide: env("DISKFORMER_MATVEC_Q8_WIDE"),
+        plain_set: plain.is_some(),
+        glu_set: glu.is_some(),
     }
 }
 
@@ -303,7 +353,7 @@ impl WgpuBackend {
                     w,
                     y,
                     r,
-                    self.ctx.matvec_q8.plain_for(w.k),
+                    self.ctx.matvec_q8.plain_for(&w.layout, w.k),
                     accumulate,
                 );
                 Ok(())
@@ -326,7 +376,8 @@ impl WgpuBackend {
             return Ok(false);
         }
         let (qs, ds) = self.q8_blocks(x);
-        self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, self.ctx.matvec_q8.plain_for(w.k), accumulate);
+        let shape = self.ctx.matvec_q8.plain_for(&w.layout, w.k);
+        self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, shape, accumulate);
         Ok(true)
     }
 
@@ -487,8 +538,20 @@ impl WgpuBackend {
     /// dot product, in ONE dispatch of the int8 kernel (q/k/v: one dispatch instead of three);
     /// `None` when it does not apply (more than one token, int8 activations off, a type without
     /// an int8 kernel, different widths, a weight split over several bindings), and the caller
-    /// takes the products one by one.
+    /// takes the products one by one. `_configured` is the configured plain shape (the callers
+    /// pass `matvec_q8.plain`): the kernel takes [`Q8Config::many_for`] the weights' layouts.
     pub(super) fn matmul_many_q8(
+        &self,
+        x: &WgpuTensor,
+        ws: &[&WgpuWeight],
+        _configured: Q8Shape,
+    ) -> Result<Option<Vec<WgpuTensor>>, OpError> {
+        let layouts: Vec<TypeLayout> = ws.iter().map(|w| w.layout).collect();
+        self.matmul_many_q8_shape(x, ws, self.ctx.matvec_q8.many_for(&layouts))
+    }
+
+    /// [`matmul_many_q8`](Self::matmul_many_q8) in `shape`.
+    fn matmul_many_q8_shape(
         &self,
         x: &WgpuTensor,
         ws: &[&WgpuWeight],
@@ -585,7 +648,7 @@ impl WgpuBackend {
     ) -> Result<WgpuTensor, OpError> {
         expect_width("matmul_glu gate", x, gate.k)?;
         expect_width("matmul_glu up", x, up.k)?;
-        if let Some(h) = self.matmul_glu_q8(x, gate, up, glu, self.ctx.matvec_q8.glu)? {
+        if let Some(h) = self.matmul_glu_q8(x, gate, up, glu, self.ctx.matvec_q8.glu_for(&gate.layout))? {
             return Ok(h);
         }
         let [g, u] = self.matmul_many_fused(x, [gate, up])?;
@@ -640,7 +703,7 @@ impl WgpuBackend {
         shape: Q8Shape,
     ) -> Result<Vec<WgpuTensor>, OpError> {
         Self::check_q8_shape(shape)?;
-        self.matmul_many_q8(x, ws, shape)?.ok_or_else(|| OpError::Unsupported {
+        self.matmul_many_q8_shape(x, ws, shape)?.ok_or_else(|| OpError::Unsupported {
             op: "matmul_many_q8",
             backend: "wgpu",
             why: format!("{} weights: the multi-weight int8 kernel does not apply", ws.len()),
@@ -703,7 +766,6 @@ impl WgpuBackend {
         fused: Option<Q8Shape>,
         reps: usize,
     ) -> Result<f64, OpError> {
-        let plain = self.ctx.matvec_q8.plain;
         self.time_reps(reps, || {
             // Every repetition quantizes x, as every decode step does.
             lock(&self.ctx.q8_cache).entry = None;
@@ -715,6 +777,7 @@ impl WgpuBackend {
                     let mut ys = Vec::new();
                     for w in ws {
                         let y = self.alloc("perf", &[1, w.n_rows])?;
+                        let plain = self.ctx.matvec_q8.plain_for(&w.layout, w.k);
                         self.matvec_q8_span(&qs, &ds, x.width(), w, &y, Span::whole(w), plain, false);
                         ys.push(y);
                     }
@@ -732,5 +795,51 @@ impl WgpuBackend {
     #[doc(hidden)]
     pub fn perf_quantize_q8(&self, x: &WgpuTensor, reps: usize) -> Result<f64, OpError> {
         self.time_reps(reps, || self.quantize_q8(x).map(drop))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shapes the layouts take without the variables are the ones `default_shape`'s doc
+    /// names from the H200 run.
+    #[test]
+    fn layouts_take_their_measured_shapes() {
+        let cfg = Q8Config {
+            plain: default_shape::PLAIN,
+            glu: default_shape::GLU,
+            wide: None,
+            plain_set: false,
+            glu_set: false,
+        };
+        let of = |t| TypeLayout::of(t).unwrap();
+        let (q4_0g, q4_0, q4_k, q6_k) =
+            (TypeLayout::q4_0_grouped(), of(GgmlType::Q4_0), of(GgmlType::Q4_K), of(GgmlType::Q6_K));
+        let named = |s: Q8Shape| s.to_string();
+        assert_eq!(named(cfg.plain_for(&q4_0g, 4096)), "1x64v");
+        assert_eq!(named(cfg.plain_for(&q4_k, 14336)), "1x64v");
+        assert_eq!(named(cfg.plain_for(&of(GgmlType::Q5_K), 4096)), "1x64v");
+        assert_eq!(named(cfg.plain_for(&q4_0, 4096 + 32)), "2x64");
+        assert_eq!(named(cfg.plain_for(&q6_k, 4096)), "2x64");
+        assert_eq!(named(cfg.many_for(&[q4_0g; 3])), "2x64u2v");
+        assert_eq!(named(cfg.many_for(&[q4_k; 3])), "1x64");
+        assert_eq!(named(cfg.many_for(&[q4_k, q4_k, q6_k])), "2x64");
+        assert_eq!(named(cfg.many_for(&[q6_k; 3])), "2x64");
+        assert_eq!(named(cfg.glu_for(&q4_0g)), "1x256t8u2");
+        assert_eq!(named(cfg.glu_for(&q4_k)), "1x256t8v");
+        assert_eq!(named(cfg.glu_for(&q6_k)), "1x256t8");
+        // The GLU defaults cover whole 32-row blocks, so the kernel quantizes its result.
+        for l in [q4_0g, q4_0, q4_k, q6_k] {
+            assert_eq!(cfg.glu_for(&l).rows_per_group() % 32, 0, "{}", l.name);
+        }
+        // Set by the environment: every layout takes it.
+        let set = Q8Config { plain_set: true, glu_set: true, ..cfg };
+        assert_eq!(named(set.plain_for(&q4_0g, 4096)), "2x64");
+        assert_eq!(named(set.many_for(&[q4_k; 3])), "2x64");
+        assert_eq!(named(set.glu_for(&q4_k)), "1x256t8");
+        let wide = Q8Config { wide: Q8Shape::parse("4x64"), ..cfg };
+        assert_eq!(named(wide.plain_for(&q4_0g, WIDE_K)), "4x64");
+        assert_eq!(named(wide.plain_for(&q4_0g, WIDE_K - 32)), "1x64v");
     }
 }
