@@ -31,6 +31,10 @@
 //! widening path sums in an i16 lane four products of levels up to 63 in magnitude (4 * 63 *
 //! 127 = 32004; Q4 levels <= 15, Q5_0 <= 31, Q6_K -32..=31) and two of Q8_0's (2 * 128 * 127 =
 //! 32512) before widening.
+//!
+//! Safety: the helpers below are `unsafe` because they read through raw pointers; what makes
+//! those reads valid is the entry points' contract (every row pointer starts `nb` whole blocks;
+//! the activation lengths are asserted at the top of each kernel before any read).
 
 // The tile loops index accumulators `[row][octet][half]`, weights `[row][half]` and pointer
 // offsets with the same counters; iterators over one of them would hide the layout.
@@ -45,6 +49,19 @@ use super::super::float::f16_at;
 use super::super::qdot::{ActRow, TokenOctet};
 use super::neon::nibbles;
 use super::{OctetTileKernel, RowsKernel};
+
+/// `[e(0), e(1), ..]` for the listed indices, written out: the closures that
+/// `std::array::from_fn` and `array::map` call were at times left as out-of-line calls in the
+/// hot loops (the Q6_K tile's four rows' unpacking became four calls per 32 values after an
+/// unrelated change elsewhere in the file: 447 -> 555 guest instructions per row and token).
+macro_rules! unrolled {
+    ([$($n:literal),*], |$i:ident| $e:expr) => {
+        [$({
+            let $i: usize = $n;
+            $e
+        }),*]
+    };
+}
 
 /// Q4_0: unsigned nibbles, level = u - 8.
 const Q4_0: u8 = 0;
@@ -304,7 +321,7 @@ unsafe fn u16_at(p: *const u8) -> u16 {
 /// The f16 at `rows[i] + at` of eight rows as f32, rows 0..4 and 4..8.
 #[inline(always)]
 unsafe fn f16x8(rows: &[*const u8; 8], at: usize) -> [float32x4_t; 2] {
-    let h: [u16; 8] = std::array::from_fn(|i| u16_at(rows[i].add(at)));
+    let h: [u16; 8] = unrolled!([0, 1, 2, 3, 4, 5, 6, 7], |i| u16_at(rows[i].add(at)));
     f16x8_to_f32(vld1q_u16(h.as_ptr()))
 }
 
@@ -312,7 +329,8 @@ unsafe fn f16x8(rows: &[*const u8; 8], at: usize) -> [float32x4_t; 2] {
 /// `m`) as f32: one 32-bit load per row, the halves separated by one unzip each.
 #[inline(always)]
 unsafe fn f16_pairs8(rows: &[*const u8; 8], at: usize) -> ([float32x4_t; 2], [float32x4_t; 2]) {
-    let words: [u32; 8] = std::array::from_fn(|i| u32::from_le((rows[i].add(at) as *const u32).read_unaligned()));
+    let words: [u32; 8] =
+        unrolled!([0, 1, 2, 3, 4, 5, 6, 7], |i| u32::from_le((rows[i].add(at) as *const u32).read_unaligned()));
     let lo = vreinterpretq_u16_u32(vld1q_u32(words.as_ptr()));
     let hi = vreinterpretq_u16_u32(vld1q_u32(words.as_ptr().add(4)));
     (f16x8_to_f32(vuzp1q_u16(lo, hi)), f16x8_to_f32(vuzp2q_u16(lo, hi)))
@@ -359,14 +377,15 @@ unsafe fn rows8_32<const T: u8, const DOT: bool>(rows: &[*const u8; 8], nb: usiz
         let at = ib * block_bytes(T);
         let xq = x.qs.as_ptr().add(32 * ib);
         let (x0, x1) = (vld1q_s8(xq), vld1q_s8(xq.add(16)));
-        let per_row: [int32x4_t; 8] = std::array::from_fn(|r| {
+        let per_row: [int32x4_t; 8] = unrolled!([0, 1, 2, 3, 4, 5, 6, 7], |r| {
             let [w0, w1] = levels::<T>(rows[r].add(at));
             dot32::<DOT>(w0, w1, x0, x1, T == Q8_0)
         });
         let mut s = fold8(&per_row);
         let sx = *x.sums.get_unchecked(ib) as i32;
         if level_offset(T) != 0 {
-            s = s.map(|v| vsubq_s32(v, vdupq_n_s32(level_offset(T) * sx)));
+            let offset = vdupq_n_s32(level_offset(T) * sx);
+            s = [vsubq_s32(s[0], offset), vsubq_s32(s[1], offset)];
         }
         let dx = vdupq_n_f32(*x.d.get_unchecked(ib));
         let (dw, mw) = if T == Q4_1 { f16_pairs8(rows, at) } else { (f16x8(rows, at), [vdupq_n_f32(0.0); 2]) };
@@ -398,17 +417,17 @@ unsafe fn tile32<const T: u8, const DOT: bool, const N: usize>(
     let mut acc = [[[vdupq_n_f32(0.0); 2]; N]; 4];
     for ib in 0..nb {
         let at = ib * block_bytes(T);
-        let w: [[int8x16_t; 2]; 4] = std::array::from_fn(|r| levels::<T>(rows[r].add(at)));
-        let dw: [float32x4_t; 4] = std::array::from_fn(|r| vdupq_n_f32(f16_ptr(rows[r].add(at))));
+        let w: [[int8x16_t; 2]; 4] = unrolled!([0, 1, 2, 3], |r| levels::<T>(rows[r].add(at)));
+        let dw: [float32x4_t; 4] = unrolled!([0, 1, 2, 3], |r| vdupq_n_f32(f16_ptr(rows[r].add(at))));
         let mw: [float32x4_t; 4] =
-            std::array::from_fn(|r| if T == Q4_1 { vdupq_n_f32(f16_ptr(rows[r].add(at + 2))) } else { dw[r] });
+            unrolled!([0, 1, 2, 3], |r| if T == Q4_1 { vdupq_n_f32(f16_ptr(rows[r].add(at + 2))) } else { dw[r] });
         for (o, x) in xs.iter().enumerate() {
             for th in 0..2 {
                 // Value groups 0..4 then 4..8 of tokens 4 th..4 th + 4.
                 let xq = x.qs.as_ptr().add(256 * ib + 16 * th);
                 let mut s = [vdupq_n_s32(0); 4];
                 for half in 0..2 {
-                    let xv: [int8x16_t; 4] = std::array::from_fn(|g| vld1q_s8(xq.add(32 * (4 * half + g))));
+                    let xv: [int8x16_t; 4] = unrolled!([0, 1, 2, 3], |g| vld1q_s8(xq.add(32 * (4 * half + g))));
                     for r in 0..4 {
                         s[r] = dot_lanes::<DOT>(s[r], &xv, w[r][half], T == Q8_0);
                     }
@@ -449,7 +468,7 @@ unsafe fn scales_mins_k4(p: *const u8) -> ([u32; 2], [u32; 2]) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
-    let word = |i: usize| u32::from_le_bytes(std::array::from_fn(|k| *p.add(4 * i + k)));
+    let word = |i: usize| u32::from_le((p.add(4 * i) as *const u32).read_unaligned());
     let (u0, u1, u2) = (word(0), word(1), word(2));
     let scales = [u0 & LOW6, (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)];
     let mins = [u1 & LOW6, ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)];
@@ -465,11 +484,15 @@ unsafe fn widen_bytes(words: [u32; 2]) -> [int32x4_t; 2] {
 
 /// The 32 levels (0..16) of Q4_K sub-block `j` of the super-block at `b`: the low nibbles of
 /// bytes `16 + 32 (j / 2)..` for even `j`, the high ones for odd.
+///
+/// The nibble is picked by a shift by a register (`ushl` by 0 or -4), not a branch on `j`: where
+/// the compiler keeps the sub-block loop rolled, a choice between two results became a blend of
+/// both (five instructions per register instead of two).
 #[inline(always)]
 unsafe fn q4_k_levels(b: *const u8, j: usize) -> [int8x16_t; 2] {
     let p = b.add(16 + 32 * (j / 2));
-    let q = [vld1q_u8(p), vld1q_u8(p.add(16))];
-    q.map(|v| vreinterpretq_s8_u8(if j.is_multiple_of(2) { vandq_u8(v, vdupq_n_u8(0x0F)) } else { vshrq_n_u8::<4>(v) }))
+    let shift = vdupq_n_s8(-4 * (j % 2) as i8);
+    unrolled!([0, 1], |i| vreinterpretq_s8_u8(vandq_u8(vshlq_u8(vld1q_u8(p.add(16 * i)), shift), vdupq_n_u8(0x0F))))
 }
 
 /// Decode for Q4_K: per row, eight sub-block sums folded into two vectors and weighted by the
@@ -481,7 +504,8 @@ unsafe fn rows8_q4_k<const DOT: bool>(rows: &[*const u8; 8], nb: usize, x: ActRo
     for ib in 0..nb {
         let at = 144 * ib;
         let xq = x.qs.as_ptr().add(256 * ib);
-        let xv: [int8x16_t; 16] = std::array::from_fn(|i| vld1q_s8(xq.add(16 * i)));
+        let xv: [int8x16_t; 16] =
+            unrolled!([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], |i| vld1q_s8(xq.add(16 * i)));
         let bs = x.sums.as_ptr().add(16 * ib);
         let pairs = [vpaddlq_s16(vld1q_s16(bs)), vpaddlq_s16(vld1q_s16(bs.add(8)))];
         let mut sumi = [vdupq_n_s32(0); 8];
@@ -490,7 +514,7 @@ unsafe fn rows8_q4_k<const DOT: bool>(rows: &[*const u8; 8], nb: usize, x: ActRo
             let b = rows[r].add(at);
             let (sc, mn) = scales_mins_k4(b.add(4));
             let (sc, mn) = (widen_bytes(sc), widen_bytes(mn));
-            let dots: [int32x4_t; 8] = std::array::from_fn(|j| {
+            let dots: [int32x4_t; 8] = unrolled!([0, 1, 2, 3, 4, 5, 6, 7], |j| {
                 let [w0, w1] = q4_k_levels(b, j);
                 dot32::<DOT>(w0, w1, xv[2 * j], xv[2 * j + 1], false)
             });
@@ -528,18 +552,18 @@ unsafe fn tile_q4_k<const DOT: bool, const N: usize>(
     }
     let mut acc = [[[vdupq_n_f32(0.0); 2]; N]; 4];
     for ib in 0..nb {
-        let b: [*const u8; 4] = std::array::from_fn(|r| rows[r].add(144 * ib));
-        let packed: [([u32; 2], [u32; 2]); 4] = std::array::from_fn(|r| scales_mins_k4(b[r].add(4)));
+        let b: [*const u8; 4] = unrolled!([0, 1, 2, 3], |r| rows[r].add(144 * ib));
+        let packed: [([u32; 2], [u32; 2]); 4] = unrolled!([0, 1, 2, 3], |r| scales_mins_k4(b[r].add(4)));
         let scale = |r: usize, j: usize| ((packed[r].0[j / 4] >> (8 * (j % 4))) & 0xFF) as i32;
         let min = |r: usize, j: usize| ((packed[r].1[j / 4] >> (8 * (j % 4))) & 0xFF) as i32;
         let mut si = [[[vdupq_n_s32(0); 2]; N]; 4];
         for j in 0..8 {
-            let w: [[int8x16_t; 2]; 4] = std::array::from_fn(|r| q4_k_levels(b[r], j));
+            let w: [[int8x16_t; 2]; 4] = unrolled!([0, 1, 2, 3], |r| q4_k_levels(b[r], j));
             for (o, x) in xs.iter().enumerate() {
                 for th in 0..2 {
                     let xq = x.qs.as_ptr().add(2048 * ib + 256 * j + 16 * th);
                     let xv: [[int8x16_t; 4]; 2] =
-                        std::array::from_fn(|h| std::array::from_fn(|g| vld1q_s8(xq.add(32 * (4 * h + g)))));
+                        unrolled!([0, 1], |h| unrolled!([0, 1, 2, 3], |g| vld1q_s8(xq.add(32 * (4 * h + g)))));
                     for r in 0..4 {
                         let t = dot_lanes::<DOT>(vdupq_n_s32(0), &xv[0], w[r][0], false);
                         let t = dot_lanes::<DOT>(t, &xv[1], w[r][1], false);
@@ -575,21 +599,16 @@ unsafe fn tile_q4_k<const DOT: bool, const N: usize>(
 /// The 32 unsigned levels (0..64) of quarter `q` of half `h` of the Q6_K super-block at `b`
 /// (values `128 h + 32 q..`, 16-value groups `8 h + 2 q` and `8 h + 2 q + 1`): low nibbles of
 /// `ql[64 h + 32 (q % 2)..]` for q < 2, high ones otherwise, and bits `2 q..2 q + 2` of
-/// `qh[32 h..]` on top.
+/// `qh[32 h..]` on top. Shifts by registers rather than branches on `q`, as in
+/// [`q4_k_levels`].
 #[inline(always)]
 unsafe fn q6_k_levels(b: *const u8, h: usize, q: usize) -> [uint8x16_t; 2] {
     let ql = b.add(64 * h + 32 * (q % 2));
     let qh = b.add(128 + 32 * h);
-    std::array::from_fn(|i| {
-        let l = vld1q_u8(ql.add(16 * i));
-        let hb = vld1q_u8(qh.add(16 * i));
-        let low = if q < 2 { vandq_u8(l, vdupq_n_u8(0x0F)) } else { vshrq_n_u8::<4>(l) };
-        let high = match q {
-            0 => vandq_u8(hb, vdupq_n_u8(3)),
-            1 => vandq_u8(vshrq_n_u8::<2>(hb), vdupq_n_u8(3)),
-            2 => vandq_u8(vshrq_n_u8::<4>(hb), vdupq_n_u8(3)),
-            _ => vshrq_n_u8::<6>(hb),
-        };
+    let (low_shift, high_shift) = (vdupq_n_s8(-4 * (q / 2) as i8), vdupq_n_s8(-2 * q as i8));
+    unrolled!([0, 1], |i| {
+        let low = vandq_u8(vshlq_u8(vld1q_u8(ql.add(16 * i)), low_shift), vdupq_n_u8(0x0F));
+        let high = vandq_u8(vshlq_u8(vld1q_u8(qh.add(16 * i)), high_shift), vdupq_n_u8(3));
         vorrq_u8(low, vshlq_n_u8::<4>(high))
     })
 }
@@ -611,7 +630,8 @@ unsafe fn rows8_q6_k<const DOT: bool>(rows: &[*const u8; 8], nb: usize, x: ActRo
     for ib in 0..nb {
         let at = 210 * ib;
         let xq = x.qs.as_ptr().add(256 * ib);
-        let xv: [int8x16_t; 16] = std::array::from_fn(|i| vld1q_s8(xq.add(16 * i)));
+        let xv: [int8x16_t; 16] =
+            unrolled!([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], |i| vld1q_s8(xq.add(16 * i)));
         let bs = x.sums.as_ptr().add(16 * ib);
         let (b0, b1) = (vld1q_s16(bs), vld1q_s16(bs.add(8)));
         let offsets = [
@@ -633,8 +653,8 @@ unsafe fn rows8_q6_k<const DOT: bool>(rows: &[*const u8; 8], nb: usize, x: ActRo
                     }
                 }
             }
-            let lo = fold8(&std::array::from_fn(|g| dots[g]));
-            let hi = fold8(&std::array::from_fn(|g| dots[8 + g]));
+            let lo = fold8(&unrolled!([0, 1, 2, 3, 4, 5, 6, 7], |g| dots[g]));
+            let hi = fold8(&unrolled!([0, 1, 2, 3, 4, 5, 6, 7], |g| dots[8 + g]));
             let groups = [lo[0], lo[1], hi[0], hi[1]];
             let sc = q6_k_scales(b);
             let mut s = vmulq_s32(vsubq_s32(groups[0], offsets[0]), sc[0]);
@@ -669,19 +689,23 @@ unsafe fn tile_q6_k<const DOT: bool, const N: usize>(
     }
     let mut acc = [[[vdupq_n_f32(0.0); 2]; N]; 4];
     for ib in 0..nb {
-        let b: [*const u8; 4] = std::array::from_fn(|r| rows[r].add(210 * ib));
+        let b: [*const u8; 4] = unrolled!([0, 1, 2, 3], |r| rows[r].add(210 * ib));
         let scale = |r: usize, g: usize| *b[r].add(192 + g) as i8 as i32;
         let mut si = [[[vdupq_n_s32(0); 2]; N]; 4];
         for h in 0..2 {
             for q in 0..4 {
-                let w: [[int8x16_t; 2]; 4] = std::array::from_fn(|r| {
-                    q6_k_levels(b[r], h, q).map(|v| vsubq_s8(vreinterpretq_s8_u8(v), vdupq_n_s8(32)))
+                let w: [[int8x16_t; 2]; 4] = unrolled!([0, 1, 2, 3], |r| {
+                    let [l0, l1] = q6_k_levels(b[r], h, q);
+                    [
+                        vsubq_s8(vreinterpretq_s8_u8(l0), vdupq_n_s8(32)),
+                        vsubq_s8(vreinterpretq_s8_u8(l1), vdupq_n_s8(32)),
+                    ]
                 });
                 for (o, x) in xs.iter().enumerate() {
                     for th in 0..2 {
                         let xq = x.qs.as_ptr().add(2048 * ib + 8 * (128 * h + 32 * q) + 16 * th);
                         let xv: [[int8x16_t; 4]; 2] =
-                            std::array::from_fn(|i| std::array::from_fn(|g| vld1q_s8(xq.add(32 * (4 * i + g)))));
+                            unrolled!([0, 1], |i| unrolled!([0, 1, 2, 3], |g| vld1q_s8(xq.add(32 * (4 * i + g)))));
                         for r in 0..4 {
                             for i in 0..2 {
                                 let t = dot_lanes::<DOT>(vdupq_n_s32(0), &xv[i], w[r][i], false);
