@@ -218,3 +218,36 @@ fn matmul_many_equals_separate_matmuls() {
     let err = quant::matmul_many(&rows, 32, &[0.5; 32], &mut [], MatmulMode::QuantizedActivations).unwrap_err();
     assert_eq!(err, QuantError::ShapeMismatch { op: "matmul_many", what: "outputs", expected: 1, got: 0 });
 }
+
+/// The AVX-512 kernel set gives the AVX2 one's bits for every type, decode and prefill: its
+/// decode kernels (Q4_0, Q8_0, Q4_K, Q6_K) do the AVX2 kernels' float operations on the same
+/// exact integer sums, and the rest is AVX2's. Block counts 1..=9 leave every tail of the
+/// four-block Q4_0 and two-block Q8_0 steps; row counts partial groups of eight.
+#[test]
+fn avx512_gives_the_avx2_bits() {
+    if !Kernel::available().contains(&Kernel::Avx512) {
+        println!("no AVX-512 F/BW/VL/VNNI on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = Rng::new(0xA512);
+    for &dtype in QUANTIZED {
+        for blocks in 1..=9 {
+            for (n_out, n_tok) in [(8, 1), (21, 1), (67, 1), (13, 5), (9, 17)] {
+                let k = dtype.block_elems() * blocks;
+                let w = random_rows(dtype, n_out, k, &mut rng);
+                let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();
+                let want = run(dtype, &w, n_out, k, &x, Kernel::Avx2);
+                let got = run(dtype, &w, n_out, k, &x, Kernel::Avx512);
+                for i in 0..want.len() {
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want[i].to_bits(),
+                        "{dtype} n_out={n_out} blocks={blocks} n_tok={n_tok} output {i}: {} vs AVX2 {}",
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}

@@ -199,7 +199,7 @@ unsafe fn nibble_pair_sums<const T: u8>(
 /// (and for Q4_1 the min term into `acc_m`), the same operations whichever kernel computed `s`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn add_block<const T: u8>(
+pub(super) unsafe fn add_block<const T: u8>(
     mut s: __m256i,
     rows: &[*const u8; 8],
     at: usize,

@@ -1,7 +1,10 @@
 //! Vectorised quantized-activation dot products, picked at run time.
 //!
-//! One binary runs everywhere: on x86-64 the AVX2 kernels are used when the CPU reports AVX2,
-//! FMA and F16C (`is_x86_feature_detected!`), on aarch64 the NEON kernels (NEON is baseline
+//! One binary runs everywhere: on x86-64 the AVX-512 kernels when the CPU reports AVX-512
+//! F/BW/VL/VNNI besides AVX2 (they cover decode of Q4_0, Q8_0, Q4_K and Q6_K and use the AVX2
+//! ones for everything else), the AVX2 kernels when it reports AVX2, FMA and F16C
+//! (`is_x86_feature_detected!`); `DISKFORMER_CPU_KERNEL=portable|avx2|avx512` picks a lower
+//! one for comparisons. On aarch64 the NEON kernels (NEON is baseline
 //! there), otherwise the portable integer loops of `qdot`. Every kernel computes the same
 //! integer block sums as the portable one; only the order in which per-block floats are added
 //! differs, so results agree to float rounding.
@@ -14,6 +17,8 @@ mod avx2_ktiles;
 mod avx2_lanes;
 #[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -32,11 +37,34 @@ pub enum Kernel {
     Avx2,
     /// aarch64 NEON (with the dot-product extension when present).
     Neon,
+    /// x86-64 AVX-512 F/BW/VL/VNNI (plus everything `Avx2` needs): its own decode kernels for
+    /// Q4_0, Q8_0, Q4_K and Q6_K, the AVX2 ones otherwise, with the same bits.
+    Avx512,
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU supports.
+    /// The fastest kernel this CPU supports, or the one `DISKFORMER_CPU_KERNEL` names
+    /// (`portable`, `avx2`, `avx512`, `neon`) when the CPU can run it. Decided once per process.
     pub fn best() -> Kernel {
+        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let fastest = Kernel::fastest();
+            let Ok(name) = std::env::var("DISKFORMER_CPU_KERNEL") else { return fastest };
+            match Kernel::from_name(name.trim()) {
+                Some(kernel) if kernel.is_available() => kernel,
+                _ => {
+                    eprintln!("DISKFORMER_CPU_KERNEL={name}: not a kernel this CPU runs; using {fastest:?}");
+                    fastest
+                }
+            }
+        })
+    }
+
+    fn fastest() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::detected() {
+            return Kernel::Avx512;
+        }
         #[cfg(target_arch = "x86_64")]
         if avx2::detected() {
             return Kernel::Avx2;
@@ -47,19 +75,38 @@ impl Kernel {
         Kernel::Portable
     }
 
+    fn from_name(name: &str) -> Option<Kernel> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "portable" => Kernel::Portable,
+            "avx2" => Kernel::Avx2,
+            "avx512" => Kernel::Avx512,
+            "neon" => Kernel::Neon,
+            _ => return None,
+        })
+    }
+
     /// Every kernel this CPU can run, portable first.
     pub fn available() -> Vec<Kernel> {
-        let mut out = vec![Kernel::Portable];
-        if Kernel::best() != Kernel::Portable {
-            out.push(Kernel::best());
-        }
-        out
+        [Kernel::Portable, Kernel::Avx2, Kernel::Avx512, Kernel::Neon]
+            .into_iter()
+            .filter(|k| k.is_available())
+            .collect()
     }
 
     /// True when this CPU can run the kernel. Asked once per matmul, so it allocates nothing
     /// (unlike [`Kernel::available`]).
     pub fn is_available(self) -> bool {
-        self == Kernel::Portable || self == Kernel::best()
+        match self {
+            Kernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => avx2::detected(),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => avx512::detected(),
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
     }
 }
 
@@ -147,6 +194,20 @@ impl Tiles {
     /// The tile kernels of `dtype` for `kernel`, when they exist and the CPU can run them.
     #[allow(unused_variables)]
     pub(crate) fn new(dtype: GgmlType, kernel: Kernel) -> Option<Tiles> {
+        #[cfg(target_arch = "x86_64")]
+        if kernel == Kernel::Avx512 && kernel.is_available() {
+            // Q4_0, Q8_0, Q4_K and Q6_K decode on AVX-512; their prefill tiles and the other
+            // types are AVX2's (same bits: see `avx512`).
+            let avx2 = Tiles::new(dtype, Kernel::Avx2)?;
+            let rows8: RowsKernel = match dtype {
+                GgmlType::Q4_0 => avx512::rows8::<{ avx2_tiles::Q4_0 }>,
+                GgmlType::Q8_0 => avx512::rows8::<{ avx2_tiles::Q8_0 }>,
+                GgmlType::Q4_K => avx512::rows8_k::<{ avx512::Q4_K }>,
+                GgmlType::Q6_K => avx512::rows8_k::<{ avx512::Q6_K }>,
+                _ => avx2.rows8,
+            };
+            return Some(Tiles { rows8, ..avx2 });
+        }
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx2 && kernel.is_available() {
             use avx2_ktiles as k;
@@ -272,8 +333,9 @@ impl QDot {
 #[allow(unused_variables)]
 fn simd_kernel4(dtype: GgmlType, kernel: Kernel) -> Option<SimdDot4> {
     match kernel {
+        // AVX-512 has no single-row kernels of its own: the AVX2 ones (its CPUs have AVX2).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => avx2::kernel4(dtype),
+        Kernel::Avx2 | Kernel::Avx512 => avx2::kernel4(dtype),
         _ => None,
     }
 }
@@ -283,7 +345,7 @@ fn simd_kernel(dtype: GgmlType, kernel: Kernel) -> Option<SimdDot> {
     match kernel {
         Kernel::Portable => None,
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => avx2::kernel(dtype),
+        Kernel::Avx2 | Kernel::Avx512 => avx2::kernel(dtype),
         #[cfg(target_arch = "aarch64")]
         Kernel::Neon => neon::kernel(dtype),
         #[allow(unreachable_patterns)]

@@ -1,0 +1,364 @@
+//! AVX-512 (F, BW, VL, VNNI) decode kernels: eight weight rows against one token for Q4_0,
+//! Q8_0, Q4_K and Q6_K, the types of the common Q4_0 / Q8_0 / Q4_K_M files.
+//!
+//! The integer work uses 512-bit registers and the VNNI dot products: `vpdpbusd` (unsigned
+//! bytes times signed bytes, four products added into an i32 lane, no saturation) for the
+//! 32-value types, `vpdpwssd` (the `madd` + `add` of the AVX2 k-quant kernels in one) for
+//! Q4_K and Q6_K. `vpdpbusd` wants one unsigned operand: Q4_0 nibbles are unsigned already
+//! (the `8 * sum(x)` offset comes off the exact block sum, as in AVX2), and Q8_0 weights are
+//! made unsigned by flipping their sign bit (`w + 128`), with `128 * sum(x)` taken off the
+//! same way (AVX-512 has no `vpsignb` for the AVX2 `|w|`, `sign(x, w)` trick).
+//!
+//! Bits: every (row, block) pair's integer sum is exact, and the floats are then the AVX2
+//! kernels' own operations in the same order (`avx2_tiles::add_block`, the same FMAs for the
+//! k-quants), so each output equals the AVX2 decode kernel's and therefore the AVX2 prefill
+//! tiles' bit for bit. That is what lets `Kernel::Avx512` use the AVX2 prefill tiles and
+//! single-row dots unchanged.
+
+use std::arch::x86_64::*;
+
+use super::super::qdot::ActRow;
+use super::avx2::{broadcast_i16_index, pair_broadcast_index, scales_mins_k4};
+use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, f16_pairs8, prefetch_next_rows, Q4_0, Q8_0};
+
+/// True when the CPU has everything these kernels (and the AVX2 ones they fall back to) use.
+pub(in crate::quant) fn detected() -> bool {
+    super::avx2::detected()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Eight vectors of four blocks' i32 partial sums (128-bit lane `k` = block `k`, four lanes
+/// each) to four vectors of eight row sums, one per block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fold_rows_by_lane(v: &[__m512i; 8]) -> [__m512i; 2] {
+    let pair = |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    let quad = |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    // Per 128-bit lane k: [r0 r1 r2 r3] and [r4 r5 r6 r7] of the lane's four partial sums.
+    let low = quad(pair(v[0], v[1]), pair(v[2], v[3]));
+    let high = quad(pair(v[4], v[5]), pair(v[6], v[7]));
+    // [lane 0 rows 0..8 | lane 1 rows 0..8] and the same for lanes 2 and 3.
+    [
+        _mm512_permutex2var_epi64(low, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), high),
+        _mm512_permutex2var_epi64(low, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), high),
+    ]
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn low_half(v: __m512i) -> __m256i {
+    _mm512_castsi512_si256(v)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn high_half(v: __m512i) -> __m256i {
+    _mm512_extracti64x4_epi64::<1>(v)
+}
+
+/// `sum(u * x)` (u the unsigned nibble levels) of eight Q4_0 rows with `n` (1..=4) consecutive
+/// blocks at byte `at`, against the activations of blocks `ib..ib + n`: one vector of eight row
+/// sums per block (those past `n` are zero). Each row's blocks go one per 128-bit lane, low
+/// nibbles (values 0..16) against `x_lo`, high ones against `x_hi`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_0_sums(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize, n: usize) -> [__m256i; 4] {
+    let xq = x.qs.as_ptr().add(32 * ib);
+    let (x0, x1) = if n == 4 {
+        (_mm512_loadu_si512(xq as *const _), _mm512_loadu_si512(xq.add(64) as *const _))
+    } else {
+        // Masked-off bytes are neither read nor able to fault: the row may end at block ib + n.
+        let bytes = |from: usize| -> u64 {
+            let len = (32 * n).saturating_sub(from).min(64);
+            if len == 64 {
+                u64::MAX
+            } else {
+                (1u64 << len) - 1
+            }
+        };
+        (_mm512_maskz_loadu_epi8(bytes(0), xq), _mm512_maskz_loadu_epi8(bytes(64), xq.add(64)))
+    };
+    // Blocks' first halves in lanes 0..4, then their second halves.
+    let x_lo = _mm512_shuffle_i64x2::<0b10_00_10_00>(x0, x1);
+    let x_hi = _mm512_shuffle_i64x2::<0b11_01_11_01>(x0, x1);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let bb = block_bytes(Q4_0);
+    let v: [__m512i; 8] = std::array::from_fn(|r| {
+        let lane = |j: usize| {
+            if j < n {
+                _mm_loadu_si128(rows[r].add(at + j * bb + 2) as *const __m128i)
+            } else {
+                _mm_setzero_si128()
+            }
+        };
+        let q01 = _mm256_set_m128i(lane(1), lane(0));
+        let q23 = _mm256_set_m128i(lane(3), lane(2));
+        let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q01), q23);
+        let lo = _mm512_and_si512(q, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo), hi, x_hi)
+    });
+    let [b01, b23] = fold_rows_by_lane(&v);
+    [low_half(b01), high_half(b01), low_half(b23), high_half(b23)]
+}
+
+/// `sum(w * x)` of eight Q8_0 rows with the two blocks at `at` and `at + 34` (activations of
+/// blocks `ib`, `ib + 1`), one vector of eight row sums per block: `(w + 128)` as unsigned
+/// bytes against `x`, less `128 * sum(x)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_sums2(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize) -> [__m256i; 2] {
+    let xq = _mm512_loadu_si512(x.qs.as_ptr().add(32 * ib) as *const _);
+    let flip = _mm512_set1_epi8(-128);
+    let bb = block_bytes(Q8_0);
+    let v: [__m512i; 8] = std::array::from_fn(|r| {
+        let first = _mm256_loadu_si256(rows[r].add(at + 2) as *const __m256i);
+        let second = _mm256_loadu_si256(rows[r].add(at + bb + 2) as *const __m256i);
+        let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, flip), xq)
+    });
+    // Lane k of the fold holds half of block k / 2: add the two halves of each block.
+    let [b01, b23] = fold_rows_by_lane(&v);
+    let first = _mm256_add_epi32(low_half(b01), high_half(b01));
+    let second = _mm256_add_epi32(low_half(b23), high_half(b23));
+    let offset = |i: usize| _mm256_set1_epi32(128 * *x.sums.get_unchecked(i) as i32);
+    [_mm256_sub_epi32(first, offset(ib)), _mm256_sub_epi32(second, offset(ib + 1))]
+}
+
+/// As [`q8_0_sums2`] for one block (the last of an odd count), the second block's lanes zero.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_sums1(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize) -> __m256i {
+    let xq = _mm512_zextsi256_si512(_mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i));
+    let flip = _mm512_set1_epi8(-128);
+    let v: [__m512i; 8] = std::array::from_fn(|r| {
+        let w = _mm512_castsi256_si512(_mm256_loadu_si256(rows[r].add(at + 2) as *const __m256i));
+        // The upper half of `xq` is zero, so whatever the upper half of `w` holds adds nothing.
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, flip), xq)
+    });
+    let [b01, _] = fold_rows_by_lane(&v);
+    let s = _mm256_add_epi32(low_half(b01), high_half(b01));
+    _mm256_sub_epi32(s, _mm256_set1_epi32(128 * *x.sums.get_unchecked(ib) as i32))
+}
+
+/// Dot products of eight Q4_0 or Q8_0 rows (`rows[i]`, `nb` blocks each) with one Q8_0 row.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C must be available ([`detected`]); every `rows[i]`
+/// must point at `nb` blocks of `T`; `x` must hold at least `nb` blocks (checked).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+    assert!(T == Q4_0 || T == Q8_0, "AVX-512 rows8 is for Q4_0 and Q8_0");
+    assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
+    let bb = block_bytes(T);
+    let row_bytes = nb * bb;
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    let mut ib = 0;
+    if T == Q4_0 {
+        while ib < nb {
+            let n = (nb - ib).min(4);
+            let at = ib * bb;
+            prefetch_next_rows(rows, row_bytes, at, n * bb);
+            let sums = q4_0_sums(rows, at, &x, ib, n);
+            for (j, &s) in sums.iter().enumerate().take(n) {
+                add_block::<T>(s, rows, at + j * bb, &x, ib + j, &mut acc, &mut acc_m);
+            }
+            ib += n;
+        }
+    } else {
+        while ib + 2 <= nb {
+            let at = ib * bb;
+            prefetch_next_rows(rows, row_bytes, at, 2 * bb);
+            let [first, second] = q8_0_sums2(rows, at, &x, ib);
+            // The `128 * sum(x)` is already off; Q8_0 has no level offset in `add_block`.
+            add_block::<T>(first, rows, at, &x, ib, &mut acc, &mut acc_m);
+            add_block::<T>(second, rows, at + bb, &x, ib + 1, &mut acc, &mut acc_m);
+            ib += 2;
+        }
+        if ib < nb {
+            let at = ib * bb;
+            prefetch_next_rows(rows, row_bytes, at, bb);
+            add_block::<T>(q8_0_sums1(rows, at, &x, ib), rows, at, &x, ib, &mut acc, &mut acc_m);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// Four vectors of two rows' eight i32 lanes each (`[row 2k | row 2k+1]`) to the eight row
+/// sums in order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fold_row_pairs(p: &[__m512i; 4]) -> __m256i {
+    let pair = |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    let quad = |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    // 128-bit lanes 0 and 1: partial sums of rows [0 2 4 6], lanes 2 and 3: of rows [1 3 5 7].
+    let u = quad(pair(p[0], p[1]), pair(p[2], p[3]));
+    let v = _mm512_add_epi32(u, _mm512_shuffle_i64x2::<0b10_11_00_01>(u, u));
+    let even = _mm512_castsi512_si128(v);
+    let odd = _mm512_extracti32x4_epi32::<2>(v);
+    _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd))
+}
+
+/// Two 256-bit halves as one register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Q4_K: 144-byte super-blocks (as `avx2_ktiles::Q4_K`).
+pub(in crate::quant) const Q4_K: u8 = 0;
+/// Q6_K: 210-byte super-blocks.
+pub(in crate::quant) const Q6_K: u8 = 1;
+
+const fn k_block_bytes(t: u8) -> usize {
+    match t {
+        Q4_K => 144,
+        _ => 210,
+    }
+}
+
+/// One Q4_K super-block of two rows (`a` in the low half, `b` in the high half) with one
+/// token: the AVX2 kernel's `maddubs` of levels and activations and `madd` with the sub-block
+/// scales (here one `vpdpwssd`), so each half's eight i32 lanes sum to that row's
+/// `sum_j scale_j * dot(levels_j, x_j)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_pair(a: *const u8, b: *const u8, xq: *const i8, sm_a: __m256i, sm_b: __m256i) -> __m512i {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let scales = join(_mm256_permute2x128_si256(sm_a, sm_a, 0x00), _mm256_permute2x128_si256(sm_b, sm_b, 0x00));
+    let mut sumi = _mm512_setzero_si512();
+    for c in 0..4 {
+        let q = join(
+            _mm256_loadu_si256(a.add(16 + 32 * c) as *const __m256i),
+            _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i),
+        );
+        let lo = _mm512_and_si512(q, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+        let s_lo = _mm512_shuffle_epi8(scales, _mm512_broadcast_i64x4(broadcast_i16_index(2 * c)));
+        let s_hi = _mm512_shuffle_epi8(scales, _mm512_broadcast_i64x4(broadcast_i16_index(2 * c + 1)));
+        let x_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c) as *const __m256i));
+        let x_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c + 32) as *const __m256i));
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, x_lo), s_lo);
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, x_hi), s_hi);
+    }
+    sumi
+}
+
+/// One Q6_K super-block of two rows with one token, as `avx2_ktiles`'s `q6_k_block`: levels
+/// taken unsigned (0..64), `32 * sum(scale * bsum)` off the start value.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_pair(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
+    let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+    let scales16_a = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.add(192) as *const __m128i));
+    let scales16_b = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+    // |scale| <= 128 and |bsum| <= 16 * 127: each madd lane and its times 32 fit i32.
+    let start =
+        |s: __m256i| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s, bsums), 5));
+    let mut sumi = join(start(scales16_a), start(scales16_b));
+    for half in 0..2 {
+        let half_scales = if half == 0 {
+            join(
+                _mm256_permute2x128_si256(scales16_a, scales16_a, 0x00),
+                _mm256_permute2x128_si256(scales16_b, scales16_b, 0x00),
+            )
+        } else {
+            join(
+                _mm256_permute2x128_si256(scales16_a, scales16_a, 0x11),
+                _mm256_permute2x128_si256(scales16_b, scales16_b, 0x11),
+            )
+        };
+        let load2 = |offset: usize| {
+            join(
+                _mm256_loadu_si256(a.add(offset) as *const __m256i),
+                _mm256_loadu_si256(b.add(offset) as *const __m256i),
+            )
+        };
+        let ql0 = load2(64 * half);
+        let ql1 = load2(64 * half + 32);
+        let qh = load2(128 + 32 * half);
+        let groups = [
+            _mm512_or_si512(_mm512_and_si512(ql0, m4), _mm512_slli_epi16::<4>(_mm512_and_si512(qh, m3))),
+            _mm512_or_si512(
+                _mm512_and_si512(ql1, m4),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<2>(qh), m3)),
+            ),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql0), m4),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<4>(qh), m3)),
+            ),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), m4),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<6>(qh), m3)),
+            ),
+        ];
+        for (gi, lv) in groups.into_iter().enumerate() {
+            // Lanes 0..8 of each row (values 0..16) take scale 2 gi of this half, 8..16 the next.
+            let s = _mm512_shuffle_epi8(half_scales, _mm512_broadcast_i64x4(pair_broadcast_index(2 * gi)));
+            let xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(128 * half + 32 * gi) as *const __m256i));
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lv, xv), s);
+        }
+    }
+    sumi
+}
+
+/// Four vectors of four i32 lanes to one vector of their four lane sums, in order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn fold4x128(m: &[__m128i; 4]) -> __m128i {
+    _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]))
+}
+
+/// Dot products of eight Q4_K or Q6_K rows (`rows[i]`, `nb` super-blocks each) with one Q8_K
+/// row, two rows per 512-bit register.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C must be available ([`detected`]); every `rows[i]`
+/// must point at `nb` super-blocks of `T`; `x` must hold at least `nb` blocks (checked).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+    assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb && x.sums.len() >= nb * 16, "activation row too short");
+    let bb = k_block_bytes(T);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let at = ib * bb;
+        prefetch_next_rows(rows, nb * bb, at, bb);
+        let xq = x.qs.as_ptr().add(256 * ib);
+        let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
+        if T == Q4_K {
+            // The eight 32-value group sums of the activations (pairs of the 16 Q8_K sums).
+            let b = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
+            let groups = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+            let sm: [__m256i; 8] = std::array::from_fn(|r| scales_mins_k4(rows[r].add(at + 4)));
+            let p: [__m512i; 4] = std::array::from_fn(|k| {
+                q4_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, sm[2 * k], sm[2 * k + 1])
+            });
+            let m: [__m128i; 8] = std::array::from_fn(|r| _mm_madd_epi16(_mm256_extracti128_si256(sm[r], 1), groups));
+            let s = fold_row_pairs(&p);
+            let mins = _mm256_set_m128i(fold4x128(&[m[4], m[5], m[6], m[7]]), fold4x128(&[m[0], m[1], m[2], m[3]]));
+            let (dw, dmin) = f16_pairs8(rows, at);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
+            acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, dx), acc_m);
+        } else {
+            let bsums = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
+            let p: [__m512i; 4] =
+                std::array::from_fn(|k| q6_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums));
+            let dw = f16_firsts8(rows, at + 208);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_pairs(&p)), _mm256_mul_ps(dw, dx), acc);
+        }
+    }
+    if T == Q4_K {
+        acc = _mm256_sub_ps(acc, acc_m);
+    }
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
