@@ -1,7 +1,8 @@
 //! Throughput of `compute::quant::matmul`, printed, not asserted (run on demand):
 //! `cargo test --release -p compute --test quant_bench -- --ignored --nocapture`.
 //! Decode is one token (a matrix-vector product: weight bandwidth bound); prefill is 64 tokens.
-//! GB/s counts the encoded weight bytes read per call.
+//! GB/s counts the encoded weight bytes read per call. `QUANT_BENCH_TYPES=Q4_0,Q4_K` picks types,
+//! `QUANT_BENCH_N_OUT` and `QUANT_BENCH_K` the shape (default 4096 x 4096).
 
 mod quant_common;
 
@@ -52,7 +53,12 @@ fn matmul_throughput() {
         GgmlType::Q6_K,
         GgmlType::IQ4_XS,
     ];
+    // QUANT_BENCH_TYPES=Q4_0,Q4_K runs only those types.
+    let only = std::env::var("QUANT_BENCH_TYPES").ok();
     for dtype in types {
+        if only.as_deref().is_some_and(|names| !names.split(',').any(|n| n == dtype.name())) {
+            continue;
+        }
         let w = random_rows(dtype, n_out, k, &mut rng);
         let gb = w.len() as f64 / 1e9;
         let x1: Vec<f32> = (0..k).map(|_| rng.normal()).collect();

@@ -59,15 +59,17 @@ unsafe fn high_half(v: __m512i) -> __m256i {
     _mm512_extracti64x4_epi64::<1>(v)
 }
 
-/// `sum(u * x)` (u the unsigned nibble levels) of eight Q4_0 rows with `n` (1..=4) consecutive
-/// blocks at byte `at`, against the activations of blocks `ib..ib + n`: one vector of eight row
-/// sums per block (those past `n` are zero). Each row's blocks go one per 128-bit lane, low
+/// `sum(u * x)` (u the unsigned nibble levels) of eight Q4_0 rows with `N` (1..=4) consecutive
+/// blocks at byte `at`, against the activations of blocks `ib..ib + N`: one vector of eight row
+/// sums per block (those past `N` are zero). `N` is a constant so that the full steps carry no
+/// per-lane test (with a run-time count, the Q4_0 kernel measured slower than AVX2's). Each row's blocks go one per 128-bit lane, low
 /// nibbles (values 0..16) against `x_lo`, high ones against `x_hi`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_0_sums(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize, n: usize) -> [__m256i; 4] {
+unsafe fn q4_0_sums<const N: usize>(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize) -> [__m256i; 4] {
     let xq = x.qs.as_ptr().add(32 * ib);
-    let (x0, x1) = if n == 4 {
+    let n = N;
+    let (x0, x1) = if N == 4 {
         (_mm512_loadu_si512(xq as *const _), _mm512_loadu_si512(xq.add(64) as *const _))
     } else {
         // Masked-off bytes are neither read nor able to fault: the row may end at block ib + n.
@@ -86,7 +88,10 @@ unsafe fn q4_0_sums(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize,
     let x_hi = _mm512_shuffle_i64x2::<0b11_01_11_01>(x0, x1);
     let m4 = _mm512_set1_epi8(0x0F);
     let bb = block_bytes(Q4_0);
-    let v: [__m512i; 8] = std::array::from_fn(|r| {
+    // Loops, not `array::from_fn`: its closure was compiled out of line, with the vectors
+    // passed through memory (the Q4_0 kernel at half the AVX2 one's speed).
+    let mut v = [_mm512_setzero_si512(); 8];
+    for (r, v) in v.iter_mut().enumerate() {
         let lane = |j: usize| {
             if j < n {
                 _mm_loadu_si128(rows[r].add(at + j * bb + 2) as *const __m128i)
@@ -99,8 +104,8 @@ unsafe fn q4_0_sums(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize,
         let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q01), q23);
         let lo = _mm512_and_si512(q, m4);
         let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo), hi, x_hi)
-    });
+        *v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo), hi, x_hi);
+    }
     let [b01, b23] = fold_rows_by_lane(&v);
     [low_half(b01), high_half(b01), low_half(b23), high_half(b23)]
 }
@@ -114,12 +119,13 @@ unsafe fn q8_0_sums2(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize
     let xq = _mm512_loadu_si512(x.qs.as_ptr().add(32 * ib) as *const _);
     let flip = _mm512_set1_epi8(-128);
     let bb = block_bytes(Q8_0);
-    let v: [__m512i; 8] = std::array::from_fn(|r| {
+    let mut v = [_mm512_setzero_si512(); 8];
+    for (r, v) in v.iter_mut().enumerate() {
         let first = _mm256_loadu_si256(rows[r].add(at + 2) as *const __m256i);
         let second = _mm256_loadu_si256(rows[r].add(at + bb + 2) as *const __m256i);
         let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, flip), xq)
-    });
+        *v = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, flip), xq);
+    }
     // Lane k of the fold holds half of block k / 2: add the two halves of each block.
     let [b01, b23] = fold_rows_by_lane(&v);
     let first = _mm256_add_epi32(low_half(b01), high_half(b01));
@@ -134,11 +140,12 @@ unsafe fn q8_0_sums2(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize
 unsafe fn q8_0_sums1(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize) -> __m256i {
     let xq = _mm512_zextsi256_si512(_mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i));
     let flip = _mm512_set1_epi8(-128);
-    let v: [__m512i; 8] = std::array::from_fn(|r| {
+    let mut v = [_mm512_setzero_si512(); 8];
+    for (r, v) in v.iter_mut().enumerate() {
         let w = _mm512_castsi256_si512(_mm256_loadu_si256(rows[r].add(at + 2) as *const __m256i));
         // The upper half of `xq` is zero, so whatever the upper half of `w` holds adds nothing.
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, flip), xq)
-    });
+        *v = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, flip), xq);
+    }
     let [b01, _] = fold_rows_by_lane(&v);
     let s = _mm256_add_epi32(low_half(b01), high_half(b01));
     _mm256_sub_epi32(s, _mm256_set1_epi32(128 * *x.sums.get_unchecked(ib) as i32))
@@ -163,7 +170,12 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
             let n = (nb - ib).min(4);
             let at = ib * bb;
             prefetch_next_rows(rows, row_bytes, at, n * bb);
-            let sums = q4_0_sums(rows, at, &x, ib, n);
+            let sums = match n {
+                4 => q4_0_sums::<4>(rows, at, &x, ib),
+                3 => q4_0_sums::<3>(rows, at, &x, ib),
+                2 => q4_0_sums::<2>(rows, at, &x, ib),
+                _ => q4_0_sums::<1>(rows, at, &x, ib),
+            };
             for (j, &s) in sums.iter().enumerate().take(n) {
                 add_block::<T>(s, rows, at + j * bb, &x, ib + j, &mut acc, &mut acc_m);
             }
@@ -337,11 +349,16 @@ pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: u
             // The eight 32-value group sums of the activations (pairs of the 16 Q8_K sums).
             let b = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
             let groups = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-            let sm: [__m256i; 8] = std::array::from_fn(|r| scales_mins_k4(rows[r].add(at + 4)));
-            let p: [__m512i; 4] = std::array::from_fn(|k| {
-                q4_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, sm[2 * k], sm[2 * k + 1])
-            });
-            let m: [__m128i; 8] = std::array::from_fn(|r| _mm_madd_epi16(_mm256_extracti128_si256(sm[r], 1), groups));
+            let mut sm = [_mm256_setzero_si256(); 8];
+            let mut m = [_mm_setzero_si128(); 8];
+            for r in 0..8 {
+                sm[r] = scales_mins_k4(rows[r].add(at + 4));
+                m[r] = _mm_madd_epi16(_mm256_extracti128_si256(sm[r], 1), groups);
+            }
+            let mut p = [_mm512_setzero_si512(); 4];
+            for (k, p) in p.iter_mut().enumerate() {
+                *p = q4_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, sm[2 * k], sm[2 * k + 1]);
+            }
             let s = fold_row_pairs(&p);
             let mins = _mm256_set_m128i(fold4x128(&[m[4], m[5], m[6], m[7]]), fold4x128(&[m[0], m[1], m[2], m[3]]));
             let (dw, dmin) = f16_pairs8(rows, at);
@@ -349,8 +366,10 @@ pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: u
             acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, dx), acc_m);
         } else {
             let bsums = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
-            let p: [__m512i; 4] =
-                std::array::from_fn(|k| q6_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums));
+            let mut p = [_mm512_setzero_si512(); 4];
+            for (k, p) in p.iter_mut().enumerate() {
+                *p = q6_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums);
+            }
             let dw = f16_firsts8(rows, at + 208);
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_pairs(&p)), _mm256_mul_ps(dw, dx), acc);
         }
