@@ -35,7 +35,7 @@ pub(in crate::quant) const TILE_ROWS: usize = 4;
 /// The f16 at `p` as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     let h = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
@@ -45,7 +45,7 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 /// eight lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn halves<const T: u8>(b: *const u8) -> [__m256i; 2] {
+pub(super) unsafe fn halves<const T: u8>(b: *const u8) -> [__m256i; 2] {
     let nibbles = |p: *const u8| {
         let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
         let m4 = _mm256_set1_epi8(0x0F);

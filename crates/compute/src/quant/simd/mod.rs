@@ -19,6 +19,8 @@ mod avx2_lanes;
 mod avx2_tiles;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_lanes;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -196,17 +198,23 @@ impl Tiles {
     pub(crate) fn new(dtype: GgmlType, kernel: Kernel) -> Option<Tiles> {
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx512 && kernel.is_available() {
-            // Q4_0, Q8_0, Q4_K and Q6_K decode on AVX-512; their prefill tiles and the other
-            // types are AVX2's (same bits: see `avx512`).
+            // Decode of Q4_0, Q8_0, Q4_K and Q6_K and two-octet prefill tiles of those and
+            // Q4_1, Q5_0 on AVX-512; the rest (Q4_1/Q5_0 decode, the one-octet tiles) AVX2's,
+            // with the same bits (see `avx512`).
+            use avx2_tiles as t;
+            use avx512_lanes as l;
             let avx2 = Tiles::new(dtype, Kernel::Avx2)?;
-            let rows8: RowsKernel = match dtype {
-                GgmlType::Q4_0 => avx512::rows8::<{ avx2_tiles::Q4_0 }>,
-                GgmlType::Q8_0 => avx512::rows8::<{ avx2_tiles::Q8_0 }>,
-                GgmlType::Q4_K => avx512::rows8_k::<{ avx512::Q4_K }>,
-                GgmlType::Q6_K => avx512::rows8_k::<{ avx512::Q6_K }>,
-                _ => avx2.rows8,
+            let TileKernel(_, one) = avx2.tile;
+            let (rows8, two): (RowsKernel, OctetTileKernel<2>) = match dtype {
+                GgmlType::Q4_0 => (avx512::rows8::<{ t::Q4_0 }>, l::tile::<{ t::Q4_0 }>),
+                GgmlType::Q4_1 => (avx2.rows8, l::tile::<{ t::Q4_1 }>),
+                GgmlType::Q5_0 => (avx2.rows8, l::tile::<{ t::Q5_0 }>),
+                GgmlType::Q8_0 => (avx512::rows8::<{ t::Q8_0 }>, l::tile_q8_0),
+                GgmlType::Q4_K => (avx512::rows8_k::<{ avx512::Q4_K }>, l::tile_q4_k),
+                GgmlType::Q6_K => (avx512::rows8_k::<{ avx512::Q6_K }>, l::tile_q6_k),
+                _ => return Some(avx2),
             };
-            return Some(Tiles { rows8, ..avx2 });
+            return Some(Tiles { rows8, tile: TileKernel(two, one) });
         }
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx2 && kernel.is_available() {

@@ -1,0 +1,329 @@
+//! AVX-512 prefill tiles: four weight rows by sixteen tokens (two [`TokenOctet`]s), one token
+//! per 32-bit lane of a 512-bit register, for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
+//!
+//! The layout is `avx2_lanes`'s (four consecutive values of one row broadcast to every lane,
+//! against four values of each token), with the two octets side by side in one register and
+//! `vpdpbusd` doing the `maddubs`, the i16 adds and the `madd` of the AVX2 tile in one
+//! instruction: unsigned levels (Q8_0: `w + 128`, `128 * sum(x)` taken off) times signed
+//! activations, four products into each token's i32 lane. The k-quants' sub-block scales
+//! multiply the exact sub-block sums in i32 (`vpmulld`); mins and the Q6_K offset are
+//! `vpdpwssd` of the activation sums with the scale.
+//!
+//! Bits: the integers are the exact block (super-block) sums of `avx2_lanes`, and the floats
+//! are its operations on each octet's eight lanes in the same order, so every output equals
+//! the AVX2 tile's and the decode kernels' bit for bit. The last odd octet of a prefill uses
+//! the AVX2 one-octet tile.
+
+use std::arch::x86_64::*;
+
+use super::super::qdot::TokenOctet;
+use super::avx2_lanes::{f16_at, halves, TILE_ROWS};
+use super::avx2_tiles::{block_bytes, Q4_0, Q4_1, Q5_0, Q8_0};
+
+/// Values `4 g .. 4 g + 4` of a 16-value half (in every 128-bit lane) in every 32-bit lane.
+macro_rules! group {
+    ($half:expr, $g:literal) => {
+        _mm512_shuffle_epi32::<{ $g * 0x55 }>($half)
+    };
+}
+
+/// The 32 bytes at `a` and at `b` (octet 0's and octet 1's) as one register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn join_at(a: *const u8, b: *const u8) -> __m512i {
+    let lo = _mm256_loadu_si256(a as *const __m256i);
+    let hi = _mm256_loadu_si256(b as *const __m256i);
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// `acc[o] = fma(float(s[o]), d_w * dx[o], acc[o])` for both octets (the AVX2 tile's floats).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn add_scaled(acc: &mut [__m256; 2], s: __m512i, dw: __m256, dx: &[__m256; 2]) {
+    let halves = [_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)];
+    for o in 0..2 {
+        acc[o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves[o]), _mm256_mul_ps(dw, dx[o]), acc[o]);
+    }
+}
+
+/// A Q4_0, Q4_1 or Q5_0 tile of four rows by two octets: `out[r][o][t]` is row `rows[r]` times
+/// token `t` of octet `xs[o]`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C must be available; every `rows[i]` must point at
+/// `nb` blocks of `T`; every octet must hold at least `nb` blocks (checked).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile<const T: u8>(
+    rows: &[*const u8; TILE_ROWS],
+    nb: usize,
+    xs: &[TokenOctet<'_>; 2],
+) -> [[[f32; 8]; 2]; TILE_ROWS] {
+    for x in xs {
+        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
+    }
+    let offset_shift = match T {
+        Q4_0 => 3,
+        Q5_0 => 4,
+        _ => 0,
+    };
+    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    let mut acc_m = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    for ib in 0..nb {
+        let (x0, x1) = (xs[0].qs.as_ptr().add(256 * ib) as *const u8, xs[1].qs.as_ptr().add(256 * ib) as *const u8);
+        let mut x = [_mm512_setzero_si512(); 8];
+        for (v, x) in x.iter_mut().enumerate() {
+            *x = join_at(x0.add(32 * v), x1.add(32 * v));
+        }
+        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
+        let sums = [
+            _mm256_loadu_si256(xs[0].sums.as_ptr().add(8 * ib) as *const __m256i),
+            _mm256_loadu_si256(xs[1].sums.as_ptr().add(8 * ib) as *const __m256i),
+        ];
+        let sums512 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(sums[0]), sums[1]);
+        let at = ib * block_bytes(T);
+        for r in 0..TILE_ROWS {
+            let b = rows[r].add(at);
+            let [h0, h1] = halves::<T>(b);
+            let (h0, h1) = (_mm512_broadcast_i64x4(h0), _mm512_broadcast_i64x4(h1));
+            let mut s = _mm512_setzero_si512();
+            s = _mm512_dpbusd_epi32(s, group!(h0, 0), x[0]);
+            s = _mm512_dpbusd_epi32(s, group!(h0, 1), x[1]);
+            s = _mm512_dpbusd_epi32(s, group!(h0, 2), x[2]);
+            s = _mm512_dpbusd_epi32(s, group!(h0, 3), x[3]);
+            s = _mm512_dpbusd_epi32(s, group!(h1, 0), x[4]);
+            s = _mm512_dpbusd_epi32(s, group!(h1, 1), x[5]);
+            s = _mm512_dpbusd_epi32(s, group!(h1, 2), x[6]);
+            s = _mm512_dpbusd_epi32(s, group!(h1, 3), x[7]);
+            if offset_shift != 0 {
+                // The level offset (8 or 16) times each token's block sum.
+                s = _mm512_sub_epi32(s, _mm512_sll_epi32(sums512, _mm_cvtsi32_si128(offset_shift)));
+            }
+            add_scaled(&mut acc[r], s, _mm256_set1_ps(f16_at(b)), &dx);
+            if T == Q4_1 {
+                let mw = _mm256_set1_ps(f16_at(b.add(2)));
+                for o in 0..2 {
+                    acc_m[r][o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o]), _mm256_mul_ps(mw, dx[o]), acc_m[r][o]);
+                }
+            }
+        }
+    }
+    let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
+    for r in 0..TILE_ROWS {
+        for o in 0..2 {
+            let v = if T == Q4_1 { _mm256_add_ps(acc[r][o], acc_m[r][o]) } else { acc[r][o] };
+            _mm256_storeu_ps(out[r][o].as_mut_ptr(), v);
+        }
+    }
+    out
+}
+
+/// A Q8_0 tile of four rows by two octets: weights made unsigned (`w + 128`), the
+/// `128 * sum(x)` taken off each token's exact block sum.
+///
+/// # Safety
+/// As [`tile`], for Q8_0 rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile_q8_0(
+    rows: &[*const u8; TILE_ROWS],
+    nb: usize,
+    xs: &[TokenOctet<'_>; 2],
+) -> [[[f32; 8]; 2]; TILE_ROWS] {
+    for x in xs {
+        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
+    }
+    let flip = _mm512_set1_epi8(-128);
+    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    for ib in 0..nb {
+        let (x0, x1) = (xs[0].qs.as_ptr().add(256 * ib) as *const u8, xs[1].qs.as_ptr().add(256 * ib) as *const u8);
+        let mut x = [_mm512_setzero_si512(); 8];
+        for (v, x) in x.iter_mut().enumerate() {
+            *x = join_at(x0.add(32 * v), x1.add(32 * v));
+        }
+        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
+        let sums512 =
+            join_at(xs[0].sums.as_ptr().add(8 * ib) as *const u8, xs[1].sums.as_ptr().add(8 * ib) as *const u8);
+        let offset = _mm512_slli_epi32::<7>(sums512);
+        let at = ib * block_bytes(Q8_0);
+        for r in 0..TILE_ROWS {
+            let b = rows[r].add(at);
+            let mut s = _mm512_sub_epi32(_mm512_setzero_si512(), offset);
+            for (g, x) in x.iter().enumerate() {
+                let w = _mm512_set1_epi32((b.add(2 + 4 * g) as *const i32).read_unaligned());
+                s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(w, flip), *x);
+            }
+            add_scaled(&mut acc[r], s, _mm256_set1_ps(f16_at(b)), &dx);
+        }
+    }
+    let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
+    for r in 0..TILE_ROWS {
+        for o in 0..2 {
+            _mm256_storeu_ps(out[r][o].as_mut_ptr(), acc[r][o]);
+        }
+    }
+    out
+}
+
+/// A Q4_K tile of four rows by two octets (Q8_K activations): per 32-value sub-block the
+/// eight `vpdpbusd` give each token's exact sum, times the sub-block scale in i32; the min term
+/// is a `vpdpwssd` of the token's pair of 16-value sums with the min. Same integers `s` and `m`
+/// as `avx2_lanes::tile_q4_k`, same floats.
+///
+/// # Safety
+/// As [`tile`], for Q4_K rows and Q8_K octets.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile_q4_k(
+    rows: &[*const u8; TILE_ROWS],
+    nb: usize,
+    xs: &[TokenOctet<'_>; 2],
+) -> [[[f32; 8]; 2]; TILE_ROWS] {
+    for x in xs {
+        assert!(
+            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
+            "activation octet too short"
+        );
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    let mut acc_m = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    for ib in 0..nb {
+        let (x0, x1) = (xs[0].qs.as_ptr().add(2048 * ib) as *const u8, xs[1].qs.as_ptr().add(2048 * ib) as *const u8);
+        let (b0, b1) =
+            (xs[0].bsums.as_ptr().add(128 * ib) as *const u8, xs[1].bsums.as_ptr().add(128 * ib) as *const u8);
+        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
+        for r in 0..TILE_ROWS {
+            let b = rows[r].add(144 * ib);
+            let mut scales_mins = [0i16; 16];
+            _mm256_storeu_si256(scales_mins.as_mut_ptr() as *mut __m256i, super::avx2::scales_mins_k4(b.add(4)));
+            let mut s = _mm512_setzero_si512();
+            let mut m = _mm512_setzero_si512();
+            for c in 0..4 {
+                let q = [
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(b.add(16 + 32 * c) as *const __m128i)),
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(b.add(32 + 32 * c) as *const __m128i)),
+                ];
+                for i in 0..2 {
+                    // Sub-block 2c is the low nibbles of the chunk's 32 bytes, 2c + 1 the high ones.
+                    let (h0, h1) = if i == 0 {
+                        (_mm512_and_si512(q[0], m4), _mm512_and_si512(q[1], m4))
+                    } else {
+                        (
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(q[0]), m4),
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(q[1]), m4),
+                        )
+                    };
+                    let j = 2 * c + i;
+                    let xv = |g: usize| join_at(x0.add(32 * (8 * j + g)), x1.add(32 * (8 * j + g)));
+                    let mut sj = _mm512_setzero_si512();
+                    sj = _mm512_dpbusd_epi32(sj, group!(h0, 0), xv(0));
+                    sj = _mm512_dpbusd_epi32(sj, group!(h0, 1), xv(1));
+                    sj = _mm512_dpbusd_epi32(sj, group!(h0, 2), xv(2));
+                    sj = _mm512_dpbusd_epi32(sj, group!(h0, 3), xv(3));
+                    sj = _mm512_dpbusd_epi32(sj, group!(h1, 0), xv(4));
+                    sj = _mm512_dpbusd_epi32(sj, group!(h1, 1), xv(5));
+                    sj = _mm512_dpbusd_epi32(sj, group!(h1, 2), xv(6));
+                    sj = _mm512_dpbusd_epi32(sj, group!(h1, 3), xv(7));
+                    s = _mm512_add_epi32(s, _mm512_mullo_epi32(sj, _mm512_set1_epi32(scales_mins[j] as i32)));
+                    let pair = join_at(b0.add(32 * j), b1.add(32 * j));
+                    m = _mm512_dpwssd_epi32(m, pair, _mm512_set1_epi16(scales_mins[8 + j]));
+                }
+            }
+            let (dw, dmin) = (_mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b.add(2))));
+            add_scaled(&mut acc[r], s, dw, &dx);
+            add_scaled(&mut acc_m[r], m, dmin, &dx);
+        }
+    }
+    let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
+    for r in 0..TILE_ROWS {
+        for o in 0..2 {
+            _mm256_storeu_ps(out[r][o].as_mut_ptr(), _mm256_sub_ps(acc[r][o], acc_m[r][o]));
+        }
+    }
+    out
+}
+
+/// A Q6_K tile of four rows by two octets (Q8_K activations): levels unsigned (0..64), per
+/// 16-value sub-block four `vpdpbusd` and a product with the scale in i32, `32 * sum(scale *
+/// bsum)` off the start (`vpdpwssd`). Same integers as `avx2_lanes::tile_q6_k`, same floats.
+///
+/// # Safety
+/// As [`tile`], for Q6_K rows and Q8_K octets.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile_q6_k(
+    rows: &[*const u8; TILE_ROWS],
+    nb: usize,
+    xs: &[TokenOctet<'_>; 2],
+) -> [[[f32; 8]; 2]; TILE_ROWS] {
+    for x in xs {
+        assert!(
+            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
+            "activation octet too short"
+        );
+    }
+    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    for ib in 0..nb {
+        let (x0, x1) = (xs[0].qs.as_ptr().add(2048 * ib) as *const u8, xs[1].qs.as_ptr().add(2048 * ib) as *const u8);
+        let (b0, b1) =
+            (xs[0].bsums.as_ptr().add(128 * ib) as *const u8, xs[1].bsums.as_ptr().add(128 * ib) as *const u8);
+        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
+        for r in 0..TILE_ROWS {
+            let b = rows[r].add(210 * ib);
+            let scales = b.add(192) as *const i8;
+            // |scale| <= 128, |bsum| <= 16 * 127: the sum over 16 sub-blocks and times 32 fit i32.
+            let mut offset = _mm512_setzero_si512();
+            for p in 0..8 {
+                let (lo, hi) = (*scales.add(2 * p) as i16 as u16 as u32, *scales.add(2 * p + 1) as i16 as u16 as u32);
+                let pair = _mm512_set1_epi32((lo | hi << 16) as i32);
+                offset = _mm512_dpwssd_epi32(offset, join_at(b0.add(32 * p), b1.add(32 * p)), pair);
+            }
+            let mut s = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<5>(offset));
+            for half in 0..2 {
+                let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+                // Values 32 gi .. 32 gi + 32 of this half, in order (as the AVX2 tile).
+                let levels = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3))),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3)),
+                    ),
+                ];
+                for (gi, lv) in levels.into_iter().enumerate() {
+                    for hh in 0..2 {
+                        let h = if hh == 0 {
+                            _mm512_broadcast_i32x4(_mm256_castsi256_si128(lv))
+                        } else {
+                            _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(lv))
+                        };
+                        let v0 = 32 * half + 8 * gi + 4 * hh;
+                        let xv = |g: usize| join_at(x0.add(32 * (v0 + g)), x1.add(32 * (v0 + g)));
+                        let mut sj = _mm512_setzero_si512();
+                        sj = _mm512_dpbusd_epi32(sj, group!(h, 0), xv(0));
+                        sj = _mm512_dpbusd_epi32(sj, group!(h, 1), xv(1));
+                        sj = _mm512_dpbusd_epi32(sj, group!(h, 2), xv(2));
+                        sj = _mm512_dpbusd_epi32(sj, group!(h, 3), xv(3));
+                        let scale = *scales.add(8 * half + 2 * gi + hh) as i32;
+                        s = _mm512_add_epi32(s, _mm512_mullo_epi32(sj, _mm512_set1_epi32(scale)));
+                    }
+                }
+            }
+            add_scaled(&mut acc[r], s, _mm256_set1_ps(f16_at(b.add(208))), &dx);
+        }
+    }
+    let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
+    for r in 0..TILE_ROWS {
+        for o in 0..2 {
+            _mm256_storeu_ps(out[r][o].as_mut_ptr(), acc[r][o]);
+        }
+    }
+    out
+}
