@@ -1,11 +1,12 @@
 //! AVX-512 (F, BW, VL, VNNI) decode kernels: eight weight rows against one token for Q4_0,
-//! Q8_0, Q4_K and Q6_K, the types of the common Q4_0 / Q8_0 / Q4_K_M files.
+//! Q4_1, Q8_0, Q4_K and Q6_K, the types of the common Q4_0 / Q4_1 / Q8_0 / Q4_K_M files.
 //!
 //! The integer work uses 512-bit registers and the VNNI dot products: `vpdpbusd` (unsigned
 //! bytes times signed bytes, four products added into an i32 lane, no saturation) for the
 //! 32-value types, `vpdpwssd` (the `madd` + `add` of the AVX2 k-quant kernels in one) for
 //! Q4_K and Q6_K. `vpdpbusd` wants one unsigned operand: Q4_0 nibbles are unsigned already
-//! (the `8 * sum(x)` offset comes off the exact block sum, as in AVX2), and Q8_0 weights are
+//! (the `8 * sum(x)` offset comes off the exact block sum, as in AVX2; Q4_1's min term is
+//! AVX2's), and Q8_0 weights are
 //! made unsigned by flipping their sign bit (`w + 128`), with `128 * sum(x)` taken off the
 //! same way (AVX-512 has no `vpsignb` for the AVX2 `|w|`, `sign(x, w)` trick).
 //!
@@ -19,7 +20,7 @@ use std::arch::x86_64::*;
 
 use super::super::qdot::ActRow;
 use super::avx2::{broadcast_i16_index, pair_broadcast_index, scales_mins_k4};
-use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, f16_pairs8, prefetch_next_rows, Q4_0, Q8_0};
+use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, f16_pairs8, prefetch_next_rows, Q4_0, Q4_1, Q8_0};
 
 /// True when the CPU has everything these kernels (and the AVX2 ones they fall back to) use.
 pub(in crate::quant) fn detected() -> bool {
@@ -59,14 +60,19 @@ unsafe fn high_half(v: __m512i) -> __m256i {
     _mm512_extracti64x4_epi64::<1>(v)
 }
 
-/// `sum(u * x)` (u the unsigned nibble levels) of eight Q4_0 rows with `N` (1..=4) consecutive
-/// blocks at byte `at`, against the activations of blocks `ib..ib + N`: one vector of eight row
-/// sums per block (those past `N` are zero). `N` is a constant so that the full steps carry no
-/// per-lane test (with a run-time count, the Q4_0 kernel measured slower than AVX2's). Each row's blocks go one per 128-bit lane, low
-/// nibbles (values 0..16) against `x_lo`, high ones against `x_hi`.
+/// `sum(u * x)` (u the unsigned nibble levels) of eight Q4_0 or Q4_1 rows with `N` (1..=4)
+/// consecutive blocks at byte `at`, against the activations of blocks `ib..ib + N`: one vector
+/// of eight row sums per block (those past `N` are zero). `N` is a constant so that the full
+/// steps carry no per-lane test. Each row's blocks go one per 128-bit lane, low nibbles (values
+/// 0..16) against `x_lo`, high ones against `x_hi`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_0_sums<const N: usize>(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize) -> [__m256i; 4] {
+unsafe fn nibble_sums<const T: u8, const N: usize>(
+    rows: &[*const u8; 8],
+    at: usize,
+    x: &ActRow<'_>,
+    ib: usize,
+) -> [__m256i; 4] {
     let xq = x.qs.as_ptr().add(32 * ib);
     let n = N;
     let (x0, x1) = if N == 4 {
@@ -87,14 +93,15 @@ unsafe fn q4_0_sums<const N: usize>(rows: &[*const u8; 8], at: usize, x: &ActRow
     let x_lo = _mm512_shuffle_i64x2::<0b10_00_10_00>(x0, x1);
     let x_hi = _mm512_shuffle_i64x2::<0b11_01_11_01>(x0, x1);
     let m4 = _mm512_set1_epi8(0x0F);
-    let bb = block_bytes(Q4_0);
+    let bb = block_bytes(T);
+    let quants = if T == Q4_1 { 4 } else { 2 };
     // Loops, not `array::from_fn`: its closure was compiled out of line, with the vectors
     // passed through memory (the Q4_0 kernel at half the AVX2 one's speed).
     let mut v = [_mm512_setzero_si512(); 8];
     for (r, v) in v.iter_mut().enumerate() {
         let lane = |j: usize| {
             if j < n {
-                _mm_loadu_si128(rows[r].add(at + j * bb + 2) as *const __m128i)
+                _mm_loadu_si128(rows[r].add(at + j * bb + quants) as *const __m128i)
             } else {
                 _mm_setzero_si128()
             }
@@ -151,30 +158,30 @@ unsafe fn q8_0_sums1(rows: &[*const u8; 8], at: usize, x: &ActRow<'_>, ib: usize
     _mm256_sub_epi32(s, _mm256_set1_epi32(128 * *x.sums.get_unchecked(ib) as i32))
 }
 
-/// Dot products of eight Q4_0 or Q8_0 rows (`rows[i]`, `nb` blocks each) with one Q8_0 row.
+/// Dot products of eight Q4_0, Q4_1 or Q8_0 rows (`rows[i]`, `nb` blocks each) with one Q8_0 row.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C must be available ([`detected`]); every `rows[i]`
 /// must point at `nb` blocks of `T`; `x` must hold at least `nb` blocks (checked).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
-    assert!(T == Q4_0 || T == Q8_0, "AVX-512 rows8 is for Q4_0 and Q8_0");
+    assert!(T == Q4_0 || T == Q4_1 || T == Q8_0, "AVX-512 rows8 is for Q4_0, Q4_1 and Q8_0");
     assert!(x.qs.len() >= nb * 32 && x.d.len() >= nb && x.sums.len() >= nb, "activation row too short");
     let bb = block_bytes(T);
     let row_bytes = nb * bb;
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm256_setzero_ps();
     let mut ib = 0;
-    if T == Q4_0 {
+    if T == Q4_0 || T == Q4_1 {
         while ib < nb {
             let n = (nb - ib).min(4);
             let at = ib * bb;
             prefetch_next_rows(rows, row_bytes, at, n * bb);
             let sums = match n {
-                4 => q4_0_sums::<4>(rows, at, &x, ib),
-                3 => q4_0_sums::<3>(rows, at, &x, ib),
-                2 => q4_0_sums::<2>(rows, at, &x, ib),
-                _ => q4_0_sums::<1>(rows, at, &x, ib),
+                4 => nibble_sums::<T, 4>(rows, at, &x, ib),
+                3 => nibble_sums::<T, 3>(rows, at, &x, ib),
+                2 => nibble_sums::<T, 2>(rows, at, &x, ib),
+                _ => nibble_sums::<T, 1>(rows, at, &x, ib),
             };
             for (j, &s) in sums.iter().enumerate().take(n) {
                 add_block::<T>(s, rows, at + j * bb, &x, ib + j, &mut acc, &mut acc_m);
@@ -196,6 +203,9 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
             prefetch_next_rows(rows, row_bytes, at, bb);
             add_block::<T>(q8_0_sums1(rows, at, &x, ib), rows, at, &x, ib, &mut acc, &mut acc_m);
         }
+    }
+    if T == Q4_1 {
+        acc = _mm256_add_ps(acc, acc_m);
     }
     let mut out = [0.0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);

@@ -1,8 +1,8 @@
 //! Vectorised quantized-activation dot products, picked at run time.
 //!
 //! One binary runs everywhere: on x86-64 the AVX-512 kernels when the CPU reports AVX-512
-//! F/BW/VL/VNNI besides AVX2 (they cover decode of Q4_0, Q8_0, Q4_K and Q6_K and use the AVX2
-//! ones for everything else), the AVX2 kernels when it reports AVX2, FMA and F16C
+//! F/BW/VL/VNNI besides AVX2 (they cover decode and prefill tiles of Q4_0, Q4_1, Q8_0, Q4_K and
+//! Q6_K, prefill of Q5_0, and use the AVX2 kernels for everything else), the AVX2 kernels when it reports AVX2, FMA and F16C
 //! (`is_x86_feature_detected!`); `DISKFORMER_CPU_KERNEL=portable|avx2|avx512` picks a lower
 //! one for comparisons. On aarch64 the NEON kernels (NEON is baseline
 //! there), otherwise the portable integer loops of `qdot`. Every kernel computes the same
@@ -40,7 +40,8 @@ pub enum Kernel {
     /// aarch64 NEON (with the dot-product extension when present).
     Neon,
     /// x86-64 AVX-512 F/BW/VL/VNNI (plus everything `Avx2` needs): its own decode kernels for
-    /// Q4_0, Q8_0, Q4_K and Q6_K, the AVX2 ones otherwise, with the same bits.
+    /// Q4_0, Q4_1, Q8_0, Q4_K and Q6_K and prefill tiles for those and Q5_0, the AVX2 ones
+    /// otherwise, with the same bits.
     Avx512,
 }
 
@@ -198,16 +199,16 @@ impl Tiles {
     pub(crate) fn new(dtype: GgmlType, kernel: Kernel) -> Option<Tiles> {
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx512 && kernel.is_available() {
-            // Decode of Q4_0, Q8_0, Q4_K and Q6_K and two-octet prefill tiles of those and
-            // Q4_1, Q5_0 on AVX-512; the rest (Q4_1/Q5_0 decode, the one-octet tiles) AVX2's,
-            // with the same bits (see `avx512`).
+            // Decode of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K and two-octet prefill tiles of those
+            // and Q5_0 on AVX-512; the rest (Q5_0 decode, the one-octet tiles) AVX2's, with the
+            // same bits (see `avx512`).
             use avx2_tiles as t;
             use avx512_lanes as l;
             let avx2 = Tiles::new(dtype, Kernel::Avx2)?;
             let TileKernel(_, one) = avx2.tile;
             let (rows8, two): (RowsKernel, OctetTileKernel<2>) = match dtype {
                 GgmlType::Q4_0 => (avx512::rows8::<{ t::Q4_0 }>, l::tile::<{ t::Q4_0 }>),
-                GgmlType::Q4_1 => (avx2.rows8, l::tile::<{ t::Q4_1 }>),
+                GgmlType::Q4_1 => (avx512::rows8::<{ t::Q4_1 }>, l::tile::<{ t::Q4_1 }>),
                 GgmlType::Q5_0 => (avx2.rows8, l::tile::<{ t::Q5_0 }>),
                 GgmlType::Q8_0 => (avx512::rows8::<{ t::Q8_0 }>, l::tile_q8_0),
                 GgmlType::Q4_K => (avx512::rows8_k::<{ avx512::Q4_K }>, l::tile_q4_k),
