@@ -25,7 +25,8 @@
 #                           tier); a size: through the pager's RAM cache of that size
 #   P [512]  N [128]  REPS [2]  THREADS [0: every core]
 #   MODELS_DIR [/tmp/diskformer-paged]   where the model is written (needs ~18 GB for the default)
-#   PEER [1]  PEER_BIN [$BIN]  LB_FLAGS [-ngl 99 -ot exps=CPU]
+#   PEER [1]  PEER_BIN [$BIN, else bench/gpu.sh's CUDA build in $WORK/peer/build-cuda/bin]
+#   LB_FLAGS [-ngl 99 -ot exps=CPU]
 #   OUT [$OUT or /tmp]      raw results: paged-<date>.jsonl and the --stats tables
 #   RESIDENT [0]            1: also every expert on the GPU (`--device gpu`, no budget): the tier's
 #                           ceiling on a GPU that holds the model (routing ids never leave the GPU)
@@ -63,7 +64,13 @@ REPS=${REPS:-2}
 THREADS=${THREADS:-0}
 MODELS_DIR=${MODELS_DIR:-/tmp/diskformer-paged}
 PEER=${PEER:-1}
-PEER_BIN=${PEER_BIN:-$BIN}
+# The peer: llama-bench in PEER_BIN, else beside diskformer, else the CUDA build bench/gpu.sh made
+# in this machine's run (its WORK folder).
+if [ -z "${PEER_BIN:-}" ]; then
+  PEER_BIN=$BIN
+  gpu_sh_cuda=${WORK:-/tmp/gpu-bench-work}/peer/build-cuda/bin
+  [ ! -x "$PEER_BIN/llama-bench" ] && [ -x "$gpu_sh_cuda/llama-bench" ] && PEER_BIN=$gpu_sh_cuda
+fi
 LB_FLAGS=${LB_FLAGS:--ngl 99 -ot exps=CPU}
 RESIDENT=${RESIDENT:-0}
 out_dir=${OUT:-/tmp}
@@ -149,7 +156,7 @@ if [ "$RESIDENT" = 1 ]; then
 fi
 lb_json="[]"
 LB="$PEER_BIN/llama-bench"
-if [ "$PEER" = 1 ] && [ -x "$LB" ]; then
+if [ "$PEER" = 1 ] && [ -f "$LB" ] && [ -x "$LB" ]; then
   # shellcheck disable=SC2086 # LB_FLAGS is a list of flags
   lb_json=$(LD_LIBRARY_PATH="$PEER_BIN:${LD_LIBRARY_PATH:-}" "$LB" -m "$model" -p "$P" -n "$N" -r "$REPS" \
     $LB_FLAGS -o json 2>"$out_dir/paged-$stamp-llama-bench.err") || { tail -5 "$out_dir/paged-$stamp-llama-bench.err" >&2; lb_json="[]"; }
