@@ -36,14 +36,26 @@ unsafe fn join_at(a: *const u8, b: *const u8) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
-/// `acc[o] = fma(float(s[o]), d_w * dx[o], acc[o])` for both octets (the AVX2 tile's floats).
+/// `acc = fma(float(s), d_w * dx, acc)` in all sixteen lanes: per lane the AVX2 tile's float
+/// operations (done on both octets at once, in one register).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn add_scaled(acc: &mut [__m256; 2], s: __m512i, dw: __m256, dx: &[__m256; 2]) {
-    let halves = [_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)];
-    for o in 0..2 {
-        acc[o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves[o]), _mm256_mul_ps(dw, dx[o]), acc[o]);
-    }
+unsafe fn add_scaled(acc: &mut __m512, s: __m512i, dw: f32, dx: __m512) {
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dw), dx), *acc);
+}
+
+/// The two octets' activation scales of block `ib` as one register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn scales_dx(xs: &[TokenOctet<'_>; 2], ib: usize) -> __m512 {
+    _mm512_castsi512_ps(join_at(xs[0].d.as_ptr().add(8 * ib) as *const u8, xs[1].d.as_ptr().add(8 * ib) as *const u8))
+}
+
+/// Sixteen lanes to `out[0]` (octet 0) and `out[1]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn store16(out: &mut [[f32; 8]; 2], v: __m512) {
+    _mm512_storeu_ps(out.as_mut_ptr() as *mut f32, v);
 }
 
 /// A Q4_0, Q4_1 or Q5_0 tile of four rows by two octets: `out[r][o][t]` is row `rows[r]` times
@@ -66,26 +78,31 @@ pub(in crate::quant) unsafe fn tile<const T: u8>(
         Q5_0 => 4,
         _ => 0,
     };
-    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
-    let mut acc_m = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
+    let mut acc_m = [_mm512_setzero_ps(); TILE_ROWS];
+    let m4 = _mm512_set1_epi8(0x0F);
     for ib in 0..nb {
         let (x0, x1) = (xs[0].qs.as_ptr().add(256 * ib) as *const u8, xs[1].qs.as_ptr().add(256 * ib) as *const u8);
         let mut x = [_mm512_setzero_si512(); 8];
         for (v, x) in x.iter_mut().enumerate() {
             *x = join_at(x0.add(32 * v), x1.add(32 * v));
         }
-        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
-        let sums = [
-            _mm256_loadu_si256(xs[0].sums.as_ptr().add(8 * ib) as *const __m256i),
-            _mm256_loadu_si256(xs[1].sums.as_ptr().add(8 * ib) as *const __m256i),
-        ];
-        let sums512 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(sums[0]), sums[1]);
+        let dx = scales_dx(xs, ib);
+        let sums = join_at(xs[0].sums.as_ptr().add(8 * ib) as *const u8, xs[1].sums.as_ptr().add(8 * ib) as *const u8);
+        // The level offset (8 or 16) times each token's block sum, taken off at the start.
+        let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_sll_epi32(sums, _mm_cvtsi32_si128(offset_shift)));
         let at = ib * block_bytes(T);
         for r in 0..TILE_ROWS {
             let b = rows[r].add(at);
-            let [h0, h1] = halves::<T>(b);
-            let (h0, h1) = (_mm512_broadcast_i64x4(h0), _mm512_broadcast_i64x4(h1));
-            let mut s = _mm512_setzero_si512();
+            let (h0, h1) = if T == Q5_0 {
+                let [h0, h1] = halves::<T>(b);
+                (_mm512_broadcast_i64x4(h0), _mm512_broadcast_i64x4(h1))
+            } else {
+                // The 16 nibble bytes in every 128-bit lane (a broadcast load), then masked.
+                let q = _mm512_broadcast_i32x4(_mm_loadu_si128(b.add(if T == Q4_1 { 4 } else { 2 }) as *const __m128i));
+                (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4))
+            };
+            let mut s = if offset_shift != 0 { start } else { _mm512_setzero_si512() };
             s = _mm512_dpbusd_epi32(s, group!(h0, 0), x[0]);
             s = _mm512_dpbusd_epi32(s, group!(h0, 1), x[1]);
             s = _mm512_dpbusd_epi32(s, group!(h0, 2), x[2]);
@@ -94,25 +111,16 @@ pub(in crate::quant) unsafe fn tile<const T: u8>(
             s = _mm512_dpbusd_epi32(s, group!(h1, 1), x[5]);
             s = _mm512_dpbusd_epi32(s, group!(h1, 2), x[6]);
             s = _mm512_dpbusd_epi32(s, group!(h1, 3), x[7]);
-            if offset_shift != 0 {
-                // The level offset (8 or 16) times each token's block sum.
-                s = _mm512_sub_epi32(s, _mm512_sll_epi32(sums512, _mm_cvtsi32_si128(offset_shift)));
-            }
-            add_scaled(&mut acc[r], s, _mm256_set1_ps(f16_at(b)), &dx);
+            add_scaled(&mut acc[r], s, f16_at(b), dx);
             if T == Q4_1 {
-                let mw = _mm256_set1_ps(f16_at(b.add(2)));
-                for o in 0..2 {
-                    acc_m[r][o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[o]), _mm256_mul_ps(mw, dx[o]), acc_m[r][o]);
-                }
+                add_scaled(&mut acc_m[r], sums, f16_at(b.add(2)), dx);
             }
         }
     }
     let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
     for r in 0..TILE_ROWS {
-        for o in 0..2 {
-            let v = if T == Q4_1 { _mm256_add_ps(acc[r][o], acc_m[r][o]) } else { acc[r][o] };
-            _mm256_storeu_ps(out[r][o].as_mut_ptr(), v);
-        }
+        let v = if T == Q4_1 { _mm512_add_ps(acc[r], acc_m[r]) } else { acc[r] };
+        store16(&mut out[r], v);
     }
     out
 }
@@ -132,14 +140,14 @@ pub(in crate::quant) unsafe fn tile_q8_0(
         assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
     }
     let flip = _mm512_set1_epi8(-128);
-    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
     for ib in 0..nb {
         let (x0, x1) = (xs[0].qs.as_ptr().add(256 * ib) as *const u8, xs[1].qs.as_ptr().add(256 * ib) as *const u8);
         let mut x = [_mm512_setzero_si512(); 8];
         for (v, x) in x.iter_mut().enumerate() {
             *x = join_at(x0.add(32 * v), x1.add(32 * v));
         }
-        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
+        let dx = scales_dx(xs, ib);
         let sums512 =
             join_at(xs[0].sums.as_ptr().add(8 * ib) as *const u8, xs[1].sums.as_ptr().add(8 * ib) as *const u8);
         let offset = _mm512_slli_epi32::<7>(sums512);
@@ -151,14 +159,12 @@ pub(in crate::quant) unsafe fn tile_q8_0(
                 let w = _mm512_set1_epi32((b.add(2 + 4 * g) as *const i32).read_unaligned());
                 s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(w, flip), *x);
             }
-            add_scaled(&mut acc[r], s, _mm256_set1_ps(f16_at(b)), &dx);
+            add_scaled(&mut acc[r], s, f16_at(b), dx);
         }
     }
     let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
     for r in 0..TILE_ROWS {
-        for o in 0..2 {
-            _mm256_storeu_ps(out[r][o].as_mut_ptr(), acc[r][o]);
-        }
+        store16(&mut out[r], acc[r]);
     }
     out
 }
@@ -183,13 +189,13 @@ pub(in crate::quant) unsafe fn tile_q4_k(
         );
     }
     let m4 = _mm512_set1_epi8(0x0F);
-    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
-    let mut acc_m = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
+    let mut acc_m = [_mm512_setzero_ps(); TILE_ROWS];
     for ib in 0..nb {
         let (x0, x1) = (xs[0].qs.as_ptr().add(2048 * ib) as *const u8, xs[1].qs.as_ptr().add(2048 * ib) as *const u8);
         let (b0, b1) =
             (xs[0].bsums.as_ptr().add(128 * ib) as *const u8, xs[1].bsums.as_ptr().add(128 * ib) as *const u8);
-        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
+        let dx = scales_dx(xs, ib);
         for r in 0..TILE_ROWS {
             let b = rows[r].add(144 * ib);
             let mut scales_mins = [0i16; 16];
@@ -227,16 +233,13 @@ pub(in crate::quant) unsafe fn tile_q4_k(
                     m = _mm512_dpwssd_epi32(m, pair, _mm512_set1_epi16(scales_mins[8 + j]));
                 }
             }
-            let (dw, dmin) = (_mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b.add(2))));
-            add_scaled(&mut acc[r], s, dw, &dx);
-            add_scaled(&mut acc_m[r], m, dmin, &dx);
+            add_scaled(&mut acc[r], s, f16_at(b), dx);
+            add_scaled(&mut acc_m[r], m, f16_at(b.add(2)), dx);
         }
     }
     let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
     for r in 0..TILE_ROWS {
-        for o in 0..2 {
-            _mm256_storeu_ps(out[r][o].as_mut_ptr(), _mm256_sub_ps(acc[r][o], acc_m[r][o]));
-        }
+        store16(&mut out[r], _mm512_sub_ps(acc[r], acc_m[r]));
     }
     out
 }
@@ -260,12 +263,12 @@ pub(in crate::quant) unsafe fn tile_q6_k(
         );
     }
     let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-    let mut acc = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+    let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
     for ib in 0..nb {
         let (x0, x1) = (xs[0].qs.as_ptr().add(2048 * ib) as *const u8, xs[1].qs.as_ptr().add(2048 * ib) as *const u8);
         let (b0, b1) =
             (xs[0].bsums.as_ptr().add(128 * ib) as *const u8, xs[1].bsums.as_ptr().add(128 * ib) as *const u8);
-        let dx = [_mm256_loadu_ps(xs[0].d.as_ptr().add(8 * ib)), _mm256_loadu_ps(xs[1].d.as_ptr().add(8 * ib))];
+        let dx = scales_dx(xs, ib);
         for r in 0..TILE_ROWS {
             let b = rows[r].add(210 * ib);
             let scales = b.add(192) as *const i8;
@@ -316,14 +319,12 @@ pub(in crate::quant) unsafe fn tile_q6_k(
                     }
                 }
             }
-            add_scaled(&mut acc[r], s, _mm256_set1_ps(f16_at(b.add(208))), &dx);
+            add_scaled(&mut acc[r], s, f16_at(b.add(208)), dx);
         }
     }
     let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
     for r in 0..TILE_ROWS {
-        for o in 0..2 {
-            _mm256_storeu_ps(out[r][o].as_mut_ptr(), acc[r][o]);
-        }
+        store16(&mut out[r], acc[r]);
     }
     out
 }
