@@ -23,8 +23,11 @@ const GIB: u64 = 1 << 30;
 /// llama fixture (q4_0): 256 hidden, 2 layers, 4 heads of 64, 2 KV heads.
 const LLAMA_TENSOR_BYTES: u64 = 849_920;
 const LLAMA_PARAMS: u64 = 1_443_072;
+/// Its GPU copy: 15 Q4_0 matrices whose rows are whole 256-value groups (40960 blocks in the
+/// grouped layout, 18 bytes each as in the file), the Q6_K output (512 blocks of 210 bytes, 212
+/// with the trailing scale padded to 4 bytes) and 5 KiB of f32 norms.
 #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
-const LLAMA_GPU_BYTES: u64 = 932_864;
+const LLAMA_GPU_BYTES: u64 = 40_960 * 18 + 512 * 212 + 5 * 1024;
 const LLAMA_KV_PER_POS: u64 = 2 * 2 * (64 + 64) * 4;
 /// qwen3_moe fixture (q4_0): 128 hidden, 2 layers, 2 KV heads of 64, 8 experts, top-2.
 const MOE_PARAMS: u64 = 1_903_488;
