@@ -14,11 +14,16 @@
 //! the memory of a 1 B model.
 //!
 //! # Weights
-//! Matrices (and the embedding) are N(0, 1/fan_in) (standard deviation `1/sqrt(fan_in)`, fan_in
-//! the row length unless stated), so every projection keeps unit-RMS activations at unit RMS; norm
-//! gains are 1 + N(0, 0.02²); biases N(0, 0.02²); attention sinks N(0, 0.1²). A forward pass
-//! then yields logits of standard deviation about 1 and greedy decoding never meets a NaN.
-//! (Gemma 3 alone: embedding N(0, 1/n_embd²) and final gain sqrt(n_embd), see `embeddings`.)
+//! Matrices are N(0, 1/fan_in) (standard deviation `1/sqrt(fan_in)`, fan_in the row length
+//! unless stated), so every projection keeps unit-RMS activations at unit RMS. In models with an
+//! untied output, those that write into the residual stream (attention output, FFN, shared and
+//! expert down) are N(0, 1/(2 n_layer fan_in)) and the embedding N(0, 1) (unit RMS per token), so
+//! each token's own row stays a large part of every layer's input and the routers of a MoE see
+//! inputs that differ from token to token (`residual_out` says what happened without it); with a
+//! tied output the embedding is N(0, 1/n_embd) and every matrix follows the plain law;
+//! norm gains are 1 + N(0, 0.02²); biases N(0, 0.02²); attention sinks N(0, 0.1²). A forward pass then yields logits of standard
+//! deviation about 1 and greedy decoding never meets a NaN. (Gemma 3 alone: embedding N(0,
+//! 1/n_embd²) and final gain sqrt(n_embd), see `embeddings`.)
 //! Routers (`ffn_gate_inp.weight`) stay F32, as llama-quantize keeps them.
 //!
 //! # Direct blocks
@@ -950,6 +955,26 @@ impl PlanBuilder<'_> {
         self.matrix_fan(name, shape, shape[0]);
     }
 
+    /// A projection that writes into the residual stream (attention output, FFN and expert down):
+    /// N(0, 1/(2 n_layer fan_in)), so the 2 n_layer blocks together add about unit RMS to the
+    /// unit-RMS embedding and each token's own embedding stays a large part of every layer's
+    /// input. At the plain 1/fan_in, the near-uniform attention of random weights added an
+    /// average over the context that changes little from one token to the next and outweighed
+    /// the token; the routers then chose nearly the same experts every step (a 21% expert cache
+    /// hit 67-92% of the time instead of ~21%, seventh session).
+    /// Models with a tied output keep the plain law here and their small embedding (see
+    /// `embeddings`): their routing was not the problem, and greedy decoding of the random model
+    /// then still moves from token to token.
+    fn residual_out(&mut self, name: String, shape: &[usize]) {
+        let scale = if self.untied() { 2 * self.s.n_layer.max(1) } else { 1 };
+        self.matrix_fan(name, shape, shape[0] * scale);
+    }
+
+    /// Whether the output projection is its own matrix (`output.weight`), not the embedding.
+    fn untied(&self) -> bool {
+        !self.s.tied || self.s.arch == "gpt-oss"
+    }
+
     fn gain(&mut self, name: String, n: usize) {
         self.push(name, &[n], GgmlType::F32, Init::Normal { mean: 1.0, std: 0.02 });
     }
@@ -971,7 +996,7 @@ impl PlanBuilder<'_> {
         self.matrix(blk(il, "attn_q.weight"), &[s.n_embd, qw]);
         self.matrix(blk(il, "attn_k.weight"), &[s.n_embd, kvw]);
         self.matrix(blk(il, "attn_v.weight"), &[s.n_embd, kvw]);
-        self.matrix(blk(il, "attn_output.weight"), &[qw, s.n_embd]);
+        self.residual_out(blk(il, "attn_output.weight"), &[qw, s.n_embd]);
         if biases {
             self.bias(blk(il, "attn_q.bias"), &[qw], 0.02);
             self.bias(blk(il, "attn_k.bias"), &[kvw], 0.02);
@@ -984,7 +1009,7 @@ impl PlanBuilder<'_> {
         let n_embd = self.s.n_embd;
         self.matrix(blk(il, &format!("ffn_gate{suffix}.weight")), &[n_embd, n_ff]);
         self.matrix(blk(il, &format!("ffn_up{suffix}.weight")), &[n_embd, n_ff]);
-        self.matrix(blk(il, &format!("ffn_down{suffix}.weight")), &[n_ff, n_embd]);
+        self.residual_out(blk(il, &format!("ffn_down{suffix}.weight")), &[n_ff, n_embd]);
     }
 
     /// Router and stacked experts.
@@ -994,7 +1019,7 @@ impl PlanBuilder<'_> {
         self.router(il);
         self.matrix(blk(il, "ffn_gate_exps.weight"), &[n_embd, ff, ne]);
         self.matrix(blk(il, "ffn_up_exps.weight"), &[n_embd, ff, ne]);
-        self.matrix(blk(il, "ffn_down_exps.weight"), &[ff, n_embd, ne]);
+        self.residual_out(blk(il, "ffn_down_exps.weight"), &[ff, n_embd, ne]);
     }
 
     fn embeddings(&mut self, untied: bool) {
@@ -1016,7 +1041,15 @@ impl PlanBuilder<'_> {
                 Init::Normal { mean: gain, std: 0.02 * gain },
             );
         } else {
-            self.matrix(TOKEN_EMBD.to_string(), &[s.n_embd, s.n_vocab]);
+            // Untied: unit RMS per token (N(0, 1)), so the token is a large part of every layer's
+            // input (see `residual_out`). Tied, the output projection is this matrix, and a
+            // token whose row dominated the last hidden state would be its own argmax (greedy
+            // decoding would repeat it, as Gemma's note above says): N(0, 1/n_embd) there.
+            if untied {
+                self.matrix_fan(TOKEN_EMBD.to_string(), &[s.n_embd, s.n_vocab], 1);
+            } else {
+                self.matrix(TOKEN_EMBD.to_string(), &[s.n_embd, s.n_vocab]);
+            }
             self.gain(OUTPUT_NORM.to_string(), s.n_embd);
         }
         if untied {
@@ -1027,7 +1060,7 @@ impl PlanBuilder<'_> {
     fn build(mut self) -> Vec<SynthTensor> {
         let s = self.s;
         let arch = s.arch.as_str();
-        self.embeddings(!s.tied || arch == "gpt-oss");
+        self.embeddings(self.untied());
         for il in 0..s.n_layer {
             self.gain(blk(il, "attn_norm.weight"), s.n_embd);
             match arch {
@@ -1092,7 +1125,7 @@ impl PlanBuilder<'_> {
                         s.kv_lora_rank,
                     );
                     self.matrix(blk(il, "attn_v_b.weight"), &[s.kv_lora_rank, s.v_head_dim, s.n_head]);
-                    self.matrix(blk(il, "attn_output.weight"), &[s.n_head * s.v_head_dim, s.n_embd]);
+                    self.residual_out(blk(il, "attn_output.weight"), &[s.n_head * s.v_head_dim, s.n_embd]);
                     self.gain(blk(il, "ffn_norm.weight"), s.n_embd);
                     if il < s.n_dense_lead {
                         self.ffn(il, "", s.n_ff);

@@ -139,11 +139,21 @@ fn values_follow_the_documented_distributions() {
         let mean = s / n;
         (mean, (s2 / n - mean * mean).sqrt())
     };
-    // ffn_down_exps rows have n_ff_exp = 256 values: std 1/16.
+    // ffn_down_exps rows have n_ff_exp = 256 values and write into the residual stream: std
+    // 1/sqrt(256 * 2 * n_layer). ffn_up_exps rows have n_embd = 256 values: std 1/16.
     let down = plan.tensor("blk.0.ffn_down_exps.weight").unwrap();
     let (mean, std) = stats(down, 0..down.n_rows());
+    let want = 1.0 / (256.0 * 2.0 * shape.n_layer as f64).sqrt();
+    assert!(mean.abs() < 0.002, "mean {mean}");
+    assert!((std - want).abs() < 0.02 * want, "std {std}, want {want}");
+    let up = plan.tensor("blk.0.ffn_up_exps.weight").unwrap();
+    let (mean, std) = stats(up, 0..up.n_rows());
     assert!(mean.abs() < 0.002, "mean {mean}");
     assert!((std - 1.0 / 16.0).abs() < 0.001, "std {std}");
+    // The untied embedding is N(0, 1): unit RMS per token.
+    let embd = plan.tensor("token_embd.weight").unwrap();
+    let (mean, std) = stats(embd, 0..64);
+    assert!(mean.abs() < 0.02 && (std - 1.0).abs() < 0.03, "embedding mean {mean} std {std}");
     let norm = plan.tensor("blk.1.attn_norm.weight").unwrap();
     let (mean, std) = stats(norm, 0..1);
     assert!((mean - 1.0).abs() < 0.01 && (std - 0.02).abs() < 0.01, "gain mean {mean} std {std}");
@@ -160,8 +170,9 @@ fn values_follow_the_documented_distributions() {
 }
 
 /// Direct blocks decode to the documented law: for every type with direct blocks, a matrix's
-/// values have mean 0 and the standard deviation of N(0, 1/fan_in), every value is finite and
-/// within 4 standard deviations, and the codes are spread (not one repeated value).
+/// values have mean 0 and the standard deviation of N(0, 1/fan_in) (fan_in times 2 n_layer for
+/// the down projections, which write into the residual stream), every value is finite and within
+/// 4 standard deviations, and the codes are spread (not one repeated value).
 #[test]
 fn direct_blocks_decode_to_the_matrix_law() {
     let mut shape = SynthShape::minimal("qwen3moe").unwrap();
@@ -171,7 +182,8 @@ fn direct_blocks_decode_to_the_matrix_law() {
         for name in ["blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.0.attn_q.weight"] {
             let t = plan.tensor(name).unwrap();
             assert!(t.is_direct(), "{dtype} {name}");
-            let want_std = 1.0 / (t.row_len() as f64).sqrt();
+            let residual = if name.contains("ffn_down") { 2 * shape.n_layer } else { 1 };
+            let want_std = 1.0 / ((t.row_len() * residual) as f64).sqrt();
             let (mut bytes, mut values) = (vec![0u8; t.row_bytes()], vec![0f32; t.row_len()]);
             let (mut s, mut s2, mut n, mut max_abs) = (0f64, 0f64, 0f64, 0f64);
             let mut distinct = std::collections::HashSet::new();
