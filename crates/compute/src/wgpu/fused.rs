@@ -648,7 +648,7 @@ impl WgpuBackend {
         }
         // q/k/v (or gate/up) of one type: one int8 dispatch for all of them.
         if N >= 2 {
-            if let Some(ys) = self.matmul_many_q8(x, &ws, self.ctx.matvec_q8.plain)? {
+            if let Some(ys) = self.matmul_many_q8(x, &ws)? {
                 return ys.try_into().map_err(|v: Vec<WgpuTensor>| OpError::ShapeMismatch {
                     op: "matmul_many",
                     expected: format!("{N} outputs"),

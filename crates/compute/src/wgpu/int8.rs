@@ -538,13 +538,11 @@ impl WgpuBackend {
     /// dot product, in ONE dispatch of the int8 kernel (q/k/v: one dispatch instead of three);
     /// `None` when it does not apply (more than one token, int8 activations off, a type without
     /// an int8 kernel, different widths, a weight split over several bindings), and the caller
-    /// takes the products one by one. `_configured` is the configured plain shape (the callers
-    /// pass `matvec_q8.plain`): the kernel takes [`Q8Config::many_for`] the weights' layouts.
+    /// takes the products one by one. The shape is [`Q8Config::many_for`] the weights' layouts.
     pub(super) fn matmul_many_q8(
         &self,
         x: &WgpuTensor,
         ws: &[&WgpuWeight],
-        _configured: Q8Shape,
     ) -> Result<Option<Vec<WgpuTensor>>, OpError> {
         let layouts: Vec<TypeLayout> = ws.iter().map(|w| w.layout).collect();
         self.matmul_many_q8_shape(x, ws, self.ctx.matvec_q8.many_for(&layouts))
