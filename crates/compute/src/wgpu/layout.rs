@@ -13,6 +13,15 @@
 //! above) reads 20 bytes per 32 values and leaves the quants on 4-byte boundaries only; grouped,
 //! a row is read at 18 bytes per 32 values and every quant array, like the scales, is one 16-byte
 //! load (`shaders/quant/i8/q4_0g_v4.wgsl`). Kernels see it as a 256-value block type, as Q4_K.
+//!
+//! Q4_K blocks are regrouped in place ([`TypeLayout::q4_k_grouped`], 144 bytes as in the file):
+//! GGUF stores a pair of 32-value sub-blocks in 32 bytes (the first sub-block in the low nibbles,
+//! the second in the high ones), so an int8 kernel taking one sub-block per invocation loads 32
+//! bytes and uses half of each, and decodes a 6-bit scale and min spread over three bytes with a
+//! branch on the sub-block index. Regrouped, each sub-block's quants are 16 contiguous bytes in
+//! Q4_0's order (byte i: value i in the low nibble, i + 16 in the high one), one 16-byte load
+//! against the same activation block as grouped Q4_0; the eight scales and mins are stored as
+//! three words of bit fields that `extractBits` reads without a branch.
 
 use gguf::GgmlType;
 
@@ -32,10 +41,18 @@ pub struct TypeLayout {
     /// GGUF blocks gathered into one GPU block (1: each block repacked on its own; 8: Q4_0's
     /// grouped layout, `fields` then being the group's scales and quants).
     pub group: usize,
+    /// Whether the fields' bytes are rearranged, not only padded (grouped Q4_0 and Q4_K): the
+    /// shaders are the layout's own, not the type's.
+    pub regrouped: bool,
 }
 
 /// Q4_0 blocks per grouped GPU block.
 const Q4_0_GROUP: usize = 8;
+
+/// Whether the environment variable `name` asks for the per-block layout (`blocks`).
+fn per_block(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "blocks")
+}
 
 impl TypeLayout {
     /// The layout of `dtype`, or `None` when the GPU has no kernel for it.
@@ -60,7 +77,7 @@ impl TypeLayout {
             MXFP4 => (32, &[1, 16], include_str!("shaders/quant/mxfp4.wgsl"), "mxfp4"),
             _ => return None,
         };
-        Some(TypeLayout { dtype, block_values, fields, shader, name, group: 1 })
+        Some(TypeLayout { dtype, block_values, fields, shader, name, group: 1, regrouped: false })
     }
 
     /// Q4_0's grouped layout (eight blocks per GPU block, see the module docs), for rows of a
@@ -73,32 +90,58 @@ impl TypeLayout {
             shader: include_str!("shaders/quant/q4_0g.wgsl"),
             name: "q4_0g",
             group: Q4_0_GROUP,
+            regrouped: true,
+        }
+    }
+
+    /// Q4_K's grouped layout (see the module docs): 144 bytes per 256 values as in the file, the
+    /// words [d | dmin], then the scales' and mins' bit fields (word 1: the low four bits of the
+    /// eight scales, scale j at bit 4j; word 2: the same of the mins; word 3: the high two bits
+    /// of scale j at bit 2j, of min j at bit 16 + 2j), then sub-block j's 16 quant bytes at byte
+    /// 16 + 16j.
+    pub fn q4_k_grouped() -> TypeLayout {
+        TypeLayout {
+            dtype: GgmlType::Q4_K,
+            block_values: 256,
+            fields: &[4, 12, 128],
+            shader: include_str!("shaders/quant/q4_kg.wgsl"),
+            name: "q4_kg",
+            group: 1,
+            regrouped: true,
         }
     }
 
     /// The layout a weight of `dtype` with rows of `k` values takes on the GPU: Q4_0's grouped
-    /// layout where rows are whole groups (`DISKFORMER_Q4_0_LAYOUT=blocks` keeps every Q4_0
-    /// weight in per-block layout, for comparisons), else [`TypeLayout::of`]. Every upload and
-    /// placement of a weight asks here, so a matrix and its copies (expert slots, the host tier)
-    /// agree.
+    /// layout where rows are whole groups, Q4_K's grouped layout (`DISKFORMER_Q4_0_LAYOUT=blocks`
+    /// and `DISKFORMER_Q4_K_LAYOUT=blocks` keep the per-block layouts, for comparisons), else
+    /// [`TypeLayout::of`]. Every upload and placement of a weight asks here, so a matrix and its
+    /// copies (expert slots, the host tier) agree.
     pub fn for_weight(dtype: GgmlType, k: usize) -> Option<TypeLayout> {
-        static BLOCKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let blocks = *BLOCKS.get_or_init(|| std::env::var("DISKFORMER_Q4_0_LAYOUT").is_ok_and(|v| v == "blocks"));
-        if dtype == GgmlType::Q4_0 && !blocks && k.is_multiple_of(32 * Q4_0_GROUP) {
+        static BLOCKS: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+        let (q4_0_blocks, q4_k_blocks) =
+            *BLOCKS.get_or_init(|| (per_block("DISKFORMER_Q4_0_LAYOUT"), per_block("DISKFORMER_Q4_K_LAYOUT")));
+        if dtype == GgmlType::Q4_0 && !q4_0_blocks && k.is_multiple_of(32 * Q4_0_GROUP) {
             return Some(TypeLayout::q4_0_grouped());
+        }
+        if dtype == GgmlType::Q4_K && !q4_k_blocks {
+            return Some(TypeLayout::q4_k_grouped());
         }
         TypeLayout::of(dtype)
     }
 
     /// Whether a stored block's bytes are its GPU block's bytes (every field whole words, not
-    /// grouped), so uploads may copy rows as they are.
+    /// regrouped), so uploads may copy rows as they are.
     pub fn copies_verbatim(&self) -> bool {
-        self.group == 1 && self.fields.iter().all(|f| f % 4 == 0)
+        !self.regrouped && self.fields.iter().all(|f| f % 4 == 0)
     }
 
     /// Writes one stored block (`src`, `block_bytes()` long, as in the file) into `dst`
     /// (`4 * block_words()` bytes) in the GPU layout, zeroing the padding.
     pub fn repack_block(&self, src: &[u8], dst: &mut [u8]) {
+        if self.regrouped && self.dtype == GgmlType::Q4_K {
+            repack_q4_k_block(src, dst);
+            return;
+        }
         if self.group > 1 {
             // Grouped Q4_0: block i's scale to bytes 2i.., its quants to 16 + 16i.. .
             let (scales, quants) = dst.split_at_mut(2 * self.group);
@@ -168,6 +211,39 @@ impl TypeLayout {
     }
 }
 
+/// One Q4_K block (144 bytes as in the file) into the grouped layout ([`TypeLayout::q4_k_grouped`]).
+fn repack_q4_k_block(src: &[u8], dst: &mut [u8]) {
+    dst[..4].copy_from_slice(&src[..4]);
+    // ggml's get_scale_min_k4: sub-blocks 0..4 in the low six bits of bytes 0..4 (scales) and
+    // 4..8 (mins); 4..8 in the nibbles of bytes 8..12 and the top two bits of bytes 0..8.
+    let q = &src[4..16];
+    let (mut lo_sc, mut lo_m, mut hi) = (0u32, 0u32, 0u32);
+    for j in 0..8 {
+        let (sc, m) = if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        };
+        let (sc, m) = (u32::from(sc), u32::from(m));
+        lo_sc |= (sc & 15) << (4 * j);
+        lo_m |= (m & 15) << (4 * j);
+        hi |= (sc >> 4) << (2 * j) | (m >> 4) << (16 + 2 * j);
+    }
+    dst[4..8].copy_from_slice(&lo_sc.to_le_bytes());
+    dst[8..12].copy_from_slice(&lo_m.to_le_bytes());
+    dst[12..16].copy_from_slice(&hi.to_le_bytes());
+    // Sub-blocks 2c and 2c + 1 are the low and high nibbles of the 32 bytes qs[32c..]: value i of
+    // either is in byte i, and goes to byte i % 16 of its 16 bytes, low nibble for i < 16.
+    for (c, pair) in src[16..144].chunks_exact(32).enumerate() {
+        let (a, b) = pair.split_at(16);
+        let (even, odd) = dst[16 + 32 * c..48 + 32 * c].split_at_mut(16);
+        for i in 0..16 {
+            even[i] = (a[i] & 0x0f) | (b[i] << 4);
+            odd[i] = (a[i] >> 4) | (b[i] & 0xf0);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +293,52 @@ mod tests {
         let name = |k| TypeLayout::for_weight(GgmlType::Q4_0, k).unwrap().name;
         assert_eq!(name(4096), if blocks { "q4_0" } else { "q4_0g" });
         assert_eq!(name(4096 + 32), "q4_0");
-        assert_eq!(TypeLayout::for_weight(GgmlType::Q4_K, 4096).unwrap().name, "q4_k");
+    }
+
+    #[test]
+    fn q4_k_takes_the_grouped_layout_unless_asked_for_blocks() {
+        let blocks = std::env::var("DISKFORMER_Q4_K_LAYOUT").is_ok_and(|v| v == "blocks");
+        let l = TypeLayout::for_weight(GgmlType::Q4_K, 4096).unwrap();
+        assert_eq!(l.name, if blocks { "q4_k" } else { "q4_kg" });
+        // Same bytes as the file: the GPU budget counts the same.
+        assert_eq!(l.row_words(4096), TypeLayout::of(GgmlType::Q4_K).unwrap().row_words(4096));
+        assert!(!TypeLayout::q4_k_grouped().copies_verbatim());
+    }
+
+    /// The grouped Q4_K block read as the layout's docs describe it gives the values the CPU's
+    /// Q4_K dequantization gives for the file's block.
+    #[test]
+    fn grouped_q4_k_holds_the_file_block_values() {
+        let l = TypeLayout::q4_k_grouped();
+        assert_eq!((l.block_bytes(), l.block_words()), (144, 36));
+        let mut state = 0x2545f491u32;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        };
+        for _ in 0..8 {
+            let mut src = [0u8; 144];
+            src.iter_mut().for_each(|b| *b = next());
+            // d = 1.5, dmin = 0.25 (f16), so every value is finite.
+            src[..4].copy_from_slice(&[0x00, 0x3e, 0x00, 0x34]);
+            let mut want = [0f32; 256];
+            crate::quant::dequantize(GgmlType::Q4_K, &src, &mut want).unwrap();
+            let words = l.repack(&src, 1, 256);
+            let bytes: &[u8] = bytemuck::cast_slice(&words);
+            assert_eq!(&bytes[..4], &src[..4]);
+            let (d, dmin) = (1.5f32, 0.25f32);
+            for j in 0..8 {
+                let sc = (words[1] >> (4 * j)) & 15 | ((words[3] >> (2 * j)) & 3) << 4;
+                let m = (words[2] >> (4 * j)) & 15 | ((words[3] >> (16 + 2 * j)) & 3) << 4;
+                for i in 0..32 {
+                    let byte = bytes[16 + 16 * j + i % 16];
+                    let q = if i < 16 { byte & 15 } else { byte >> 4 };
+                    let got = d * sc as f32 * q as f32 - dmin * m as f32;
+                    assert_eq!(got, want[32 * j + i], "sub-block {j} value {i}");
+                }
+            }
+        }
     }
 }

@@ -982,7 +982,10 @@ mod tests {
     fn every_type_pair_parses_and_validates() {
         use GgmlType::*;
         let types = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4];
-        let layouts = types.iter().map(|&t| TypeLayout::of(t).unwrap()).chain([TypeLayout::q4_0_grouped()]);
+        let layouts = types
+            .iter()
+            .map(|&t| TypeLayout::of(t).unwrap())
+            .chain([TypeLayout::q4_0_grouped(), TypeLayout::q4_k_grouped()]);
         for l in layouts {
             for sg in [false, true] {
                 for kind in [TableKind::Host, TableKind::Gpu, TableKind::Slots] {
@@ -1017,7 +1020,10 @@ mod tests {
         let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS];
         let gate_up_shapes = ["1x256t8", "2x128t8", "4x32t4", "1x64t2"];
         let down_shapes = ["2x64", "1x256t8", "4x128t32", "1x32t4"];
-        let layouts = types.iter().map(|&t| TypeLayout::of(t).unwrap()).chain([TypeLayout::q4_0_grouped()]);
+        let layouts = types
+            .iter()
+            .map(|&t| TypeLayout::of(t).unwrap())
+            .chain([TypeLayout::q4_0_grouped(), TypeLayout::q4_k_grouped()]);
         for l in layouts {
             let q6 = TypeLayout::of(Q6_K).unwrap();
             for kind in [TableKind::Host, TableKind::Gpu, TableKind::Slots] {

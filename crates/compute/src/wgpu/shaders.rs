@@ -633,11 +633,15 @@ const Q8_GLU_VALUE: &str = "fn glu_value(gv: f32, uv: f32) -> f32 {
     return act(gv, P.glu_op) * uv;
 }";
 
-/// The `dot32` of weights in layout `l`: the type's ([`dot32_source`]), or the grouped Q4_0
-/// layout's own.
+/// The `dot32` of weights in layout `l`: the type's ([`dot32_source`]), or the grouped Q4_0 and
+/// Q4_K layouts' own.
 pub fn dot32_layout_source(l: &TypeLayout) -> Option<&'static str> {
-    if l.group > 1 {
-        return Some(include_str!("shaders/quant/i8/q4_0g.wgsl"));
+    if l.regrouped {
+        return match l.dtype {
+            GgmlType::Q4_0 => Some(include_str!("shaders/quant/i8/q4_0g.wgsl")),
+            GgmlType::Q4_K => Some(include_str!("shaders/quant/i8/q4_kg.wgsl")),
+            _ => None,
+        };
     }
     dot32_source(l.dtype)
 }
@@ -652,10 +656,14 @@ fn dot32_for(src: &str, i: u32) -> String {
 }
 
 /// A layout's `dot32` with 16-byte weight loads (`W` bound as `array<vec4<u32>>`), for the
-/// layouts whose repacked blocks are whole 16-byte units (Q4_K, Q5_K, grouped Q4_0).
+/// layouts whose repacked blocks are whole 16-byte units (Q4_K, Q5_K, grouped Q4_0 and Q4_K).
 pub fn dot32_v4_source(l: &TypeLayout) -> Option<&'static str> {
-    if l.group > 1 {
-        return Some(include_str!("shaders/quant/i8/q4_0g_v4.wgsl"));
+    if l.regrouped {
+        return match l.dtype {
+            GgmlType::Q4_0 => Some(include_str!("shaders/quant/i8/q4_0g_v4.wgsl")),
+            GgmlType::Q4_K => Some(include_str!("shaders/quant/i8/q4_kg_v4.wgsl")),
+            _ => None,
+        };
     }
     Some(match l.dtype {
         GgmlType::Q4_K => include_str!("shaders/quant/i8/q4_k_v4.wgsl"),
@@ -1085,12 +1093,13 @@ mod tests {
         }
     }
 
-    /// Every GPU layout: each type's per-block one and the grouped Q4_0.
+    /// Every GPU layout: each type's per-block one and the grouped Q4_0 and Q4_K.
     fn all_layouts() -> Vec<TypeLayout> {
         use GgmlType::*;
         let types = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4];
         let mut v: Vec<TypeLayout> = types.iter().map(|&t| TypeLayout::of(t).unwrap()).collect();
         v.push(TypeLayout::q4_0_grouped());
+        v.push(TypeLayout::q4_k_grouped());
         v
     }
 
