@@ -1511,6 +1511,8 @@ mod gpu_ops {
                 "1x256t32u2v",
                 "2x64u2pv",
                 "1x256t16u2pv",
+                "1x64v",
+                "1x32v",
             ] {
                 let shape = Q8Shape::parse(v).expect("valid shape");
                 if let Some(secs) = g.perf_matvec_q8(xx, &wt, shape, 200).expect("matvec_q8") {
@@ -1640,6 +1642,10 @@ mod gpu_ops {
         // DISKFORMER_PERF_TYPES=q4_0,q4_k: only these types' matrix-vector lines.
         let only: Option<Vec<String>> =
             std::env::var("DISKFORMER_PERF_TYPES").ok().map(|v| v.split(',').map(str::to_string).collect());
+        let q8_shapes: Vec<String> = match std::env::var("DISKFORMER_PERF_SHAPES") {
+            Ok(v) => v.split(',').map(str::to_string).collect(),
+            Err(_) => Q8_PERF_SHAPES.iter().map(|s| s.to_string()).collect(),
+        };
         for t in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16] {
             if only.as_ref().is_some_and(|o| !o.contains(&type_name(t))) {
                 continue;
@@ -1667,8 +1673,8 @@ mod gpu_ops {
             // The int8-activation kernel (activations quantized once, outside the timing: its
             // cost per token is the `quantize_q8` line below), every variant (Q8Shape::parse:
             // ROWSxWG, tTPR invocations per row slot, uUNROLL blocks per iteration; each is
-            // selectable with DISKFORMER_MATVEC_Q8).
-            for v in Q8_PERF_SHAPES {
+            // selectable with DISKFORMER_MATVEC_Q8). DISKFORMER_PERF_SHAPES=a,b,... replaces the list.
+            for v in &q8_shapes {
                 let shape = Q8Shape::parse(v).expect("valid shape");
                 if let Some(secs) = g.perf_matvec_q8(&x, &w, shape, 50).expect("matvec_q8") {
                     timings.push((format!("matvec_q8 {shape}"), secs));
@@ -1798,8 +1804,10 @@ mod gpu_ops {
 
     /// Variants of the int8 decode kernel the perf test times (classic shapes, row slots,
     /// unrolled loops, pairs of adjacent blocks per invocation (`p`), 16-byte loads for Q4_K/Q5_K
-    /// and grouped Q4_0: `v` is the same kernel as without it for the other types).
-    const Q8_PERF_SHAPES: [&str; 45] = [
+    /// and grouped Q4_0 and Q4_K: `v` is the same kernel as without it for the other types).
+    /// The last ones are for the grouped layouts' short loops (an 8192-value row is 256 blocks,
+    /// 4 per invocation of a 64-wide row): 32-wide rows, a 64-wide row slot of 256.
+    const Q8_PERF_SHAPES: [&str; 51] = [
         "1x64",
         "2x64",
         "4x64",
@@ -1845,6 +1853,12 @@ mod gpu_ops {
         "1x256t16pv",
         "1x256t16u2pv",
         "1x256t32u2pv",
+        "1x32v",
+        "2x32v",
+        "1x32u2v",
+        "1x128v",
+        "1x256t64v",
+        "1x256t32v",
     ];
 
     /// The perf test would stop at the first shape that does not parse, on the device.
@@ -1881,8 +1895,8 @@ mod gpu_ops {
             let qkv = [&ws[0], &ws[1], &ws[2]];
             let qkv_bytes = (6144 * k / t.block_elems() * t.block_bytes()) as f64;
             // The separate products take the default shape (DISKFORMER_MATVEC_Q8, else 2x64).
-            let fused_shapes =
-                ["1x64", "2x64", "2x64u2", "1x256t8", "2x64u2v", "1x256t8v"].map(|v| Q8Shape::parse(v).expect("valid"));
+            let fused_shapes = ["1x64", "2x64", "2x64u2", "1x256t8", "2x64u2v", "1x256t8v", "1x64v", "1x64u2v"]
+                .map(|v| Q8Shape::parse(v).expect("valid"));
             let runs = std::iter::once(("3 dispatches".to_string(), None))
                 .chain(fused_shapes.map(|s| (format!("1 dispatch {s}"), Some(s))));
             for (label, fused) in runs {
@@ -1917,6 +1931,8 @@ mod gpu_ops {
                 "1x256t16u2v",
                 "1x256t8pv",
                 "2x128t8pv",
+                "2x256t16v",
+                "1x256t16v",
             ] {
                 let shape = Q8Shape::parse(v).expect("valid");
                 let secs = g.perf_group_q8(&x, &gu, Some(silu), Some(shape), 50).expect("glu");
