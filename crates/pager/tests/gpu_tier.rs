@@ -6,15 +6,16 @@
 //! - a budget placed by `GpuPlacement::plan_on(.., WgpuSizes)` at exactly the planner's floor
 //!   (3 × top-k slots): the run passes the reference check (`models::refcheck`: llama.cpp /
 //!   transformers logits and greedy ids, the tolerances the GPU fixtures use); on a fresh device
-//!   its greedy ids equal the resident CPU run's and the device memory wgpu counts in buffers
-//!   (dense weights, KV cache, pool, staging, scratch) stays within the budget;
+//!   its greedy ids equal the resident CPU run's and the device memory its allocator holds
+//!   (every block taken from the driver: dense weights, KV cache, pool, staging, scratch and
+//!   the blocks' unused ends) stays within the budget;
 //! - one slot, uploads only: every decode step evicts, greedy ids equal the resident CPU run's;
 //! - one slot, misses computed on the CPU (the pool never changes), and the automatic choice:
 //!   greedy ids equal the resident CPU run's;
 //! - misses read by the GPU from the host tier (`MissPolicy::Host`: no wait per layer, the pool
 //!   refilled between steps): at the floor budget (with the slot table's reserve) greedy ids
-//!   equal the resident CPU run's and the device memory (wgpu's count less the host tier's
-//!   buffers, which live in host memory) stays within the budget; with one slot every decode
+//!   equal the resident CPU run's and the device memory (the allocator's blocks less the host
+//!   tier's buffers, which live in host memory) stays within the budget; with one slot every decode
 //!   step from the second on evicts (when it starts, with the previous step's misses) and
 //!   greedy ids equal the CPU's.
 //!
@@ -55,6 +56,15 @@ mod on_gpu {
             }
             Err(e) => panic!("{e}\n(set DISKFORMER_NO_GPU=1 only on a machine that has no GPU or software Vulkan)"),
         }
+    }
+
+    /// Device memory a back end holds (all blocks its allocator took from the driver, the
+    /// unused ends included: what the budget must cover), and the part of it in buffers.
+    fn device_memory(b: &WgpuBackend) -> (u64, u64) {
+        let in_buffers = b.device_buffer_bytes();
+        let reserved = b.device_reserved_bytes().expect("a Vulkan adapter reports its allocator's blocks");
+        assert!(reserved >= in_buffers, "the allocator holds {reserved} B, less than its buffers' {in_buffers} B");
+        (reserved, in_buffers)
     }
 
     /// One variant per MoE architecture: q4_k_m when present, else q4_0, else the first listed.
@@ -178,10 +188,10 @@ mod on_gpu {
             let mut runner = load_on(b.clone(), &model, &opts()).expect("loads on the tier");
             let got = greedy_ids(runner.as_mut(), &prompt, None);
             b.sync();
-            let used = b.device_buffer_bytes();
+            let (used, in_buffers) = device_memory(&b);
             let t = b.expert_tier_total().unwrap_or_default();
             println!(
-                "{arch} {variant} floor {} slots: {} hits, {} uploads, {} evictions; device memory {used} B of budget {at_floor} B; ids {}",
+                "{arch} {variant} floor {} slots: {} hits, {} uploads, {} evictions; device memory {used} B ({in_buffers} B in buffers) of budget {at_floor} B; ids {}",
                 placed.n_slots,
                 t.hits,
                 t.uploads,
@@ -209,7 +219,7 @@ mod on_gpu {
             let got = greedy_ids(runner.as_mut(), &prompt, None);
             b.sync();
             let host_bytes = b.expert_host_tier_bytes().unwrap_or(0);
-            let used = b.device_buffer_bytes().saturating_sub(host_bytes);
+            let used = device_memory(&b).0.saturating_sub(host_bytes);
             let t = b.expert_tier_total().unwrap_or_default();
             println!(
                 "{arch} {variant} host tier, floor {} slots: {} hits, {} host reads, {} uploads, {} evictions; device memory {used} B of budget {host_budget} B, host tier {host_bytes} B; ids {}",

@@ -196,6 +196,15 @@ pub struct PlanOptions {
     pub gpu_index: Option<usize>,
 }
 
+/// GPU memory the back end holds whatever the model: its fixed buffers and the allocator's
+/// unused block ends, which a budget must cover too.
+fn gpu_fixed_bytes() -> u64 {
+    #[cfg(feature = "gpu")]
+    return compute::wgpu::backend_fixed_bytes();
+    #[cfg(not(feature = "gpu"))]
+    return 0;
+}
+
 /// Memory a configuration needs, by place.
 struct Needs {
     kv_bytes: u64,
@@ -434,7 +443,7 @@ impl Ctx<'_> {
         let (Some(weights), Some(experts)) = (w.gpu_tensor_bytes, w.gpu_expert_bytes) else {
             return refuse(kind, device, Code::Format, "a tensor type has no GPU kernel".into(), None);
         };
-        let need = weights + n.kv_bytes + n.scratch_bytes;
+        let need = weights + n.kv_bytes + n.scratch_bytes + gpu_fixed_bytes();
         if let Some(budget) = self.gpu_budget {
             if need > budget {
                 let reason = format!(

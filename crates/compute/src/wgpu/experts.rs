@@ -134,11 +134,12 @@ pub fn default_staging_bytes(slot_bytes: u64) -> u64 {
     (STAGING_EXPERTS * slot_bytes).next_multiple_of(256).max(256)
 }
 
-/// Bytes the back end holds whatever the model: the persistent parameter ring and the
-/// placeholder buffer bound where an op has no optional input. A placement counts them beside
-/// the activations (on a tiny model they are most of the scratch).
+/// Bytes the back end holds whatever the model: the persistent parameter ring, the
+/// placeholder buffer bound where an op has no optional input, and the allocator's slack
+/// ([`super::ALLOCATOR_SLACK_BYTES`]: device memory reserved in blocks but not in buffers). A
+/// placement counts them beside the activations (on a tiny model they are most of the scratch).
 pub fn backend_fixed_bytes() -> u64 {
-    super::PARAMS_RING_BYTES + 16
+    super::PARAMS_RING_BYTES + 16 + super::ALLOCATOR_SLACK_BYTES
 }
 
 /// GPU bytes to reserve for the slot table of [`MissPolicy::Host`] on a model of
@@ -911,6 +912,15 @@ impl WgpuBackend {
         self.ctx.device.get_internal_counters().hal.buffer_memory.read().max(0) as u64
     }
 
+    /// Memory the device's allocator holds right now: every block it took from the driver,
+    /// the unused parts included (what a budget must cover; `nvidia-smi` adds the driver's own
+    /// context). All memory types together: on a GPU with resizable BAR the upload staging is
+    /// device memory too, readback buffers are host memory. `None` where the back end keeps no
+    /// allocator (not Vulkan, DX12 or Metal).
+    pub fn device_reserved_bytes(&self) -> Option<u64> {
+        self.ctx.device.generate_allocator_report().map(|r| r.total_reserved_bytes)
+    }
+
     /// A table of the tier's per-layer counters and their total, for `--stats`.
     pub fn format_expert_tier_stats(&self) -> Option<String> {
         let t = self.experts.as_ref()?;
@@ -930,6 +940,12 @@ impl WgpuBackend {
             st.cpu_secs_per_expert_token
                 .map_or(String::new(), |s| format!(", CPU {:.3} ms per expert and token", s * 1e3)),
         );
+        if let Some(reserved) = self.device_reserved_bytes() {
+            out.push_str(&format!(
+                "device memory held by the allocator: {:.1} MiB (all memory types; the driver's context is extra)\n",
+                mib(reserved)
+            ));
+        }
         if t.reads_host() {
             out.push_str(&format!(
                 "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss\n",

@@ -289,6 +289,17 @@ struct BindKey {
 
 /// Size of the persistent parameter ring (4096 dispatches at the usual 256-byte alignment).
 const PARAMS_RING_BYTES: u64 = 1 << 20;
+
+/// The smallest shared memory block the device's allocator takes from the driver.
+const ALLOCATOR_MIN_BLOCK_BYTES: u64 = 4 << 20;
+
+/// The largest shared memory block: buffers above it get a block of their own, of their size.
+const ALLOCATOR_MAX_BLOCK_BYTES: u64 = 16 << 20;
+
+/// Device memory the allocator may hold beyond the buffers in it: the unused end of the last
+/// shared block of each memory type a run uses (device-local buffers, upload staging and
+/// readback buffers).
+pub const ALLOCATOR_SLACK_BYTES: u64 = 3 * ALLOCATOR_MAX_BLOCK_BYTES;
 /// Bind groups kept; past it the cache starts over (they hold their buffers alive).
 const BIND_GROUP_CACHE_MAX: usize = 8192;
 
@@ -696,7 +707,15 @@ impl WgpuBackend {
             required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
+            // Small shared blocks: wgpu's `Performance` hint sub-allocates from 128-256 MiB blocks
+            // (64-128 MiB for host-visible types, which on a GPU with resizable BAR are device
+            // memory too), and the last block of each memory type was mostly empty: an H200 run
+            // at --gpu-budget 4G held 0.35 GB more than its buffers. Tensors larger than a block
+            // get blocks of their own, sized exactly; the planner counts the rest
+            // ([`ALLOCATOR_SLACK_BYTES`]).
+            memory_hints: wgpu::MemoryHints::Manual {
+                suballocated_device_memory_block_size: ALLOCATOR_MIN_BLOCK_BYTES..ALLOCATOR_MAX_BLOCK_BYTES,
+            },
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| GpuError::RequestDevice { adapter: summary.name.clone(), why: e.to_string() })?;
