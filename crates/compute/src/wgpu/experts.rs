@@ -560,11 +560,9 @@ fn repack_into(l: &TypeLayout, src: &[u8], n_rows: usize, k: usize, dst: &mut [u
         dst[..src.len()].copy_from_slice(src);
         return;
     }
-    let block_bytes = l.block_bytes();
-    let block_gpu = 4 * l.block_words();
-    for (b, block) in src.chunks_exact(block_bytes).enumerate() {
-        l.repack_block(block, &mut dst[b * block_gpu..(b + 1) * block_gpu]);
-    }
+    // On the thread pool: a prefill batch uploads most experts of a layer, and grouped Q4_K
+    // (the 30B benchmark's experts) repacks at ~4.5 GB/s on one core.
+    l.repack_blocks(src, dst);
 }
 
 /// `dst.copy_from_slice(src)` on the thread pool in 256 KiB pieces when large: filling a mapped
@@ -2126,6 +2124,7 @@ mod tests {
             (q4_0g, 512),
             (of(GgmlType::Q6_K), 256),
             (of(GgmlType::Q4_K), 256),
+            (TypeLayout::q4_k_grouped(), 256),
             (of(GgmlType::F16), 12),
         ] {
             let t = l.name;
