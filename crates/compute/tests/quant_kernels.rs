@@ -222,7 +222,8 @@ fn matmul_many_equals_separate_matmuls() {
 /// The AVX-512 kernel set gives the AVX2 one's bits for every type, decode and prefill: its
 /// decode kernels (Q4_0, Q8_0, Q4_K, Q6_K) do the AVX2 kernels' float operations on the same
 /// exact integer sums, and the rest is AVX2's. Block counts 1..=9 leave every tail of the
-/// four-block Q4_0 and two-block Q8_0 steps; row counts partial groups of eight.
+/// four-block Q4_0 and two-block Q8_0 steps; row counts partial groups of eight; 33, 45 and 64
+/// tokens the four-octet Q4_K tile followed by one, two or four more octets.
 #[test]
 fn avx512_gives_the_avx2_bits() {
     if !Kernel::available().contains(&Kernel::Avx512) {
@@ -232,7 +233,7 @@ fn avx512_gives_the_avx2_bits() {
     let mut rng = Rng::new(0xA512);
     for &dtype in QUANTIZED {
         for blocks in 1..=9 {
-            for (n_out, n_tok) in [(8, 1), (21, 1), (67, 1), (13, 5), (9, 17)] {
+            for (n_out, n_tok) in [(8, 1), (21, 1), (67, 1), (13, 5), (9, 17), (7, 33), (5, 45), (6, 64)] {
                 let k = dtype.block_elems() * blocks;
                 let w = random_rows(dtype, n_out, k, &mut rng);
                 let x: Vec<f32> = (0..n_tok * k).map(|_| rng.normal()).collect();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use gguf::GgmlType;
 use rayon::prelude::*;
 
-use super::qdot::{ActBuf, ActKind, ActRow};
+use super::qdot::{ActBuf, ActKind, ActRow, TokenOctet};
 use super::simd::{Kernel, QDot, RowDequantizer, Tiles};
 use super::{check_encoded, dequantizer, QuantError};
 
@@ -289,23 +289,36 @@ fn matmul_octets(
     let task = |task_index: usize| {
         let o_start = task_index * rows_per_task;
         let o_end = (o_start + rows_per_task).min(n_out);
-        for oct in (0..n_octets).step_by(2) {
-            let pair = [act.octet(kind, oct, k), act.octet(kind, (oct + 1).min(n_octets - 1), k)];
-            let xs = &pair[..(n_octets - oct).min(2)];
-            let n_here = (n_tok - 8 * oct).min(16);
+        let mut oct = 0;
+        while oct < n_octets {
+            // Four octets at a time where the kernel set has a taller tile, the rest by two.
+            let step = if tiles.has_quad() && n_octets - oct >= 4 { 4 } else { (n_octets - oct).min(2) };
+            let quad: [TokenOctet<'_>; 4] = std::array::from_fn(|i| act.octet(kind, (oct + i).min(n_octets - 1), k));
+            let n_here = (n_tok - 8 * oct).min(8 * step);
             for o0 in (o_start..o_end).step_by(4) {
                 let rows = std::array::from_fn(|i| row_at(o0 + i));
                 // SAFETY: every pointer is the start of a row of `nb` blocks inside `w`
                 // (checked by `check_shapes`; rows past the end repeat the last one).
-                let values = unsafe { tiles.tile_octets(&rows, nb, xs) };
-                for (r, row_values) in values.iter().enumerate().take(o_end - o0) {
-                    for (t, &v) in row_values.as_flattened().iter().enumerate().take(n_here) {
+                let values = unsafe {
+                    if step == 4 {
+                        tiles.tile_quad(&rows, nb, &quad)
+                    } else {
+                        let v = tiles.tile_octets(&rows, nb, &quad[..step]);
+                        v.map(|[a, b]| [a, b, [0.0; 8], [0.0; 8]])
+                    }
+                };
+                // Token by token, so the (up to) four rows' values of a token go to adjacent
+                // outputs: row by row, each store hit another line of `y`.
+                let n_rows = (o_end - o0).min(4);
+                for t in 0..n_here {
+                    for (r, row_values) in values.iter().enumerate().take(n_rows) {
                         // SAFETY: `8 oct + t < n_tok` and `o0 + r < n_out`: inside `y`; this
                         // task alone owns rows o_start..o_end.
-                        unsafe { *out.at((8 * oct + t) * n_out + o0 + r) = v };
+                        unsafe { *out.at((8 * oct + t) * n_out + o0 + r) = row_values[t / 8][t % 8] };
                     }
                 }
             }
+            oct += step;
         }
     };
     run_tasks(n_out.div_ceil(rows_per_task), n_out * k * n_tok, task);

@@ -12,7 +12,8 @@
 //! Bits: the integers are the exact block (super-block) sums of `avx2_lanes`, and the floats
 //! are its operations on each octet's eight lanes in the same order, so every output equals
 //! the AVX2 tile's and the decode kernels' bit for bit. The last odd octet of a prefill uses
-//! the AVX2 one-octet tile.
+//! the AVX2 one-octet tile. Q4_K has a taller tile besides, four rows by four octets
+//! ([`tile4_q4_k`]), which the prefill driver takes while four octets are left.
 
 use std::arch::x86_64::*;
 
@@ -325,6 +326,126 @@ pub(in crate::quant) unsafe fn tile_q6_k(
     let mut out = [[[0.0f32; 8]; 2]; TILE_ROWS];
     for r in 0..TILE_ROWS {
         store16(&mut out[r], acc[r]);
+    }
+    out
+}
+
+/// `mask & [four bytes at p]` in every 32-bit lane: one `vpandd` with a broadcast memory
+/// operand. Written as asm because the optimiser, given the intrinsics, either moved the `and`
+/// ahead of the broadcast (a scalar `and`, then a `vpbroadcastd` from a register, which takes a
+/// shuffle port) or kept the broadcast of the low-nibble pass in a register for the high-nibble
+/// pass, spilling 32 of them to the stack per chunk.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn and_broadcast(p: *const u8, mask: __m512i) -> __m512i {
+    let w: __m512i;
+    // SAFETY: the caller guarantees four readable bytes at `p` (no alignment needed); the
+    // instruction only reads them and writes `w`.
+    unsafe {
+        std::arch::asm!(
+            "vpandd {w}, {mask}, dword ptr [{p}]{{1to16}}",
+            w = lateout(zmm_reg) w,
+            mask = in(zmm_reg) mask,
+            p = in(reg) p,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    w
+}
+
+/// A Q4_K tile of four rows by four octets (32 tokens, two registers per row): each weight
+/// broadcast feeds two `vpdpbusd` and each pair of activation loads four rows, half the
+/// nibble work per product of [`tile_q4_k`] and no `pshufd`. The four weight bytes of a group
+/// come from memory by an embedded broadcast and are masked in place: `0x0F` gives sub-block
+/// `2c`'s levels, `0xF0` sub-block `2c + 1`'s times 16, which the low sub-blocks match by taking
+/// `16 * scale`; the super-block sum is then `16 s`, shifted back exactly (every term is a
+/// multiple of 16). `|16 s| <= 16 * 8 * 63 * 32 * 15 * 128 < 2^29`, so nothing wraps. The
+/// integers `s` and `m` are [`tile_q4_k`]'s and the floats its per-lane operations, so the
+/// bits are the AVX2 tile's.
+///
+/// # Safety
+/// As [`tile`], for Q4_K rows and four Q8_K octets.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile4_q4_k(
+    rows: &[*const u8; TILE_ROWS],
+    nb: usize,
+    xs: &[TokenOctet<'_>; 4],
+) -> [[[f32; 8]; 4]; TILE_ROWS] {
+    for x in xs {
+        assert!(
+            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
+            "activation octet too short"
+        );
+    }
+    let masks = [_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8)];
+    // The float sums live in memory, `[row][pair]` (lanes 0..8 octet 2 pair, 8..16 octet
+    // 2 pair + 1), read and written once per super-block: kept in registers they pushed the
+    // sub-block sums, used 64 times as often, onto the stack.
+    let mut acc = [[[0.0f32; 16]; 2]; TILE_ROWS];
+    let mut acc_m = [[[0.0f32; 16]; 2]; TILE_ROWS];
+    for ib in 0..nb {
+        let xq: [*const u8; 4] = std::array::from_fn(|o| xs[o].qs.as_ptr().add(2048 * ib) as *const u8);
+        let bs: [*const u8; 4] = std::array::from_fn(|o| xs[o].bsums.as_ptr().add(128 * ib) as *const u8);
+        let b: [*const u8; TILE_ROWS] = std::array::from_fn(|r| rows[r].add(144 * ib));
+        let mut scales_mins = [[0i16; 16]; TILE_ROWS];
+        let mut scales = [[0i32; 8]; TILE_ROWS];
+        for r in 0..TILE_ROWS {
+            _mm256_storeu_si256(scales_mins[r].as_mut_ptr() as *mut __m256i, super::avx2::scales_mins_k4(b[r].add(4)));
+            for j in 0..8 {
+                let scale = scales_mins[r][j] as i32;
+                scales[r][j] = if j % 2 == 0 { 16 * scale } else { scale };
+            }
+        }
+        let mut s = [[_mm512_setzero_si512(); 2]; TILE_ROWS];
+        // One sub-block per pass of a loop the optimiser keeps rolled: unrolled, it
+        // interleaved the two nibble passes of a chunk and spilled half the operands.
+        for j in 0..8 {
+            {
+                let (c, mask) = (j / 2, masks[j % 2]);
+                let mut sj = [[_mm512_setzero_si512(); 2]; TILE_ROWS];
+                for g in 0..8 {
+                    let v = 32 * (8 * j + g);
+                    let x = [join_at(xq[0].add(v), xq[1].add(v)), join_at(xq[2].add(v), xq[3].add(v))];
+                    for r in 0..TILE_ROWS {
+                        let w = and_broadcast(b[r].add(16 + 32 * c + 4 * g), mask);
+                        sj[r][0] = _mm512_dpbusd_epi32(sj[r][0], w, x[0]);
+                        sj[r][1] = _mm512_dpbusd_epi32(sj[r][1], w, x[1]);
+                    }
+                }
+                for r in 0..TILE_ROWS {
+                    let scale = _mm512_set1_epi32(scales[r][j]);
+                    for p in 0..2 {
+                        s[r][p] = _mm512_add_epi32(s[r][p], _mm512_mullo_epi32(sj[r][p], scale));
+                    }
+                }
+            }
+        }
+        let dx = [scales_dx(&[xs[0], xs[1]], ib), scales_dx(&[xs[2], xs[3]], ib)];
+        for r in 0..TILE_ROWS {
+            let (dw, dmin) = (f16_at(b[r]), f16_at(b[r].add(2)));
+            for p in 0..2 {
+                let mut m = _mm512_setzero_si512();
+                for j in 0..8 {
+                    let pair = join_at(bs[2 * p].add(32 * j), bs[2 * p + 1].add(32 * j));
+                    m = _mm512_dpwssd_epi32(m, pair, _mm512_set1_epi16(scales_mins[r][8 + j]));
+                }
+                let (a, a_m) = (acc[r][p].as_mut_ptr(), acc_m[r][p].as_mut_ptr());
+                let mut v = _mm512_loadu_ps(a);
+                add_scaled(&mut v, _mm512_srai_epi32::<4>(s[r][p]), dw, dx[p]);
+                _mm512_storeu_ps(a, v);
+                let mut v = _mm512_loadu_ps(a_m);
+                add_scaled(&mut v, m, dmin, dx[p]);
+                _mm512_storeu_ps(a_m, v);
+            }
+        }
+    }
+    let mut out = [[[0.0f32; 8]; 4]; TILE_ROWS];
+    for r in 0..TILE_ROWS {
+        for p in 0..2 {
+            let v = _mm512_sub_ps(_mm512_loadu_ps(acc[r][p].as_ptr()), _mm512_loadu_ps(acc_m[r][p].as_ptr()));
+            let pair: &mut [[f32; 8]; 2] = (&mut out[r][2 * p..2 * p + 2]).try_into().unwrap();
+            store16(pair, v);
+        }
     }
     out
 }

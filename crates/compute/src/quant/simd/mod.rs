@@ -191,6 +191,9 @@ struct TileKernel(OctetTileKernel<2>, OctetTileKernel<1>);
 pub(crate) struct Tiles {
     rows8: RowsKernel,
     tile: TileKernel,
+    /// Four rows by four octets (32 tokens), where a type gains from the taller tile (AVX-512
+    /// Q4_K); same bits as two two-octet tiles.
+    quad: Option<OctetTileKernel<4>>,
 }
 
 impl Tiles {
@@ -215,7 +218,8 @@ impl Tiles {
                 GgmlType::Q6_K => (avx512::rows8_k::<{ avx512::Q6_K }>, l::tile_q6_k),
                 _ => return Some(avx2),
             };
-            return Some(Tiles { rows8, tile: TileKernel(two, one) });
+            let quad = (dtype == GgmlType::Q4_K).then_some(l::tile4_q4_k as OctetTileKernel<4>);
+            return Some(Tiles { rows8, tile: TileKernel(two, one), quad });
         }
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx2 && kernel.is_available() {
@@ -226,31 +230,40 @@ impl Tiles {
                 GgmlType::Q4_0 => Tiles {
                     rows8: t::rows8::<{ t::Q4_0 }>,
                     tile: TileKernel(l::tile::<{ t::Q4_0 }, 2>, l::tile::<{ t::Q4_0 }, 1>),
+                    quad: None,
                 },
                 GgmlType::Q4_1 => Tiles {
                     rows8: t::rows8::<{ t::Q4_1 }>,
                     tile: TileKernel(l::tile::<{ t::Q4_1 }, 2>, l::tile::<{ t::Q4_1 }, 1>),
+                    quad: None,
                 },
                 GgmlType::Q5_0 => Tiles {
                     rows8: t::rows8::<{ t::Q5_0 }>,
                     tile: TileKernel(l::tile::<{ t::Q5_0 }, 2>, l::tile::<{ t::Q5_0 }, 1>),
+                    quad: None,
                 },
-                GgmlType::Q8_0 => {
-                    Tiles { rows8: t::rows8::<{ t::Q8_0 }>, tile: TileKernel(l::tile_q8_0::<2>, l::tile_q8_0::<1>) }
-                }
-                GgmlType::Q4_K => {
-                    Tiles { rows8: k::rows8::<{ k::Q4_K }>, tile: TileKernel(l::tile_q4_k::<2>, l::tile_q4_k::<1>) }
-                }
-                GgmlType::Q6_K => {
-                    Tiles { rows8: k::rows8::<{ k::Q6_K }>, tile: TileKernel(l::tile_q6_k::<2>, l::tile_q6_k::<1>) }
-                }
+                GgmlType::Q8_0 => Tiles {
+                    rows8: t::rows8::<{ t::Q8_0 }>,
+                    tile: TileKernel(l::tile_q8_0::<2>, l::tile_q8_0::<1>),
+                    quad: None,
+                },
+                GgmlType::Q4_K => Tiles {
+                    rows8: k::rows8::<{ k::Q4_K }>,
+                    tile: TileKernel(l::tile_q4_k::<2>, l::tile_q4_k::<1>),
+                    quad: None,
+                },
+                GgmlType::Q6_K => Tiles {
+                    rows8: k::rows8::<{ k::Q6_K }>,
+                    tile: TileKernel(l::tile_q6_k::<2>, l::tile_q6_k::<1>),
+                    quad: None,
+                },
                 _ => return None,
             });
         }
         #[cfg(target_arch = "aarch64")]
         if kernel == Kernel::Neon && kernel.is_available() {
             let (rows8, two, one) = neon_tiles::kernels(dtype)?;
-            return Some(Tiles { rows8, tile: TileKernel(two, one) });
+            return Some(Tiles { rows8, tile: TileKernel(two, one), quad: None });
         }
         None
     }
@@ -278,6 +291,34 @@ impl Tiles {
             }
             _ => unreachable!("an octet tile takes one or two octets"),
         }
+    }
+
+    /// True when [`Tiles::tile_quad`] has a kernel of its own.
+    #[inline]
+    pub(crate) fn has_quad(&self) -> bool {
+        self.quad.is_some()
+    }
+
+    /// A tile of four rows by four octets: `out[r][o][t]` is row `rows[r]` times token `t` of
+    /// `xs[o]`, with the bits of two [`Tiles::tile_octets`] calls (which it makes when the type
+    /// has no four-octet kernel).
+    ///
+    /// # Safety
+    /// As [`Tiles::tile_octets`].
+    #[inline]
+    pub(crate) unsafe fn tile_quad(
+        &self,
+        rows: &[*const u8; 4],
+        nb: usize,
+        xs: &[TokenOctet<'_>; 4],
+    ) -> [[[f32; 8]; 4]; 4] {
+        if let Some(quad) = self.quad {
+            // SAFETY: as in `rows8`.
+            return unsafe { quad(rows, nb, xs) };
+        }
+        // SAFETY: as in `rows8`.
+        let (a, b) = unsafe { (self.tile_octets(rows, nb, &xs[..2]), self.tile_octets(rows, nb, &xs[2..])) };
+        std::array::from_fn(|r| [a[r][0], a[r][1], b[r][0], b[r][1]])
     }
 
     /// Eight rows' dot products with `x`.
