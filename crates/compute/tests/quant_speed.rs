@@ -55,6 +55,87 @@ unsafe fn stream_read_avx2(w: &[u8]) -> u64 {
     lanes.iter().fold(0, |a, b| a ^ b)
 }
 
+/// This machine's read bandwidth with several threads (run on demand): `READ_BW_THREADS`
+/// threads (default 2) each read their share of a `READ_BW_MIB` buffer (default 1024, far
+/// larger than any cache) once per round, started together; the best round's wall time, as
+/// GB/s. Decode reads every weight once per token, so its weight bytes per second can be set
+/// against this figure. The memory bandwidth of a shared (virtual) machine varies with its
+/// neighbours: compare figures taken a few seconds apart, alternating.
+#[test]
+#[ignore = "speed measurement: run with --release --ignored"]
+fn read_bandwidth_threads() {
+    let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (n_threads, mib, rounds) = (env("READ_BW_THREADS", 2), env("READ_BW_MIB", 1024), env("QUANT_SPEED_ROUNDS", 7));
+    // Written, not only allocated: untouched pages would all read the one zero page.
+    let buf: Vec<u8> =
+        (0..mib << 20).map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[7]).collect();
+    let share = buf.len().div_ceil(n_threads).next_multiple_of(128);
+    let mut best = f64::MAX;
+    let mut sink = 0u64;
+    for _ in 0..rounds {
+        let start = std::sync::Barrier::new(n_threads + 1);
+        let (seconds, x) = std::thread::scope(|scope| {
+            let workers: Vec<_> = buf
+                .chunks(share)
+                .map(|part| {
+                    let start = &start;
+                    scope.spawn(move || {
+                        start.wait();
+                        stream_read(part)
+                    })
+                })
+                .collect();
+            // Timed from before the release, which waits for every worker to be spawned: a
+            // clock read after it could come after the workers had already read their shares.
+            let t = std::time::Instant::now();
+            start.wait();
+            let x = workers.into_iter().map(|w| w.join().unwrap()).fold(0, |a, b| a ^ b);
+            (t.elapsed().as_secs_f64(), x)
+        });
+        best = best.min(seconds);
+        sink ^= x;
+    }
+    println!(
+        "read {mib} MiB with {n_threads} threads: {:.1} GB/s (best of {rounds}, checksum {sink:x})",
+        buf.len() as f64 / best / 1e9
+    );
+    drop(buf);
+    // `READ_BW_DECODE=TYPE:N_OUT:K[,...]`: one-token products on a pool of as many threads,
+    // weight bytes per second of wall time (best round), for the same comparison.
+    let Ok(spec) = std::env::var("READ_BW_DECODE") else { return };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(n_threads).build().unwrap();
+    let mut rng = Rng::new(11);
+    for case in spec.split(',') {
+        let parts: Vec<&str> = case.split(':').collect();
+        let dtype = parse_type(parts[0]);
+        let [n_out, k] = [1, 2].map(|i| parts[i].parse::<usize>().expect("N_OUT:K numbers"));
+        let w = random_rows(dtype, n_out, k, &mut rng);
+        // Copies of the matrix filling `READ_BW_COPY_MIB` (default 512), used in turn as a
+        // model's layers are: each one comes from memory, not from a cache the previous round
+        // left it in (a small value keeps one copy in cache instead: the kernel's own speed).
+        let fill = env("READ_BW_COPY_MIB", 512) << 20;
+        let copies: Vec<Vec<u8>> = (0..fill.div_ceil(w.len()).max(1)).map(|_| w.clone()).collect();
+        let x: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+        let mut y = vec![0f32; n_out];
+        let mut best = f64::MAX;
+        pool.install(|| {
+            for _ in 0..rounds {
+                let t = std::time::Instant::now();
+                for w in &copies {
+                    quant::matmul_quantized(dtype, w, n_out, k, &x, &mut y, Kernel::best()).unwrap();
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+        });
+        println!(
+            "{case} decode with {n_threads} threads, {} copies in turn: {:.1} GB/s (checksum {:.3})",
+            copies.len(),
+            (copies.len() * w.len()) as f64 / best / 1e9,
+            y.iter().map(|&v| v as f64).sum::<f64>()
+        );
+    }
+}
+
 #[test]
 #[ignore = "speed measurement: run with --release --ignored"]
 fn decode_matmul_against_streaming_read() {
