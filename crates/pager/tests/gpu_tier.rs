@@ -186,6 +186,14 @@ mod on_gpu {
             let device = gpu().expect("adapter found above");
             let b = tiered(&device, &model, placed.n_slots, placed.slot_bytes, MissPolicy::Upload);
             let mut runner = load_on(b.clone(), &model, &opts()).expect("loads on the tier");
+            // Right after the load, before any step submits: staging copies of the weights
+            // still alive would show here (wgpu kept one per weight until the next submit).
+            let (after_load, _) = device_memory(&b);
+            if after_load > at_floor {
+                failures.push(format!(
+                    "{arch} {variant}: device memory after loading {after_load} B against a budget of {at_floor} B"
+                ));
+            }
             let got = greedy_ids(runner.as_mut(), &prompt, None);
             b.sync();
             let (used, in_buffers) = device_memory(&b);

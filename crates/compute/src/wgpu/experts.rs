@@ -135,11 +135,13 @@ pub fn default_staging_bytes(slot_bytes: u64) -> u64 {
 }
 
 /// Bytes the back end holds whatever the model: the persistent parameter ring, the
-/// placeholder buffer bound where an op has no optional input, and the allocator's slack
-/// ([`super::ALLOCATOR_SLACK_BYTES`]: device memory reserved in blocks but not in buffers). A
-/// placement counts them beside the activations (on a tiny model they are most of the scratch).
+/// placeholder buffer bound where an op has no optional input, the allocator's slack
+/// ([`super::ALLOCATOR_SLACK_BYTES`]: device memory reserved in blocks but not in buffers) and
+/// the staging piece a weight upload holds while loading (host-visible memory, which is device
+/// memory on a GPU with resizable BAR). A placement counts them beside the activations (on a
+/// tiny model they are most of the scratch).
 pub fn backend_fixed_bytes() -> u64 {
-    super::PARAMS_RING_BYTES + 16 + super::ALLOCATOR_SLACK_BYTES
+    super::PARAMS_RING_BYTES + 16 + super::ALLOCATOR_SLACK_BYTES + super::WEIGHT_UPLOAD_PIECE_BYTES
 }
 
 /// GPU bytes to reserve for the slot table of [`MissPolicy::Host`] on a model of
