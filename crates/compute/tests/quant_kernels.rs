@@ -223,7 +223,7 @@ fn matmul_many_equals_separate_matmuls() {
 /// decode kernels (Q4_0, Q8_0, Q4_K, Q6_K) do the AVX2 kernels' float operations on the same
 /// exact integer sums, and the rest is AVX2's. Block counts 1..=9 leave every tail of the
 /// four-block Q4_0 and two-block Q8_0 steps; row counts partial groups of eight; 33, 45 and 64
-/// tokens the four-octet Q4_K tile followed by one, two or four more octets.
+/// tokens the four-octet Q4_0 and Q4_K tiles followed by one, two or four more octets.
 #[test]
 fn avx512_gives_the_avx2_bits() {
     if !Kernel::available().contains(&Kernel::Avx512) {

@@ -12,8 +12,9 @@
 //! Bits: the integers are the exact block (super-block) sums of `avx2_lanes`, and the floats
 //! are its operations on each octet's eight lanes in the same order, so every output equals
 //! the AVX2 tile's and the decode kernels' bit for bit. The last odd octet of a prefill uses
-//! the AVX2 one-octet tile. Q4_K has a taller tile besides, four rows by four octets
-//! ([`tile4_q4_k`]), which the prefill driver takes while four octets are left.
+//! the AVX2 one-octet tile. Q4_0 and Q4_K have a taller tile besides, four rows by four
+//! octets ([`tile4_q4_0`], [`tile4_q4_k`]), which the prefill driver takes while four octets
+//! are left.
 
 use std::arch::x86_64::*;
 
@@ -445,6 +446,75 @@ pub(in crate::quant) unsafe fn tile4_q4_k(
             let v = _mm512_sub_ps(_mm512_loadu_ps(acc[r][p].as_ptr()), _mm512_loadu_ps(acc_m[r][p].as_ptr()));
             let pair: &mut [[f32; 8]; 2] = (&mut out[r][2 * p..2 * p + 2]).try_into().unwrap();
             store16(pair, v);
+        }
+    }
+    out
+}
+
+/// A Q4_0 tile of four rows by four octets (32 tokens), as [`tile4_q4_k`]: each weight group
+/// is one broadcast `vpandd` feeding two `vpdpbusd`, the low nibbles (values `4 g..4 g + 4`)
+/// masked by `0x0F` and the high ones (values `16 + 4 g..`) by `0xF0`, so the high sum comes
+/// out times 16 and is shifted back exactly. The integer per block is [`tile`]'s, `sum(u * x) -
+/// 8 sum(x)`, and the floats its per-lane operations, so the bits are the AVX2 tile's.
+///
+/// # Safety
+/// As [`tile`], for Q4_0 rows and four octets.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn tile4_q4_0(
+    rows: &[*const u8; TILE_ROWS],
+    nb: usize,
+    xs: &[TokenOctet<'_>; 4],
+) -> [[[f32; 8]; 4]; TILE_ROWS] {
+    for x in xs {
+        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
+    }
+    let (lo, hi) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
+    let bb = block_bytes(Q4_0);
+    // `[row][pair]` as in `tile4_q4_k`, in memory for the same reason.
+    let mut acc = [[[0.0f32; 16]; 2]; TILE_ROWS];
+    for ib in 0..nb {
+        let xq: [*const u8; 4] = std::array::from_fn(|o| xs[o].qs.as_ptr().add(256 * ib) as *const u8);
+        let b: [*const u8; TILE_ROWS] = std::array::from_fn(|r| rows[r].add(bb * ib));
+        let pair_at = |p: usize, v: usize| join_at(xq[2 * p].add(32 * v), xq[2 * p + 1].add(32 * v));
+        // The level offset: 8 times each token's block sum, off the low sum's start.
+        let start: [__m512i; 2] = std::array::from_fn(|p| {
+            let sums = join_at(
+                xs[2 * p].sums.as_ptr().add(8 * ib) as *const u8,
+                xs[2 * p + 1].sums.as_ptr().add(8 * ib) as *const u8,
+            );
+            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<3>(sums))
+        });
+        let mut s_lo = [start; TILE_ROWS];
+        let mut s_hi = [[_mm512_setzero_si512(); 2]; TILE_ROWS];
+        for g in 0..4 {
+            let x_lo = [pair_at(0, g), pair_at(1, g)];
+            let x_hi = [pair_at(0, 4 + g), pair_at(1, 4 + g)];
+            for r in 0..TILE_ROWS {
+                let w = and_broadcast(b[r].add(2 + 4 * g), lo);
+                s_lo[r][0] = _mm512_dpbusd_epi32(s_lo[r][0], w, x_lo[0]);
+                s_lo[r][1] = _mm512_dpbusd_epi32(s_lo[r][1], w, x_lo[1]);
+                let w = and_broadcast(b[r].add(2 + 4 * g), hi);
+                s_hi[r][0] = _mm512_dpbusd_epi32(s_hi[r][0], w, x_hi[0]);
+                s_hi[r][1] = _mm512_dpbusd_epi32(s_hi[r][1], w, x_hi[1]);
+            }
+        }
+        let dx: [__m512; 2] = std::array::from_fn(|p| scales_dx(&[xs[2 * p], xs[2 * p + 1]], ib));
+        for r in 0..TILE_ROWS {
+            let dw = f16_at(b[r]);
+            for p in 0..2 {
+                let s = _mm512_add_epi32(s_lo[r][p], _mm512_srai_epi32::<4>(s_hi[r][p]));
+                let a = acc[r][p].as_mut_ptr();
+                let mut v = _mm512_loadu_ps(a);
+                add_scaled(&mut v, s, dw, dx[p]);
+                _mm512_storeu_ps(a, v);
+            }
+        }
+    }
+    let mut out = [[[0.0f32; 8]; 4]; TILE_ROWS];
+    for r in 0..TILE_ROWS {
+        for p in 0..2 {
+            let pair: &mut [[f32; 8]; 2] = (&mut out[r][2 * p..2 * p + 2]).try_into().unwrap();
+            store16(pair, _mm512_loadu_ps(acc[r][p].as_ptr()));
         }
     }
     out

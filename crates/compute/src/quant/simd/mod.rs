@@ -192,7 +192,7 @@ pub(crate) struct Tiles {
     rows8: RowsKernel,
     tile: TileKernel,
     /// Four rows by four octets (32 tokens), where a type gains from the taller tile (AVX-512
-    /// Q4_K); same bits as two two-octet tiles.
+    /// Q4_0 and Q4_K); same bits as two two-octet tiles.
     quad: Option<OctetTileKernel<4>>,
 }
 
@@ -218,7 +218,11 @@ impl Tiles {
                 GgmlType::Q6_K => (avx512::rows8_k::<{ avx512::Q6_K }>, l::tile_q6_k),
                 _ => return Some(avx2),
             };
-            let quad = (dtype == GgmlType::Q4_K).then_some(l::tile4_q4_k as OctetTileKernel<4>);
+            let quad = match dtype {
+                GgmlType::Q4_0 => Some(l::tile4_q4_0 as OctetTileKernel<4>),
+                GgmlType::Q4_K => Some(l::tile4_q4_k as OctetTileKernel<4>),
+                _ => None,
+            };
             return Some(Tiles { rows8, tile: TileKernel(two, one), quad });
         }
         #[cfg(target_arch = "x86_64")]
