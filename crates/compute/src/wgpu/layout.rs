@@ -14,14 +14,19 @@
 //! a row is read at 18 bytes per 32 values and every quant array, like the scales, is one 16-byte
 //! load (`shaders/quant/i8/q4_0g_v4.wgsl`). Kernels see it as a 256-value block type, as Q4_K.
 //!
-//! Q4_K blocks are regrouped in place ([`TypeLayout::q4_k_grouped`], 144 bytes as in the file):
+//! Q4_K blocks may be regrouped in place ([`TypeLayout::q4_k_grouped`], 144 bytes as in the file):
 //! GGUF stores a pair of 32-value sub-blocks in 32 bytes (the first sub-block in the low nibbles,
 //! the second in the high ones), so an int8 kernel taking one sub-block per invocation loads 32
 //! bytes and uses half of each, and decodes a 6-bit scale and min spread over three bytes with a
 //! branch on the sub-block index. Regrouped, each sub-block's quants are 16 contiguous bytes in
 //! Q4_0's order (byte i: value i in the low nibble, i + 16 in the high one), one 16-byte load
 //! against the same activation block as grouped Q4_0; the eight scales and mins are stored as
-//! three words of bit fields that `extractBits` reads without a branch.
+//! three words of bit fields that `extractBits` reads without a branch. It is not the default
+//! (`DISKFORMER_Q4_K_LAYOUT=grouped` selects it): on the H200 (eighth session, one lease,
+//! 32768 x 8192 against a 3930 GB/s stream read) its 16-byte-load kernel read 58% of the stream
+//! at 1x64v against 63% for ggml's layout, and an 8B Q4_K decode layer replayed 2.5% slower with
+//! the default shapes, though its 4-byte-load kernel led at some shapes (q/k/v at 1x64 22.5 us
+//! against 26.5, 32768 x 8192 at 2x64 61% against 58%).
 
 use gguf::GgmlType;
 
@@ -112,18 +117,19 @@ impl TypeLayout {
     }
 
     /// The layout a weight of `dtype` with rows of `k` values takes on the GPU: Q4_0's grouped
-    /// layout where rows are whole groups, Q4_K's grouped layout (`DISKFORMER_Q4_0_LAYOUT=blocks`
-    /// and `DISKFORMER_Q4_K_LAYOUT=blocks` keep the per-block layouts, for comparisons), else
-    /// [`TypeLayout::of`]. Every upload and placement of a weight asks here, so a matrix and its
-    /// copies (expert slots, the host tier) agree.
+    /// layout where rows are whole groups (`DISKFORMER_Q4_0_LAYOUT=blocks` keeps the per-block
+    /// layout), Q4_K's grouped layout when `DISKFORMER_Q4_K_LAYOUT=grouped` (both for
+    /// comparisons), else [`TypeLayout::of`]. Every upload and placement of a weight asks here,
+    /// so a matrix and its copies (expert slots, the host tier) agree.
     pub fn for_weight(dtype: GgmlType, k: usize) -> Option<TypeLayout> {
-        static BLOCKS: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
-        let (q4_0_blocks, q4_k_blocks) =
-            *BLOCKS.get_or_init(|| (per_block("DISKFORMER_Q4_0_LAYOUT"), per_block("DISKFORMER_Q4_K_LAYOUT")));
+        static ENV: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+        let (q4_0_blocks, q4_k_grouped) = *ENV.get_or_init(|| {
+            (per_block("DISKFORMER_Q4_0_LAYOUT"), std::env::var("DISKFORMER_Q4_K_LAYOUT").is_ok_and(|v| v == "grouped"))
+        });
         if dtype == GgmlType::Q4_0 && !q4_0_blocks && k.is_multiple_of(32 * Q4_0_GROUP) {
             return Some(TypeLayout::q4_0_grouped());
         }
-        if dtype == GgmlType::Q4_K && !q4_k_blocks {
+        if dtype == GgmlType::Q4_K && q4_k_grouped {
             return Some(TypeLayout::q4_k_grouped());
         }
         TypeLayout::of(dtype)
@@ -318,10 +324,10 @@ mod tests {
     }
 
     #[test]
-    fn q4_k_takes_the_grouped_layout_unless_asked_for_blocks() {
-        let blocks = std::env::var("DISKFORMER_Q4_K_LAYOUT").is_ok_and(|v| v == "blocks");
+    fn q4_k_takes_the_grouped_layout_when_asked() {
+        let grouped = std::env::var("DISKFORMER_Q4_K_LAYOUT").is_ok_and(|v| v == "grouped");
         let l = TypeLayout::for_weight(GgmlType::Q4_K, 4096).unwrap();
-        assert_eq!(l.name, if blocks { "q4_k" } else { "q4_kg" });
+        assert_eq!(l.name, if grouped { "q4_kg" } else { "q4_k" });
         // Same bytes as the file: the GPU budget counts the same.
         assert_eq!(l.row_words(4096), TypeLayout::of(GgmlType::Q4_K).unwrap().row_words(4096));
         assert!(!TypeLayout::q4_k_grouped().copies_verbatim());
