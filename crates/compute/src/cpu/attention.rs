@@ -228,12 +228,18 @@ pub(crate) fn attend_head<T: KvElem>(
             let kj = &rows.k[j * rows.k_width + kv_head * hd_k..][..hd_k];
             scores.push(T::dot(simd, q, kj));
         }
-        for s in scores.iter_mut() {
-            *s *= spec.scale;
-            if let Some(cap) = spec.softcap {
+        if let Some(cap) = spec.softcap {
+            for s in scores.iter_mut() {
+                *s *= spec.scale;
                 *s = cap * (*s / cap).tanh();
+                max = max.max(*s);
             }
-            max = max.max(*s);
+        } else {
+            let done = scale_max_vectorised(simd, &mut scores, spec.scale, &mut max);
+            for s in scores[done..].iter_mut() {
+                *s *= spec.scale;
+                max = max.max(*s);
+            }
         }
         if let Some(s) = sink {
             max = max.max(s);
@@ -261,6 +267,21 @@ pub(crate) fn attend_head<T: KvElem>(
             T::axpy(simd, out, scores[idx] * inv, vj);
         }
     });
+}
+
+/// `s *= scale` for the leading scores the vector unit takes, `max` raised to their largest;
+/// how many were done (none without AVX2). With `f32::max` in the scalar loop, every step
+/// waited on the last and nothing vectorised: 4% of a 1B model's 512-token prefill.
+#[allow(unused_variables)]
+fn scale_max_vectorised(simd: Simd, scores: &mut [f32], scale: f32, max: &mut f32) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx2 {
+        // SAFETY: `Simd::Avx2` is only produced after detecting AVX2, FMA and F16C.
+        let (m, done) = unsafe { avx2::scale_max(scores, scale) };
+        *max = max.max(m);
+        return done;
+    }
+    0
 }
 
 /// `s = exp(s - max)` for the leading scores the vector unit takes: their sum and count
@@ -399,6 +420,28 @@ mod avx2 {
             sum = _mm256_add_ps(sum, e);
         }
         (hsum(sum), n)
+    }
+
+    /// `s *= scale` for the whole groups of eight of `scores` (the same products as the
+    /// scalar loop) and their maximum (`-inf` for none), with how many were done. `maxps`
+    /// returns its second operand when the first is NaN, so a NaN score is skipped as
+    /// `f32::max` skips it; the maximum does not depend on the order (but for the sign of a
+    /// zero, which `s - max` does not see).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scale_max(scores: &mut [f32], scale: f32) -> (f32, usize) {
+        let n = scores.len() / 8 * 8;
+        let p = scores.as_mut_ptr();
+        let sc = _mm256_set1_ps(scale);
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        // SAFETY (loads and stores): every index is below n <= scores.len().
+        for i in (0..n).step_by(8) {
+            let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), sc);
+            _mm256_storeu_ps(p.add(i), v);
+            m = _mm256_max_ps(v, m);
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        (lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)), n)
     }
 
     /// Sum of the 8 lanes.
