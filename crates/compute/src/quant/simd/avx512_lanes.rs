@@ -60,6 +60,30 @@ unsafe fn store16(out: &mut [[f32; 8]; 2], v: __m512) {
     _mm512_storeu_ps(out.as_mut_ptr() as *mut f32, v);
 }
 
+/// [`add_scaled`] on sixteen float sums kept in memory (the four-octet tiles' accumulators).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn add_scaled_at(acc: &mut [f32; 16], s: __m512i, dw: f32, dx: __m512) {
+    let mut v = _mm512_loadu_ps(acc.as_ptr());
+    add_scaled(&mut v, s, dw, dx);
+    _mm512_storeu_ps(acc.as_mut_ptr(), v);
+}
+
+/// A four-octet tile's output from its sums, `value(r, p)` being row `r`'s sixteen lanes of
+/// octets `2 p` and `2 p + 1`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn quad_out(value: impl Fn(usize, usize) -> __m512) -> [[[f32; 8]; 4]; TILE_ROWS] {
+    let mut out = [[[0.0f32; 8]; 4]; TILE_ROWS];
+    for (r, row) in out.iter_mut().enumerate() {
+        for p in 0..2 {
+            let pair: &mut [[f32; 8]; 2] = (&mut row[2 * p..2 * p + 2]).try_into().unwrap();
+            store16(pair, value(r, p));
+        }
+    }
+    out
+}
+
 /// A Q4_0, Q4_1 or Q5_0 tile of four rows by two octets: `out[r][o][t]` is row `rows[r]` times
 /// token `t` of octet `xs[o]`.
 ///
@@ -430,25 +454,12 @@ pub(in crate::quant) unsafe fn tile4_q4_k(
                     let pair = join_at(bs[2 * p].add(32 * j), bs[2 * p + 1].add(32 * j));
                     m = _mm512_dpwssd_epi32(m, pair, _mm512_set1_epi16(scales_mins[r][8 + j]));
                 }
-                let (a, a_m) = (acc[r][p].as_mut_ptr(), acc_m[r][p].as_mut_ptr());
-                let mut v = _mm512_loadu_ps(a);
-                add_scaled(&mut v, _mm512_srai_epi32::<4>(s[r][p]), dw, dx[p]);
-                _mm512_storeu_ps(a, v);
-                let mut v = _mm512_loadu_ps(a_m);
-                add_scaled(&mut v, m, dmin, dx[p]);
-                _mm512_storeu_ps(a_m, v);
+                add_scaled_at(&mut acc[r][p], _mm512_srai_epi32::<4>(s[r][p]), dw, dx[p]);
+                add_scaled_at(&mut acc_m[r][p], m, dmin, dx[p]);
             }
         }
     }
-    let mut out = [[[0.0f32; 8]; 4]; TILE_ROWS];
-    for r in 0..TILE_ROWS {
-        for p in 0..2 {
-            let v = _mm512_sub_ps(_mm512_loadu_ps(acc[r][p].as_ptr()), _mm512_loadu_ps(acc_m[r][p].as_ptr()));
-            let pair: &mut [[f32; 8]; 2] = (&mut out[r][2 * p..2 * p + 2]).try_into().unwrap();
-            store16(pair, v);
-        }
-    }
-    out
+    quad_out(|r, p| _mm512_sub_ps(_mm512_loadu_ps(acc[r][p].as_ptr()), _mm512_loadu_ps(acc_m[r][p].as_ptr())))
 }
 
 /// A Q4_0 tile of four rows by four octets (32 tokens), as [`tile4_q4_k`]: each weight group
@@ -503,19 +514,9 @@ pub(in crate::quant) unsafe fn tile4_q4_0(
             let dw = f16_at(b[r]);
             for p in 0..2 {
                 let s = _mm512_add_epi32(s_lo[r][p], _mm512_srai_epi32::<4>(s_hi[r][p]));
-                let a = acc[r][p].as_mut_ptr();
-                let mut v = _mm512_loadu_ps(a);
-                add_scaled(&mut v, s, dw, dx[p]);
-                _mm512_storeu_ps(a, v);
+                add_scaled_at(&mut acc[r][p], s, dw, dx[p]);
             }
         }
     }
-    let mut out = [[[0.0f32; 8]; 4]; TILE_ROWS];
-    for r in 0..TILE_ROWS {
-        for p in 0..2 {
-            let pair: &mut [[f32; 8]; 2] = (&mut out[r][2 * p..2 * p + 2]).try_into().unwrap();
-            store16(pair, _mm512_loadu_ps(acc[r][p].as_ptr()));
-        }
-    }
-    out
+    quad_out(|r, p| _mm512_loadu_ps(acc[r][p].as_ptr()))
 }
