@@ -44,6 +44,10 @@ const ACT: &str = include_str!("shaders/act.wgsl");
 const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
 const GATE_UP_Q8: &str = include_str!("shaders/moe_gate_up_q8.wgsl");
 const DOWN_Q8: &str = include_str!("shaders/moe_down_q8.wgsl");
+/// The parameters the f32 and int8 kernels of each half share (`{{PARAMS}}` in their templates;
+/// `moe_pairs` writes their words).
+const GATE_UP_PARAMS: &str = include_str!("shaders/moe_gate_up_params.wgsl");
+const DOWN_PARAMS: &str = include_str!("shaders/moe_down_params.wgsl");
 
 /// Experts per layer, experts per token and groups up to which `moe_route.wgsl` routes (its
 /// shared arrays); past them the host routes.
@@ -346,6 +350,7 @@ pub(super) fn gate_up_source(
         ("    var acc = products(ent, xb, row0, lid);".to_string(), String::new())
     };
     let src = GATE_UP
+        .replace("{{PARAMS}}", GATE_UP_PARAMS)
         .replace("{{QUANT_G}}", &quant_code(gate_code, None))
         .replace("{{QUANT_U}}", &quant_code(up, Some(("_u", "WU"))))
         .replace("{{ACT}}", ACT)
@@ -368,6 +373,7 @@ pub(super) fn down_source(down: &TypeLayout, shape: (u32, u32), subgroups: bool,
         ("        acc = down_rows(acc, ent, w, hb, row0, lid);".to_string(), String::new())
     };
     let src = DOWN
+        .replace("{{PARAMS}}", DOWN_PARAMS)
         .replace("{{QUANT}}", &quant_code(down, None))
         .replace("{{DOWN_ROWS_H}}", &rows_h)
         .replace("{{DOWN_ROWS}}", &rows);
@@ -528,7 +534,7 @@ pub(super) fn gate_up_q8_source(
     kind: TableKind,
 ) -> Option<String> {
     let g = gate.unwrap_or(up);
-    let template = GATE_UP_Q8.replace("{{BLOCK}}", GATE_UP_Q8_BLOCK);
+    let template = GATE_UP_Q8.replace("{{BLOCK}}", GATE_UP_Q8_BLOCK).replace("{{PARAMS}}", GATE_UP_PARAMS);
     let mut quant = format!(
         "{QUANT_COMMON}\n{}\n{}\n",
         dot32_code(g, "", "W", Some("_G"))?,
@@ -647,6 +653,7 @@ pub(super) fn down_q8_source(
     let (field, table, p_binding) = table_parts(kind, 6);
     Some(
         DOWN_Q8
+            .replace("{{PARAMS}}", DOWN_PARAMS)
             .replace("{{QUANT}}", &quant)
             .replace("{{ITEM_BODY}}", &DOWN_Q8_ITEM.replace("{{ITEM}}", &item))
             .replace("{{K_TOP}}", &k_top.to_string())

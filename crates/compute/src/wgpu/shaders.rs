@@ -584,7 +584,7 @@ fn q8_glu_body(shape: Q8Shape) -> String {
             sg += red[lid * TPR + i];
             su += red[(RPW + lid) * TPR + i];
         }
-        h = glu_value(sg, su);
+        h = glu_act(sg, su, P.glu_op, P.alpha, P.limit);
         if (wrow0 + lid < n_rows) {
             Y[wrow0 + lid] = h;
         }
@@ -622,16 +622,6 @@ fn q8_glu_body(shape: Q8Shape) -> String {
 ";
     s
 }
-
-/// glu(gate, up) as glu.wgsl computes it.
-const Q8_GLU_VALUE: &str = "fn glu_value(gv: f32, uv: f32) -> f32 {
-    if (P.glu_op == 5u) {
-        let gc = min(gv, P.limit);
-        let uc = clamp(uv, -P.limit, P.limit);
-        return (uc + 1.0) * (gc / (1.0 + exp(-gc * P.alpha)));
-    }
-    return act(gv, P.glu_op) * uv;
-}";
 
 /// The `dot32` of weights in layout `l`: the type's ([`dot32_source`]), or the grouped Q4_0 and
 /// Q4_K layouts' own.
@@ -782,12 +772,12 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
         ""
     };
     let n_red = if kind == Q8Kind::Glu { 2 } else { 1 };
-    let act = if kind == Q8Kind::Glu { format!("{ACT}\n{Q8_GLU_VALUE}") } else { String::new() };
+    let act = if kind == Q8Kind::Glu { ACT } else { "" };
     Some(
         MATVEC_Q8
             .replace("{{BINDINGS}}", &bindings)
             .replace("{{QUANT}}", &format!("{quant_src}\n{dots}"))
-            .replace("{{ACT}}", &act)
+            .replace("{{ACT}}", act)
             .replace("{{WG}}", &shape.wg.to_string())
             .replace("{{TPR}}", &shape.tpr.to_string())
             .replace("{{ROWS}}", &shape.rows.to_string())

@@ -1,4 +1,5 @@
-// Activations shared by unary.wgsl and glu.wgsl (codes: 1 silu, 2 gelu erf, 3 gelu tanh, 4 relu).
+// Activations shared by unary.wgsl, glu.wgsl and the kernels that apply a GLU on the way out
+// (codes: 1 silu, 2 gelu erf, 3 gelu tanh, 4 relu; GLU code 5: gpt-oss SwiGLU).
 
 // erf by Abramowitz-Stegun 7.1.26 is too coarse (1.5e-7 absolute); this is the single precision
 // rational approximation of Numerical Recipes' erfc (fractional error below 1.2e-7).
@@ -28,4 +29,15 @@ fn act(x: f32, op: u32) -> f32 {
             return max(x, 0.0);
         }
     }
+}
+
+// glu(gate, up) for GLU code op: 1..4 act(gate) * up; 5 gpt-oss SwiGLU, gate clamped to
+// (-inf, limit], up to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate).
+fn glu_act(gv: f32, uv: f32, op: u32, alpha: f32, limit: f32) -> f32 {
+    if (op == 5u) {
+        let gc = min(gv, limit);
+        let uc = clamp(uv, -limit, limit);
+        return (uc + 1.0) * (gc / (1.0 + exp(-gc * alpha)));
+    }
+    return act(gv, op) * uv;
 }

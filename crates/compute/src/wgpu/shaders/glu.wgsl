@@ -20,11 +20,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= P.n) {
         return;
     }
-    if (P.op == 5u) {
-        let g = min(G[i], P.limit);
-        let u = clamp(U[i], -P.limit, P.limit);
-        Y[i] = (u + 1.0) * (g / (1.0 + exp(-g * P.alpha)));
-    } else {
-        Y[i] = act(G[i], P.op) * U[i];
-    }
+    Y[i] = glu_act(G[i], U[i], P.op, P.alpha, P.limit);
 }

@@ -4,26 +4,13 @@
 // A workgroup computes ROWS output rows of one token and loops over its k_top experts itself, so each
 // output is written once, in a fixed order: deterministic, no atomics, no zero-fill. Grid x: row
 // groups, y: tokens.
-// Template parameters (experts.rs): QUANT (the down type's dq8/dot8 over W), WG, ROWS, NV (= ROWS),
-// SKIP, TABLE_FIELD, TABLE (with the table binding T, 5, when the GPU routed), P_BINDING, SG_ARGS,
-// REDUCE, DOWN_ROWS (acc from down_rows(), or, with the tier's slot table, from down_rows_h() for
-// a pair whose expert is read from host memory), DOWN_ROWS_H (that copy). Pairs whose entry is
-// SKIP (computed on the CPU) are left out. Needs n_ff a multiple of 8.
-struct Params {
-    n_ff: u32,
-    n_embd: u32,
-    rw_d: u32,
-    n_tok: u32,
-    k_top: u32,
-    has_bias: u32,
-    table_at: u32,
-    weights_at: u32,
-    stride_g: u32,
-    stride_u: u32,
-    stride_d: u32,
-    slots_at: u32,
-{{TABLE_FIELD}}
-}
+// Template parameters (moe.rs): PARAMS (moe_down_params.wgsl, shared with the int8 kernel), QUANT
+// (the down type's dq8/dot8 over W), WG, ROWS, NV (= ROWS), SKIP, TABLE_FIELD, TABLE (with the
+// table binding T, 5, when the GPU routed), P_BINDING, SG_ARGS, REDUCE, DOWN_ROWS (acc from
+// down_rows(), or, with the tier's slot table, from down_rows_h() for a pair whose expert is read
+// from host memory), DOWN_ROWS_H (that copy). Pairs whose entry is SKIP (computed on the CPU) are
+// left out. Needs n_ff a multiple of 8.
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> H: array<vec4<f32>>;

@@ -12,27 +12,14 @@
 //
 // Shape: WG invocations in SLOTS = WG / TPR row slots of TPR lanes, ROWS rows per slot in
 // registers: RPW = SLOTS * ROWS output rows per workgroup. Grid x: row groups, y: tokens.
-// Template parameters (moe.rs): QUANT (quant/common.wgsl, the down type's dot32 over W and its
-// host-tier copy dot32_h over WH), QBV / QBW (its block values and words), NB_H (n_ff / 32), K_TOP
-// (experts per token, the same as P.k_top), WG, TPR, ROWS, SERIAL, MAX_K, SKIP, TABLE_FIELD, TABLE (the table bindings from 6), P_BINDING,
-// SG_ARGS, REDUCE, ITEM_BODY (adds item q to acc, reading WH for a pair whose expert is in host
-// memory when the tier's slot table is bound). Pairs whose entry is SKIP (computed on the CPU) are
-// left out.
-struct Params {
-    n_ff: u32,
-    n_embd: u32,
-    rw_d: u32,
-    n_tok: u32,
-    k_top: u32,
-    has_bias: u32,
-    table_at: u32,
-    weights_at: u32,
-    stride_g: u32,
-    stride_u: u32,
-    stride_d: u32,
-    slots_at: u32,
-{{TABLE_FIELD}}
-}
+// Template parameters (moe.rs): PARAMS (moe_down_params.wgsl, shared with the f32 kernel), QUANT
+// (quant/common.wgsl, the down type's dot32 over W and its host-tier copy dot32_h over WH), QBV /
+// QBW (its block values and words), NB_H (n_ff / 32), K_TOP (experts per token, the same as
+// P.k_top), WG, TPR, ROWS, SERIAL, MAX_K, SKIP, TABLE_FIELD, TABLE (the table bindings from 6),
+// P_BINDING, SG_ARGS, REDUCE, ITEM_BODY (adds item q to acc, reading WH for a pair whose expert is
+// in host memory when the tier's slot table is bound). Pairs whose entry is SKIP (computed on the
+// CPU) are left out.
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> HQ: array<vec4<u32>>;

@@ -12,30 +12,12 @@
 // of a resident stacked weight. The table comes in the parameters (routing on the host), or is made
 // from the expert ids the GPU router left in T (binding 6 then; TABLE declares it) and the
 // stacks' words per expert (stride_*). A pair whose expert the CPU computes has the entry SKIP.
-// Template parameters (experts.rs): QUANT_G / QUANT_U (the weight types' dq8/dot8 over W and over
-// WU, names suffixed _u), WG, ROWS, NV (= 2 * ROWS), GATED, SKIP, TABLE_FIELD, TABLE, P_BINDING,
-// SG_ARGS, REDUCE, ACT, PRODUCTS (acc from products(), or, with the tier's slot table, from
-// products_h() for a pair whose expert is read from host memory), PRODUCTS_H (that copy).
-// Needs n_embd a multiple of 8.
-struct Params {
-    n_embd: u32,
-    n_ff: u32,
-    rw_g: u32,
-    rw_u: u32,
-    n_pairs: u32,
-    k_top: u32,
-    op: u32,
-    has_gate_bias: u32,
-    alpha: f32,
-    limit: f32,
-    has_up_bias: u32,
-    table_at: u32,
-    stride_g: u32,
-    stride_u: u32,
-    stride_d: u32,
-    slots_at: u32,
-{{TABLE_FIELD}}
-}
+// Template parameters (moe.rs): PARAMS (moe_gate_up_params.wgsl, shared with the int8 kernel),
+// QUANT_G / QUANT_U (the weight types' dq8/dot8 over W and over WU, names suffixed _u), WG, ROWS,
+// NV (= 2 * ROWS), GATED, SKIP, TABLE_FIELD, TABLE, P_BINDING, SG_ARGS, REDUCE, ACT, PRODUCTS (acc
+// from products(), or, with the tier's slot table, from products_h() for a pair whose expert is
+// read from host memory), PRODUCTS_H (that copy). Needs n_embd a multiple of 8.
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> WU: array<u32>;
@@ -129,14 +111,7 @@ fn main(
             if (P.has_gate_bias == 1u) {
                 gv += BG[bias_at];
             }
-            if (P.op == 5u) {
-                // gpt-oss SwiGLU, as glu.wgsl.
-                let gc = min(gv, P.limit);
-                let uc = clamp(u, -P.limit, P.limit);
-                h = (uc + 1.0) * (gc / (1.0 + exp(-gc * P.alpha)));
-            } else {
-                h = act(gv, P.op) * u;
-            }
+            h = glu_act(gv, u, P.op, P.alpha, P.limit);
         } else {
             h = act(u, P.op);
         }

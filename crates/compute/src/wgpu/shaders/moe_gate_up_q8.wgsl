@@ -19,31 +19,14 @@
 // Shape: WG invocations in SLOTS = WG / TPR row slots of TPR invocations; a slot holds ROWS rows of
 // gate and up in registers (they share the activation loads): RPW = SLOTS * ROWS rows per
 // workgroup. Grid x: row groups, y: pairs.
-// Template parameters (moe.rs): QUANT (quant/common.wgsl and the gate type's dot32 over W, the up
-// type's as dot32_u over WU, with the host tier's copies dot32_h / dot32_uh over WH), QBV_G / QBW_G /
-// QBV_U / QBW_U (block values and words of the gate and up types), NB_X (n_embd / 32), WG, TPR,
-// ROWS, GATED, SKIP, TABLE_FIELD, TABLE, P_BINDING, ACT, PRODUCTS (acc from products(), or from
-// products_h() for a pair whose expert is read from host memory), PRODUCTS_H (that copy), REDUCE,
-// BLOCK (one activation block q's gate and up terms, substituted before the host copy is made).
-struct Params {
-    n_embd: u32,
-    n_ff: u32,
-    rw_g: u32,
-    rw_u: u32,
-    n_pairs: u32,
-    k_top: u32,
-    op: u32,
-    has_gate_bias: u32,
-    alpha: f32,
-    limit: f32,
-    has_up_bias: u32,
-    table_at: u32,
-    stride_g: u32,
-    stride_u: u32,
-    stride_d: u32,
-    slots_at: u32,
-{{TABLE_FIELD}}
-}
+// Template parameters (moe.rs): PARAMS (moe_gate_up_params.wgsl, shared with the f32 kernel), QUANT
+// (quant/common.wgsl and the gate type's dot32 over W, the up type's as dot32_u over WU, with the
+// host tier's copies dot32_h / dot32_uh over WH), QBV_G / QBW_G / QBV_U / QBW_U (block values and
+// words of the gate and up types), NB_X (n_embd / 32), WG, TPR, ROWS, GATED, SKIP, TABLE_FIELD,
+// TABLE, P_BINDING, ACT, PRODUCTS (acc from products(), or from products_h() for a pair whose
+// expert is read from host memory), PRODUCTS_H (that copy), REDUCE, BLOCK (one activation block q's
+// gate and up terms, substituted before the host copy is made).
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> WU: array<u32>;
@@ -166,14 +149,7 @@ fn main(
             if (P.has_gate_bias == 1u) {
                 gv += BG[bias_at];
             }
-            if (P.op == 5u) {
-                // gpt-oss SwiGLU, as glu.wgsl.
-                let gc = min(gv, P.limit);
-                let uc = clamp(u, -P.limit, P.limit);
-                h = (uc + 1.0) * (gc / (1.0 + exp(-gc * P.alpha)));
-            } else {
-                h = act(gv, P.op) * u;
-            }
+            h = glu_act(gv, u, P.op, P.alpha, P.limit);
         } else {
             h = act(u, P.op);
         }
