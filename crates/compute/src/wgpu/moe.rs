@@ -558,6 +558,7 @@ pub(super) fn gate_up_q8_source(
         template
             .replace("{{QUANT}}", &quant)
             .replace("{{ACT}}", ACT)
+            .replace("{{Q8_ROWS}}", super::shaders::Q8_ROWS)
             .replace("{{PRODUCTS_H}}", &products_h)
             .replace("{{PRODUCTS}}", &products)
             .replace("{{REDUCE}}", &slot_reduce("2u * ROWS", "(r / ROWS) * RPW + slot * ROWS + r % ROWS", "2u * RPW"))

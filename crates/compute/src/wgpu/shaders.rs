@@ -16,6 +16,8 @@ const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const ACT: &str = include_str!("shaders/act.wgsl");
 const Q8_BLOCK: &str = include_str!("shaders/q8_block.wgsl");
+/// The GLU kernels' epilogue: a workgroup's rows to int8 blocks (dense and MoE).
+pub(super) const Q8_ROWS: &str = include_str!("shaders/q8_rows.wgsl");
 
 /// A kernel without template parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -591,32 +593,12 @@ fn q8_glu_body(shape: Q8Shape) -> String {
     }
     if (P.quantize != 0u) {
         // The partial sums are read; red now holds |h| for the block maxima.
-        workgroupBarrier();
-        if (lid < RPW) {
-            red[lid] = abs(h);
-        }
-        workgroupBarrier();
-        var d = 0.0;
-        if (lid < RPW) {
-            let b0 = lid - lid % 32u;
-            var amax = 0.0;
-            for (var i = 0u; i < 32u; i++) {
-                amax = max(amax, red[b0 + i]);
-            }
-            d = amax / 127.0;
-            let inv = select(0.0, 1.0 / d, d > 0.0);
-            qv[lid] = i32(round(h * inv));
-        }
-        workgroupBarrier();
+        let d = q8_rows(h, lid);
         if (lid < RPW / 4u && wrow0 + 4u * lid < n_rows) {
-            QS[wrow0 / 4u + lid] = pack4xI8(vec4<i32>(qv[4u * lid], qv[4u * lid + 1u], qv[4u * lid + 2u], qv[4u * lid + 3u]));
+            QS[wrow0 / 4u + lid] = q8_rows_word(lid);
         }
         if (lid < RPW && lid % 32u == 0u && wrow0 + lid < n_rows) {
-            var qsum = 0;
-            for (var i = 0u; i < 32u; i++) {
-                qsum += qv[lid + i];
-            }
-            DS[(wrow0 + lid) / 32u] = vec2<f32>(d, d * f32(qsum));
+            DS[(wrow0 + lid) / 32u] = vec2<f32>(d, d * f32(q8_rows_sum(lid)));
         }
     }
 ";
@@ -772,12 +754,12 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
         ""
     };
     let n_red = if kind == Q8Kind::Glu { 2 } else { 1 };
-    let act = if kind == Q8Kind::Glu { ACT } else { "" };
+    let act = if kind == Q8Kind::Glu { format!("{ACT}\n{Q8_ROWS}") } else { String::new() };
     Some(
         MATVEC_Q8
             .replace("{{BINDINGS}}", &bindings)
             .replace("{{QUANT}}", &format!("{quant_src}\n{dots}"))
-            .replace("{{ACT}}", act)
+            .replace("{{ACT}}", &act)
             .replace("{{WG}}", &shape.wg.to_string())
             .replace("{{TPR}}", &shape.tpr.to_string())
             .replace("{{ROWS}}", &shape.rows.to_string())

@@ -23,9 +23,10 @@
 // (quant/common.wgsl and the gate type's dot32 over W, the up type's as dot32_u over WU, with the
 // host tier's copies dot32_h / dot32_uh over WH), QBV_G / QBW_G / QBV_U / QBW_U (block values and
 // words of the gate and up types), NB_X (n_embd / 32), WG, TPR, ROWS, GATED, SKIP, TABLE_FIELD,
-// TABLE, P_BINDING, ACT, PRODUCTS (acc from products(), or from products_h() for a pair whose
-// expert is read from host memory), PRODUCTS_H (that copy), REDUCE, BLOCK (one activation block q's
-// gate and up terms, substituted before the host copy is made).
+// TABLE, P_BINDING, ACT, Q8_ROWS (q8_rows.wgsl: the epilogue h to int8 blocks), PRODUCTS (acc from
+// products(), or from products_h() for a pair whose expert is read from host memory), PRODUCTS_H
+// (that copy), REDUCE, BLOCK (one activation block q's gate and up terms, substituted before the
+// host copy is made).
 {{PARAMS}}
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -40,6 +41,8 @@
 {{QUANT}}
 
 {{ACT}}
+
+{{Q8_ROWS}}
 
 {{TABLE}}
 
@@ -155,33 +158,13 @@ fn main(
         }
     }
     // h to int8 blocks of 32 rows (RPW and n_ff are multiples of 32: a block is all in or all
-    // out), as quantize_q8.wgsl rounds; red's partial sums are read by now.
-    workgroupBarrier();
-    if (lid < RPW) {
-        red[lid] = abs(h);
-    }
-    workgroupBarrier();
-    var d = 0.0;
-    if (lid < RPW) {
-        let b0 = lid - lid % 32u;
-        var amax = 0.0;
-        for (var i = 0u; i < 32u; i++) {
-            amax = max(amax, red[b0 + i]);
-        }
-        d = amax / 127.0;
-        let inv = select(0.0, 1.0 / d, d > 0.0);
-        qv[lid] = i32(round(h * inv));
-    }
-    workgroupBarrier();
+    // out); red's partial sums are read by now.
+    let d = q8_rows(h, lid);
     let hq0 = pair * (P.n_ff / 4u) + wrow0 / 4u;
     if (lid < RPW / 4u && wrow0 + 4u * lid < P.n_ff) {
-        HQ[hq0 + lid] = pack4xI8(vec4<i32>(qv[4u * lid], qv[4u * lid + 1u], qv[4u * lid + 2u], qv[4u * lid + 3u]));
+        HQ[hq0 + lid] = q8_rows_word(lid);
     }
     if (lid < RPW && lid % 32u == 0u && row < P.n_ff) {
-        var qsum = 0;
-        for (var i = 0u; i < 32u; i++) {
-            qsum += qv[lid + i];
-        }
-        HD[pair * (P.n_ff / 32u) + row / 32u] = vec2<f32>(d, d * f32(qsum));
+        HD[pair * (P.n_ff / 32u) + row / 32u] = vec2<f32>(d, d * f32(q8_rows_sum(lid)));
     }
 }
