@@ -16,6 +16,8 @@ const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const ACT: &str = include_str!("shaders/act.wgsl");
 const Q8_BLOCK: &str = include_str!("shaders/q8_block.wgsl");
+/// The rope pair helpers both attention kernels rotate q and k with.
+const ROPE_PAIR: &str = include_str!("shaders/rope_pair.wgsl");
 /// The GLU kernels' epilogue: a workgroup's rows to int8 blocks (dense and MoE).
 pub(super) const Q8_ROWS: &str = include_str!("shaders/q8_rows.wgsl");
 
@@ -109,7 +111,7 @@ impl Plain {
             Plain::SsmScan => include_str!("shaders/ssm_scan.wgsl"),
             Plain::QuantizeQ8 => include_str!("shaders/quantize_q8.wgsl"),
         };
-        s.replace("{{ACT}}", ACT).replace("{{Q8_BLOCK}}", Q8_BLOCK)
+        s.replace("{{ACT}}", ACT).replace("{{Q8_BLOCK}}", Q8_BLOCK).replace("{{ROPE_PAIR}}", ROPE_PAIR)
     }
 }
 
@@ -937,6 +939,7 @@ pub fn attention_decode(k: &AttnDecodeKernel) -> String {
         .replace("{{GROUP_ARGS}}", args)
         .replace("{{GROUP_IDS}}", ids)
         .replace("{{Q8_BLOCK}}", Q8_BLOCK)
+        .replace("{{ROPE_PAIR}}", ROPE_PAIR)
         .replace("{{WG}}", &k.wg.to_string())
         .replace("{{ROWS}}", &k.rows.to_string())
         .replace("{{HDK}}", &k.hdk.to_string())
