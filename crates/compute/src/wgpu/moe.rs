@@ -629,22 +629,8 @@ pub(super) fn down_q8_source(
     // One slot of subgroup-reduced lanes, or slots reduced through workgroup memory.
     let (reduce, sg_args, red_len) = if subgroups && shape.tpr == shape.wg {
         (
-            "    for (var r = 0u; r < ROWS; r++) {
-        let s = subgroupAdd(acc[r]);
-        if (sg_lane == 0u) {
-            red[r * WG + sg_id] = s;
-        }
-    }
-    workgroupBarrier();
-    if (lid < ROWS) {
-        var s = 0.0;
-        for (var i = 0u; i < n_sg; i++) {
-            s += red[lid * WG + i];
-        }
-        tot[lid] = s;
-    }
-    workgroupBarrier();"
-                .to_string(),
+            // REDUCE_SUBGROUP over the ROWS sums of one slot.
+            REDUCE_SUBGROUP.replace("NV", "ROWS"),
             SG_ARGS,
             shape.rows * shape.wg,
         )
@@ -977,14 +963,9 @@ pub(super) fn pairs_fit(n_tok: usize, k: usize, n_embd: usize, n_ff: usize) -> b
 
 #[cfg(test)]
 mod tests {
+    use super::super::shaders::tests::parse;
     use super::*;
     use gguf::GgmlType;
-
-    fn parse(name: &str, src: &str) {
-        let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
-        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
-        v.validate(&module).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
-    }
 
     #[test]
     fn every_type_pair_parses_and_validates() {

@@ -348,14 +348,7 @@ mod tests {
         for wg in [32, 64, 256, 1024] {
             for nv in [1, 4, 16] {
                 for sg in [false, true] {
-                    let src = NormShape { wg, nv }.source(sg);
-                    let module = naga::front::wgsl::parse_str(&src)
-                        .unwrap_or_else(|e| panic!("{wg}x{nv} sg{sg}: {}", e.emit_to_string(&src)));
-                    let mut v = naga::valid::Validator::new(
-                        naga::valid::ValidationFlags::all(),
-                        naga::valid::Capabilities::all(),
-                    );
-                    v.validate(&module).unwrap_or_else(|e| panic!("{wg}x{nv} sg{sg}: {}", e.emit_to_string(&src)));
+                    super::super::shaders::tests::parse(&format!("{wg}x{nv} sg{sg}"), &NormShape { wg, nv }.source(sg));
                 }
             }
         }

@@ -964,10 +964,12 @@ pub fn get_rows(layout: &TypeLayout) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn parse(name: &str, src: &str) {
+    /// Parses and validates WGSL `src` (every capability allowed), panicking with `name` and
+    /// naga's message (the shader tests of every kernel builder).
+    pub(in crate::wgpu) fn parse(name: &str, src: &str) {
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
         let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
         v.validate(&module).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
