@@ -111,7 +111,10 @@ impl Plain {
             Plain::SsmScan => include_str!("shaders/ssm_scan.wgsl"),
             Plain::QuantizeQ8 => include_str!("shaders/quantize_q8.wgsl"),
         };
-        s.replace("{{ACT}}", ACT).replace("{{Q8_BLOCK}}", Q8_BLOCK).replace("{{ROPE_PAIR}}", ROPE_PAIR)
+        s.replace("{{ACT}}", ACT)
+            .replace("{{Q8_BLOCK}}", Q8_BLOCK)
+            .replace("{{ROPE_PAIR}}", ROPE_PAIR)
+            .replace("{{REDUCE_SHARED}}", REDUCE_SHARED)
     }
 }
 

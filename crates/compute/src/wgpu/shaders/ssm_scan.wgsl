@@ -26,19 +26,7 @@ const WG: u32 = 64u;
 const MAXS: u32 = 4u;
 var<workgroup> red: array<f32, 64>;
 
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+{{REDUCE_SHARED}}
 
 fn softplus(x: f32) -> f32 {
     if (x > 20.0) {
