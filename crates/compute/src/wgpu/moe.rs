@@ -32,6 +32,7 @@
 //!   each token a pair of weight 1.
 
 use super::layout::TypeLayout;
+use super::shaders::I8_COMMON;
 use super::{act_code, grid, WgpuBackend, WgpuTensor};
 use crate::backend::Routing;
 use crate::error::OpError;
@@ -536,7 +537,7 @@ pub(super) fn gate_up_q8_source(
     let g = gate.unwrap_or(up);
     let template = GATE_UP_Q8.replace("{{BLOCK}}", GATE_UP_Q8_BLOCK).replace("{{PARAMS}}", GATE_UP_PARAMS);
     let mut quant = format!(
-        "{QUANT_COMMON}\n{}\n{}\n",
+        "{QUANT_COMMON}\n{I8_COMMON}\n{}\n{}\n",
         dot32_code(g, "", "W", Some("_G"))?,
         dot32_code(up, "_u", "WU", Some("_U"))?
     );
@@ -607,7 +608,7 @@ pub(super) fn down_q8_source(
     subgroups: bool,
     kind: TableKind,
 ) -> Option<String> {
-    let mut quant = format!("{QUANT_COMMON}\n{}\n", dot32_code(down, "", "W", Some(""))?);
+    let mut quant = format!("{QUANT_COMMON}\n{I8_COMMON}\n{}\n", dot32_code(down, "", "W", Some(""))?);
     let add = |f: &str| {
         format!(
             "            for (var r = 0u; r < ROWS; r++) {{\n                acc[r] += w * {f}(base + rb[r], jj, x0, x1, d);\n            }}"

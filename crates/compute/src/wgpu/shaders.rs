@@ -6,6 +6,8 @@ use super::layout::TypeLayout;
 use gguf::GgmlType;
 
 const QUANT_COMMON: &str = include_str!("shaders/quant/common.wgsl");
+/// The int8 dot32 files' helpers, once per int8 kernel.
+pub(super) const I8_COMMON: &str = include_str!("shaders/quant/i8/common.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATVEC_Q8: &str = include_str!("shaders/matvec_q8.wgsl");
@@ -701,9 +703,9 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
     // With 16-byte loads the weights are vec4 words: the type's `dq8` and the byte helper, which
     // read `W` as words, are left out (the int8 kernel uses neither).
     let (warr, quant_src) = if v4.is_some() {
-        ("array<vec4<u32>>", without_fn(QUANT_COMMON, "wbyte"))
+        ("array<vec4<u32>>", format!("{}\n{I8_COMMON}", without_fn(QUANT_COMMON, "wbyte")))
     } else {
-        ("array<u32>", quant(layout))
+        ("array<u32>", format!("{}\n{I8_COMMON}", quant(layout)))
     };
     let wname = |i: u32| if i == 0 { "W".to_string() } else { format!("W{i}") };
     let yname = |i: u32| if i == 0 { "Y".to_string() } else { format!("Y{i}") };

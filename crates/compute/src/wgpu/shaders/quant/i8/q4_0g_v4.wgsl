@@ -6,10 +6,7 @@
 fn dot32(b: u32, j: u32, x0: vec4<u32>, x1: vec4<u32>, xds: vec2<f32>) -> f32 {
     let v = b / 4u;
     let q = W[v + 1u + j];
-    let lo = q & vec4<u32>(0x0f0f0f0fu);
-    let hi = (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
-    let s = dot4I8Packed(lo.x, x0.x) + dot4I8Packed(lo.y, x0.y) + dot4I8Packed(lo.z, x0.z) + dot4I8Packed(lo.w, x0.w)
-        + dot4I8Packed(hi.x, x1.x) + dot4I8Packed(hi.y, x1.y) + dot4I8Packed(hi.z, x1.z) + dot4I8Packed(hi.w, x1.w);
+    let s = dot_nib32(q, x0, x1);
     let d = unpack2x16float(W[v][j / 2u])[j % 2u];
     return d * (xds.x * f32(s) - 8.0 * xds.y);
 }
