@@ -961,6 +961,10 @@ mod gpu_ops {
     /// round(x / d), which moves the result by about 4e-7 here.
     const INT8_ROUNDED_MAX_NMSE: f64 = 1e-6;
 
+    /// Bound for a product of activations the GPU computed itself (its f32 rounding differs
+    /// from the CPU reference's, so more values than one may round to the other int8 step).
+    const X_CHANGED_MAX_NMSE: f64 = 1e-4;
+
     /// The activations as the int8 kernels see them: per 32 values d = max|x| / 127,
     /// q = round(x * (1 / d)) to even (WGSL's `round`), value q * d (llama.cpp's quantize_row_q8_0
     /// scheme).
@@ -1104,9 +1108,14 @@ mod gpu_ops {
                 ["product 0", "product 1", "product 2", "x changed in place", "buffer handed to new activations"];
             match recorded {
                 Ok(ys) => {
-                    for ((y, want), name) in ys.iter().zip(&wants).zip(names) {
+                    for (i, ((y, want), name)) in ys.iter().zip(&wants).zip(names).enumerate() {
                         let case = format!("int8 quantization reused, {name}");
-                        r.check(&case, g.to_host(y), &want.data, INT8_ROUNDED_MAX_NMSE);
+                        // x changed in place: the GPU's x + z F differs from the CPU's by f32
+                        // summation order, so several of its 256 values may round to the other
+                        // int8 step (one such run measured 1.3e-6). A stale quantization (x's
+                        // instead of x + z F, where z F is ~10x larger) is off by order 1.
+                        let bound = if i == 3 { X_CHANGED_MAX_NMSE } else { INT8_ROUNDED_MAX_NMSE };
+                        r.check(&case, g.to_host(y), &want.data, bound);
                     }
                 }
                 Err(e) => r.check("int8 quantization reused", Err(e), &[], 0.0),
