@@ -31,9 +31,10 @@
 #   RESIDENT [0]            1: also every expert on the GPU (`--device gpu`, no budget): the tier's
 #                           ceiling on a GPU that holds the model (routing ids never leave the GPU)
 #
-# Example on a small model (proves the script on lavapipe in a minute):
+# Example on a small model (proves the script on lavapipe in a minute; the budget holds the back
+# end's fixed ~81 MiB, allocator block ends and one weight-upload piece, beside the model):
 #   PARAMS=n_layer=4,n_embd=256,n_expert=32,n_expert_used=4,n_ff_exp=256,n_ff=512 VOCAB=2048 \
-#   GPU_BUDGET=24M P=16 N=8 REPS=1 PEER=0 bench/paged.sh
+#   GPU_BUDGET=104M P=16 N=8 REPS=1 PEER=0 bench/paged.sh
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
