@@ -712,10 +712,9 @@ impl WgpuBackend {
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             // Small shared blocks: wgpu's `Performance` hint sub-allocates from 128-256 MiB blocks
             // (64-128 MiB for host-visible types, which on a GPU with resizable BAR are device
-            // memory too), and the last block of each memory type was mostly empty: an H200 run
-            // at --gpu-budget 4G held 0.35 GB more than its buffers. Tensors larger than a block
-            // get blocks of their own, sized exactly; the planner counts the rest
-            // ([`ALLOCATOR_SLACK_BYTES`]).
+            // memory too), whose unused ends a budget would have to reserve. Tensors larger
+            // than a block get blocks of their own, sized exactly; the placement and the
+            // planner count the rest ([`ALLOCATOR_SLACK_BYTES`]).
             memory_hints: wgpu::MemoryHints::Manual {
                 suballocated_device_memory_block_size: ALLOCATOR_MIN_BLOCK_BYTES..ALLOCATOR_MAX_BLOCK_BYTES,
             },
