@@ -672,12 +672,27 @@ fn readers(model: &GgufModel, arch: Option<&str>, is_moe: bool) -> Vec<Readabili
         None,
         Some((Code::Gpu, "this build has no GPU back end (built without the `gpu` feature)".into())),
     );
-    let paging = if is_moe {
-        (Code::Unimplemented, "expert paging is not implemented yet (crates/pager)".to_string())
-    } else {
-        (Code::Model, "paging moves routed experts between disk, RAM and GPU; this model has none".to_string())
+    let no_experts =
+        (Code::Model, "paging moves routed experts between disk, RAM and GPU; this model has none".to_string());
+    // The GPU expert tier (`--gpu-budget`) reads what the resident GPU back end reads.
+    let gpu_paged = match &gpu.code {
+        _ if !is_moe => verdict("gpu_paged", None, Some(no_experts.clone())),
+        Some(code) => verdict("gpu_paged", None, Some((*code, gpu.reason.clone().unwrap_or_default()))),
+        None => verdict("gpu_paged", None, None),
     };
-    let gpu_paged = verdict("gpu_paged", None, Some(paging.clone()));
-    let hybrid = verdict("hybrid", None, Some(paging));
+    let hybrid = verdict(
+        "hybrid",
+        None,
+        Some(if is_moe {
+            (
+                Code::Unimplemented,
+                "every expert on the CPU beside a GPU is not a back end of its own: the GPU expert tier \
+                 (gpu_paged, `--gpu-budget B --moe-miss cpu`) computes its misses on the CPU"
+                    .to_string(),
+            )
+        } else {
+            no_experts
+        }),
+    );
     vec![cpu, gpu, gpu_paged, hybrid]
 }

@@ -165,8 +165,8 @@ fn plan_json_has_the_documented_fields() {
             "bandwidth_source"
         ])
     );
-    assert_eq!(keys(&b[2]["refusal"]), sorted(&["code", "reason", "need_bytes"]));
-    assert_eq!(b[2]["refusal"]["code"], "unimplemented");
+    assert_eq!(keys(&b[3]["refusal"]), sorted(&["code", "reason", "need_bytes"]));
+    assert_eq!(b[3]["refusal"]["code"], "unimplemented");
     let back: plan::Plan = serde_json::from_value(v).unwrap();
     assert_eq!(back, p, "the JSON reads back");
 }

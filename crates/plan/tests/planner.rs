@@ -222,6 +222,37 @@ fn gpu_budget_refuses_with_the_bytes_it_needs() {
     assert_eq!(r.need_bytes.unwrap() - need, LLAMA_KV_PER_POS * (4096 - 256));
 }
 
+#[cfg(feature = "gpu")]
+#[test]
+fn the_gpu_expert_tier_fits_a_budget_from_its_floor_up() {
+    let d = describe(&common::fixture("qwen3_moe")).unwrap();
+    let w = d.weights.clone().unwrap();
+    let m = machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9)));
+    let with = |gpu: u64, ram: Option<u64>| {
+        plan_with(&d, &m, &PlanOptions { budget_bytes: Some(gpu), ram_budget_bytes: ram, ..opts(256) })
+    };
+    // A budget below the dense part refuses, naming what it needs: the floor of the pool.
+    let r = with(1 << 20, None).backend(BackendKind::GpuPaged).refusal.clone().unwrap();
+    assert_eq!(r.code, Code::Budget);
+    let need = r.need_bytes.unwrap();
+    let dense = w.gpu_tensor_bytes.unwrap() - w.gpu_expert_bytes.unwrap();
+    assert!(need > dense, "the need counts the dense weights and a pool");
+    assert!(r.reason.contains("expert pool"), "{}", r.reason);
+    assert_eq!(with(need - 1, None).backend(BackendKind::GpuPaged).refusal.as_ref().unwrap().code, Code::Budget);
+    // At the floor it plans, within the budget; it estimates memory but no speed (the host
+    // link is not probed), so the resident GPU, which fits too, stays the choice.
+    let p = with(need, None);
+    let e = p.backend(BackendKind::GpuPaged).estimate.clone().expect("fits at the floor");
+    assert!(e.gpu_bytes <= need);
+    assert_eq!(e.tok_per_sec, None);
+    assert_eq!(e.disk_bytes, 0, "the host copy of every expert fits the RAM");
+    assert!(e.ram_bytes >= w.gpu_expert_bytes.unwrap());
+    // A RAM budget smaller than the experts: the rest is read from disk per token.
+    let small_ram = with(need, Some(w.gpu_expert_bytes.unwrap() / 2));
+    let e = small_ram.backend(BackendKind::GpuPaged).estimate.clone().expect("still fits the GPU");
+    assert!(e.disk_bytes > 0);
+}
+
 #[cfg(not(feature = "gpu"))]
 #[test]
 fn gpu_tests_need_the_gpu_feature() {
@@ -232,14 +263,14 @@ fn gpu_tests_need_the_gpu_feature() {
 }
 
 #[test]
-fn moe_models_ask_for_paging_which_is_not_implemented() {
+fn moe_models_page_on_a_gpu_and_hybrid_is_not_a_back_end() {
     let d = describe(&common::fixture("qwen3_moe")).unwrap();
     let p = plan_with(&d, &machine(8 * GIB, 20e9, None), &opts(256));
-    for k in [BackendKind::GpuPaged, BackendKind::Hybrid] {
-        let r = p.backend(k).refusal.clone().unwrap();
-        assert_eq!(r.code, Code::Unimplemented, "{k:?}");
-        assert!(r.reason.contains("not implemented"));
-    }
+    // No GPU on this machine (or none in the build): the GPU expert tier is refused for it.
+    assert_eq!(p.backend(BackendKind::GpuPaged).refusal.as_ref().unwrap().code, Code::Gpu);
+    let r = p.backend(BackendKind::Hybrid).refusal.clone().unwrap();
+    assert_eq!(r.code, Code::Unimplemented);
+    assert!(r.reason.contains("gpu_paged"), "{}", r.reason);
     // The CPU reads only the used experts' share per token.
     let e = p.backend(BackendKind::Cpu).estimate.clone().unwrap();
     let w = d.weights.unwrap();

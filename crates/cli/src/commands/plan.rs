@@ -71,7 +71,12 @@ pub fn print_table(p: &Plan) {
             (Some(e), _) => println!(
                 "{mark} {:<10} {:<14} {:>10} {:>10} {:>9}  {}{}",
                 b.backend.as_str(),
-                if mark == "*" { "ok, chosen" } else { "ok, slower" },
+                match (mark, b.backend) {
+                    ("*", _) => "ok, chosen",
+                    // Never chosen automatically: it runs when asked for, with a GPU budget.
+                    (_, plan::BackendKind::GpuPaged) => "ok, on request",
+                    _ => "ok, slower",
+                },
                 format_bytes(e.gpu_bytes),
                 format_bytes(e.ram_bytes),
                 e.tok_per_sec.map_or("?".to_string(), |s| format!("{s:.1}")),
