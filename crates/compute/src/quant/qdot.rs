@@ -83,6 +83,26 @@ pub(crate) struct TokenOctet<'a> {
     pub bsums: &'a [i16],
 }
 
+impl TokenOctet<'_> {
+    /// Panics unless the octet holds `nb` Q8_0 blocks of its eight tokens (and their quant sums
+    /// when `sums`): the tile kernels read them through raw pointers.
+    pub fn assert_q8_0_blocks(&self, nb: usize, sums: bool) {
+        assert!(
+            self.qs.len() >= nb * 256 && self.d.len() >= nb * 8 && (!sums || self.sums.len() >= nb * 8),
+            "activation octet too short"
+        );
+    }
+
+    /// Panics unless the octet holds `nb` Q8_K blocks of its eight tokens (and their 16-value
+    /// sums when `bsums`): the tile kernels read them through raw pointers.
+    pub fn assert_q8_k_blocks(&self, nb: usize, bsums: bool) {
+        assert!(
+            self.qs.len() >= nb * 2048 && self.d.len() >= nb * 8 && (!bsums || self.bsums.len() >= nb * 128),
+            "activation octet too short"
+        );
+    }
+}
+
 /// Quantized activations of several rows, stored back to back.
 #[derive(Default)]
 pub(crate) struct ActBuf {

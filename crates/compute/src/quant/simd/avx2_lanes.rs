@@ -120,9 +120,7 @@ pub(in crate::quant) unsafe fn tile<const T: u8, const N: usize>(
     nb: usize,
     xs: &[TokenOctet<'_>; N],
 ) -> [[[f32; 8]; N]; TILE_ROWS] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
-    }
+    xs.iter().for_each(|x| x.assert_q8_0_blocks(nb, true));
     let mut acc = [[_mm256_setzero_ps(); N]; TILE_ROWS];
     let mut acc_m = [[_mm256_setzero_ps(); N]; TILE_ROWS];
     for ib in 0..nb {
@@ -179,9 +177,7 @@ pub(in crate::quant) unsafe fn tile_q8_0<const N: usize>(
     nb: usize,
     xs: &[TokenOctet<'_>; N],
 ) -> [[[f32; 8]; N]; TILE_ROWS] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8, "activation octet too short");
-    }
+    xs.iter().for_each(|x| x.assert_q8_0_blocks(nb, false));
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); N]; TILE_ROWS];
     for ib in 0..nb {
@@ -234,12 +230,7 @@ pub(in crate::quant) unsafe fn tile_q4_k<const N: usize>(
     nb: usize,
     xs: &[TokenOctet<'_>; N],
 ) -> [[[f32; 8]; N]; TILE_ROWS] {
-    for x in xs {
-        assert!(
-            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
-            "activation octet too short"
-        );
-    }
+    xs.iter().for_each(|x| x.assert_q8_k_blocks(nb, true));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); N]; TILE_ROWS];
     let mut acc_m = [[_mm256_setzero_ps(); N]; TILE_ROWS];
@@ -321,12 +312,7 @@ pub(in crate::quant) unsafe fn tile_q6_k<const N: usize>(
     nb: usize,
     xs: &[TokenOctet<'_>; N],
 ) -> [[[f32; 8]; N]; TILE_ROWS] {
-    for x in xs {
-        assert!(
-            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
-            "activation octet too short"
-        );
-    }
+    xs.iter().for_each(|x| x.assert_q8_k_blocks(nb, true));
     let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     let mut acc = [[_mm256_setzero_ps(); N]; TILE_ROWS];
     for ib in 0..nb {

@@ -96,9 +96,7 @@ pub(in crate::quant) unsafe fn tile<const T: u8>(
     nb: usize,
     xs: &[TokenOctet<'_>; 2],
 ) -> [[[f32; 8]; 2]; TILE_ROWS] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
-    }
+    xs.iter().for_each(|x| x.assert_q8_0_blocks(nb, true));
     let offset_shift = match T {
         Q4_0 => 3,
         Q5_0 => 4,
@@ -162,9 +160,7 @@ pub(in crate::quant) unsafe fn tile_q8_0(
     nb: usize,
     xs: &[TokenOctet<'_>; 2],
 ) -> [[[f32; 8]; 2]; TILE_ROWS] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
-    }
+    xs.iter().for_each(|x| x.assert_q8_0_blocks(nb, true));
     let flip = _mm512_set1_epi8(-128);
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
     for ib in 0..nb {
@@ -208,12 +204,7 @@ pub(in crate::quant) unsafe fn tile_q4_k(
     nb: usize,
     xs: &[TokenOctet<'_>; 2],
 ) -> [[[f32; 8]; 2]; TILE_ROWS] {
-    for x in xs {
-        assert!(
-            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
-            "activation octet too short"
-        );
-    }
+    xs.iter().for_each(|x| x.assert_q8_k_blocks(nb, true));
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
     let mut acc_m = [_mm512_setzero_ps(); TILE_ROWS];
@@ -282,12 +273,7 @@ pub(in crate::quant) unsafe fn tile_q6_k(
     nb: usize,
     xs: &[TokenOctet<'_>; 2],
 ) -> [[[f32; 8]; 2]; TILE_ROWS] {
-    for x in xs {
-        assert!(
-            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
-            "activation octet too short"
-        );
-    }
+    xs.iter().for_each(|x| x.assert_q8_k_blocks(nb, true));
     let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
     for ib in 0..nb {
@@ -396,12 +382,7 @@ pub(in crate::quant) unsafe fn tile4_q4_k(
     nb: usize,
     xs: &[TokenOctet<'_>; 4],
 ) -> [[[f32; 8]; 4]; TILE_ROWS] {
-    for x in xs {
-        assert!(
-            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
-            "activation octet too short"
-        );
-    }
+    xs.iter().for_each(|x| x.assert_q8_k_blocks(nb, true));
     let masks = [_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8)];
     // The float sums live in memory, `[row][pair]` (lanes 0..8 octet 2 pair, 8..16 octet
     // 2 pair + 1), read and written once per super-block: kept in registers they pushed the
@@ -476,9 +457,7 @@ pub(in crate::quant) unsafe fn tile4_q4_0(
     nb: usize,
     xs: &[TokenOctet<'_>; 4],
 ) -> [[[f32; 8]; 4]; TILE_ROWS] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
-    }
+    xs.iter().for_each(|x| x.assert_q8_0_blocks(nb, true));
     let (lo, hi) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
     let bb = block_bytes(Q4_0);
     // `[row][pair]` as in `tile4_q4_k`, in memory for the same reason.

@@ -411,9 +411,7 @@ unsafe fn tile32<const T: u8, const DOT: bool, const N: usize>(
     nb: usize,
     xs: &[TokenOctet<'_>; N],
 ) -> [[[f32; 8]; N]; 4] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb * 8 && x.sums.len() >= nb * 8, "activation octet too short");
-    }
+    xs.iter().for_each(|x| x.assert_q8_0_blocks(nb, true));
     let mut acc = [[[vdupq_n_f32(0.0); 2]; N]; 4];
     for ib in 0..nb {
         let at = ib * block_bytes(T);
@@ -544,12 +542,7 @@ unsafe fn tile_q4_k<const DOT: bool, const N: usize>(
     nb: usize,
     xs: &[TokenOctet<'_>; N],
 ) -> [[[f32; 8]; N]; 4] {
-    for x in xs {
-        assert!(
-            x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8 && x.bsums.len() >= nb * 128,
-            "activation octet too short"
-        );
-    }
+    xs.iter().for_each(|x| x.assert_q8_k_blocks(nb, true));
     let mut acc = [[[vdupq_n_f32(0.0); 2]; N]; 4];
     for ib in 0..nb {
         let b: [*const u8; 4] = unrolled!([0, 1, 2, 3], |r| rows[r].add(144 * ib));
@@ -684,9 +677,7 @@ unsafe fn tile_q6_k<const DOT: bool, const N: usize>(
     nb: usize,
     xs: &[TokenOctet<'_>; N],
 ) -> [[[f32; 8]; N]; 4] {
-    for x in xs {
-        assert!(x.qs.len() >= nb * 2048 && x.d.len() >= nb * 8, "activation octet too short");
-    }
+    xs.iter().for_each(|x| x.assert_q8_k_blocks(nb, false));
     let mut acc = [[[vdupq_n_f32(0.0); 2]; N]; 4];
     for ib in 0..nb {
         let b: [*const u8; 4] = unrolled!([0, 1, 2, 3], |r| rows[r].add(210 * ib));
