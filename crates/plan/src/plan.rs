@@ -422,18 +422,27 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The GPU to plan on, or why there is none (the build has no GPU back end, or the machine
-    /// no adapter): a `Code::Gpu` refusal's reason.
-    fn usable_gpu(&self) -> Result<&'a GpuInfo, String> {
+    /// The GPU to plan on and the model's repacked GPU bytes (all tensors, routed experts), or
+    /// the refusal's code and reason: the build has no GPU back end, the machine no adapter, or
+    /// a tensor type has no GPU kernel.
+    fn gpu_and_bytes(&self, w: &WeightFacts) -> Result<(&'a GpuInfo, u64, u64), (Code, String)> {
         if !self.machine.gpu_compiled {
-            return Err("this build has no GPU back end (built without the `gpu` feature)".into());
+            return Err((Code::Gpu, "this build has no GPU back end (built without the `gpu` feature)".into()));
         }
-        self.gpu.ok_or_else(|| match self.opts.gpu_index {
-            Some(i) => format!("GPU {i} asked for but {} found", self.machine.gpus.len()),
-            None => {
-                "no GPU adapter found (Vulkan, Metal or DX12); install a driver (lavapipe: mesa-vulkan-drivers)".into()
-            }
-        })
+        let gpu = self.gpu.ok_or_else(|| {
+            let why = match self.opts.gpu_index {
+                Some(i) => format!("GPU {i} asked for but {} found", self.machine.gpus.len()),
+                None => {
+                    "no GPU adapter found (Vulkan, Metal or DX12); install a driver (lavapipe: mesa-vulkan-drivers)"
+                        .into()
+                }
+            };
+            (Code::Gpu, why)
+        })?;
+        match (w.gpu_tensor_bytes, w.gpu_expert_bytes) {
+            (Some(weights), Some(experts)) => Ok((gpu, weights, experts)),
+            _ => Err((Code::Format, "a tensor type has no GPU kernel".into())),
+        }
     }
 
     /// The GPU expert tier (`--gpu-budget`): dense weights, KV cache, scratch and a pool of
@@ -444,12 +453,9 @@ impl<'a> Ctx<'a> {
     /// crosses the host link, whose bandwidth the probe does not measure.
     fn judge_gpu_paged(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let kind = BackendKind::GpuPaged;
-        let gpu = match self.usable_gpu() {
-            Ok(g) => g,
-            Err(why) => return refuse(kind, device, Code::Gpu, why, None),
-        };
-        let (Some(weights), Some(experts)) = (w.gpu_tensor_bytes, w.gpu_expert_bytes) else {
-            return refuse(kind, device, Code::Format, "a tensor type has no GPU kernel".into(), None);
+        let (gpu, weights, experts) = match self.gpu_and_bytes(w) {
+            Ok(facts) => facts,
+            Err((code, why)) => return refuse(kind, device, code, why, None),
         };
         let n_slots_total = (w.expert_count * w.n_layers).max(1) as u64;
         let slot = experts.div_ceil(n_slots_total);
@@ -504,12 +510,9 @@ impl<'a> Ctx<'a> {
 
     fn judge_gpu(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let kind = BackendKind::Gpu;
-        let gpu = match self.usable_gpu() {
-            Ok(g) => g,
-            Err(why) => return refuse(kind, device, Code::Gpu, why, None),
-        };
-        let (Some(weights), Some(experts)) = (w.gpu_tensor_bytes, w.gpu_expert_bytes) else {
-            return refuse(kind, device, Code::Format, "a tensor type has no GPU kernel".into(), None);
+        let (gpu, weights, experts) = match self.gpu_and_bytes(w) {
+            Ok(facts) => facts,
+            Err((code, why)) => return refuse(kind, device, code, why, None),
         };
         let need = weights + n.kv_bytes + n.scratch_bytes + gpu_fixed_bytes();
         if let Some(budget) = self.gpu_budget {
