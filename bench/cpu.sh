@@ -59,6 +59,36 @@ for t in $SYNTH_TYPES; do
   models+=("$f")
 done
 
+# 3b. The peer must run on this CPU. llama.cpp 0c1e570 built with GGML_NATIVE=ON compiles its AMX
+# kernels where the CPU reports AMX; on the Intel Xeon VM of the ninth session they die with SIGILL
+# at their first `tilezero` (the VM does not keep the tile configuration: `sttilecfg` right after
+# `ldtilecfg` reads zero rows), and `--repack 0` would also turn off its other repacked kernels.
+# So when the native build dies that way, the peer is rebuilt with the same instruction sets
+# (every AVX-512 extension the CPU has) and AMX left out, and that build is the one measured.
+smoke=$("$LB" -m "${models[0]}" -p 16 -n 1 -r 1 -t 1 -o json >/dev/null 2>&1; echo $?)
+if [ "$smoke" = 132 ]; then
+  src=$(dirname "$(dirname "$PEER_BIN")")/llama.cpp-0c1e570
+  noamx=$(dirname "$PEER_BIN")-noamx
+  echo "the peer at $PEER_BIN dies with SIGILL (its AMX kernels): using a build without AMX at $noamx" >&2
+  if [ ! -x "$noamx/bin/llama-bench" ]; then
+    venv=$(dirname "$(dirname "$PEER_BIN")")/venv/bin
+    [ -x "$venv/cmake" ] && PATH="$venv:$PATH"
+    flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+    for f in avx_vnni:AVX_VNNI avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+      grep -qw "${f%%:*}" /proc/cpuinfo && flags+=("-DGGML_${f#*:}=ON")
+    done
+    cmake -S "$(cd "$src" && pwd -P)" -B "$noamx" -G Ninja -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
+      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_UI=OFF >&2
+    cmake --build "$noamx" -j "$(nproc)" --target llama-bench >&2
+  fi
+  LB="$noamx/bin/llama-bench"
+elif [ "$smoke" != 0 ]; then
+  echo "the peer's llama-bench failed on ${models[0]} (exit $smoke)" >&2
+  exit 1
+fi
+
 # 4. Alternating runs.
 out="$MODELS_DIR/bench-cpu-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 : > "$out"

@@ -1446,6 +1446,36 @@ mod gpu_ops {
         }
     }
 
+    /// What a host round trip costs (issue 6): one tiny op on a 4096-value row (a hidden state)
+    /// and its result read back, as a hybrid step would do to hand a layer's input to the CPU.
+    /// Misses computed on the CPU *beside* the GPU need two of these per MoE layer (48 layers in
+    /// Qwen3-30B-A3B), so their median says whether that design can pay at all. Prints the
+    /// median, 90th percentile and minimum over 300 trips after 20 untimed ones.
+    #[test]
+    #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
+    fn perf_roundtrip() {
+        let Some(g) = gpu("perf_roundtrip") else { return };
+        let x = g.from_host(&vec![1.0f32; 4096], &[1, 4096]).expect("upload");
+        let mut trips = Vec::new();
+        for i in 0..320 {
+            let t = std::time::Instant::now();
+            let y = g.scale(&x, 0.5).expect("scale");
+            let back = g.to_host(&y).expect("read back");
+            assert_eq!(back[4095], 0.5);
+            if i >= 20 {
+                trips.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        trips.sort_by(f64::total_cmp);
+        let at = |q: f64| trips[((trips.len() - 1) as f64 * q) as usize];
+        println!(
+            "host round trip (one op on 4096 values, read back): median {:.1} us, p90 {:.1} us, min {:.1} us",
+            at(0.5),
+            at(0.9),
+            trips[0]
+        );
+    }
+
     #[test]
     #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
     fn perf_dispatch() {

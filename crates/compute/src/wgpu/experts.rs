@@ -871,8 +871,8 @@ impl WgpuBackend {
             let mut p = lock(&self.ctx.pending);
             p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: rb.clone(), dst_at: 0, size });
             self.ctx.flush_locked(&mut p);
-            // The host waits for this result: the ring starts over, as after `read_back`.
-            p.params_base = 0;
+            // The host waits for this result, as after `read_back`.
+            p.host_waits();
         }
         let t1 = Instant::now();
         let out = self.read_mapped("route", &rb, size, n_bytes, tier.spin_readback);

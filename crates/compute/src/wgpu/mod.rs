@@ -275,6 +275,17 @@ struct Pending {
     /// the same step layout gets the same offsets).
     params_base: u64,
     bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    /// Early submits since the host last waited for a result ([`Ctx::submit_threshold`]).
+    early_submits: u32,
+}
+
+impl Pending {
+    /// The host is about to wait for a result: the next step starts at the ring's start again
+    /// (so its dispatches find the same bind groups) and with a short first submit.
+    fn host_waits(&mut self) {
+        self.params_base = 0;
+        self.early_submits = 0;
+    }
 }
 
 /// A bind group is reusable when the pipeline, the buffers and the parameter slot repeat.
@@ -337,6 +348,8 @@ struct Ctx {
     params_ring: wgpu::Buffer,
     /// Dispatches per early submit (see [`SUBMIT_EVERY`]).
     submit_every: usize,
+    /// Dispatches in the first early submit after a host wait (see [`SUBMIT_FIRST`]).
+    submit_first: usize,
     /// Host-side time per phase when DISKFORMER_GPU_PROFILE=1 (printed when the back end drops).
     profile: Option<Arc<Mutex<HostProfile>>>,
     /// GPU time per kernel when DISKFORMER_GPU_PROFILE=2 and the adapter has timestamps.
@@ -432,6 +445,15 @@ impl Drop for Ctx {
 /// (DISKFORMER_SUBMIT_EVERY overrides it; 0: submit only when the host needs a result).
 const SUBMIT_EVERY: usize = 48;
 
+/// The first early submit after the host waited for a result takes this many dispatches, the
+/// next twice as many, and so on up to [`SUBMIT_EVERY`] (DISKFORMER_SUBMIT_FIRST overrides it;
+/// 0: every early submit takes `SUBMIT_EVERY`).
+///
+/// Why: a decode step starts with an idle GPU (the host has just read the previous token back).
+/// With a fixed 48, the GPU waited for 48 dispatches' recording (~0.2 ms at the 4 us per
+/// dispatch measured on the H200) before its first work of every token, about 5% of an 8B step.
+const SUBMIT_FIRST: usize = 4;
+
 /// Copies `bytes` into a buffer created with `mapped_at_creation` and unmaps it.
 ///
 /// # Panics
@@ -455,6 +477,15 @@ const STORAGE: wgpu::BufferUsages =
     wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
 
 impl Ctx {
+    /// Dispatches that trigger the next early submit, `early_submits` of them made since the
+    /// host last waited: [`SUBMIT_FIRST`] doubling up to [`SUBMIT_EVERY`].
+    fn submit_threshold(&self, early_submits: u32) -> usize {
+        if self.submit_first == 0 {
+            return self.submit_every;
+        }
+        self.submit_first.saturating_mul(1 << early_submits.min(20)).min(self.submit_every)
+    }
+
     fn release(&self, b: wgpu::Buffer) {
         if self.pooling {
             lock(&self.pool).entry(b.size()).or_default().push(b);
@@ -758,6 +789,10 @@ impl WgpuBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
+            submit_first: std::env::var("DISKFORMER_SUBMIT_FIRST")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(SUBMIT_FIRST),
             profile: env_flag("DISKFORMER_GPU_PROFILE").then(|| {
                 let p = Arc::new(Mutex::new(HostProfile { timer: timer.clone(), ..HostProfile::default() }));
                 lock(&PROFILES).push(Arc::downgrade(&p));
@@ -948,8 +983,9 @@ impl WgpuBackend {
             params_len,
             groups,
         });
-        if p.cmds.len() >= self.ctx.submit_every {
+        if p.cmds.len() >= self.ctx.submit_threshold(p.early_submits) {
             self.ctx.flush_locked(&mut p);
+            p.early_submits += 1;
         }
     }
 
@@ -972,8 +1008,7 @@ impl WgpuBackend {
                 p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: staging.clone(), dst_at: 0, size });
             }
             self.ctx.flush_locked(&mut p);
-            // The host waits for this result: the next step starts at the ring's start again.
-            p.params_base = 0;
+            p.host_waits();
         }
         if n_bytes == 0 {
             return Ok(Vec::new());
