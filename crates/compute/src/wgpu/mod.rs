@@ -348,6 +348,11 @@ struct Ctx {
     params_ring: wgpu::Buffer,
     /// Dispatches per early submit (see [`SUBMIT_EVERY`]).
     submit_every: usize,
+    /// `read_back` polls in a loop instead of blocking in the driver (see
+    /// [`WgpuBackend::read_mapped`]; `DISKFORMER_READBACK_BLOCK=1` blocks, as the expert tier's
+    /// readbacks do with it). Measured on the H200 (ninth session, same lease, alternating): a
+    /// one-op round trip 89-102 us blocking, 57-60 us polling; 8B decode +6% (Q4_0) and +4% (Q4_K).
+    spin_readback: bool,
     /// Dispatches in the first early submit after a host wait (see [`SUBMIT_FIRST`]).
     submit_first: usize,
     /// Host-side time per phase when DISKFORMER_GPU_PROFILE=1 (printed when the back end drops).
@@ -789,6 +794,7 @@ impl WgpuBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(SUBMIT_EVERY, |n: usize| if n == 0 { usize::MAX } else { n }),
+            spin_readback: !env_flag("DISKFORMER_READBACK_BLOCK"),
             submit_first: std::env::var("DISKFORMER_SUBMIT_FIRST")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -1013,7 +1019,7 @@ impl WgpuBackend {
         if n_bytes == 0 {
             return Ok(Vec::new());
         }
-        self.read_mapped("to_host", &staging, size, n_bytes, false)
+        self.read_mapped("to_host", &staging, size, n_bytes, self.ctx.spin_readback)
     }
 
     /// Maps `buffer[..size]` for reading once the GPU is done with it (the wait counted in the
@@ -1023,7 +1029,8 @@ impl WgpuBackend {
     /// `spin`: poll the device in a loop instead of blocking in the driver. The callback of
     /// `map_async` runs inside `poll` once the GPU is done, so spinning on `PollType::Poll` sees
     /// it without a futex wake-up (slow in a VM); after a few thousand polls the thread yields, so
-    /// a long wait does not starve the thread pool. The expert tier's per-layer readbacks spin.
+    /// a long wait does not starve the thread pool. Every readback spins unless
+    /// `DISKFORMER_READBACK_BLOCK=1`.
     fn read_mapped(
         &self,
         op: &'static str,
