@@ -147,6 +147,12 @@ pub struct WeightFacts {
     pub kv_bytes_per_position: u64,
     /// Bytes of recurrent state (conv windows, SSM states), independent of the context.
     pub recurrent_state_bytes: u64,
+    /// GPU activation scratch for a prompt batch of [`crate::plan::N_BATCH`] tokens, as the GPU
+    /// expert tier's placement counts it (`pager::placement::activation_scratch_bytes`: 8 rows of
+    /// the widest hidden width and a vocabulary row per token, doubled for the pool's rounding);
+    /// `null` without the `gpu` feature.
+    #[serde(default)]
+    pub gpu_scratch_bytes: Option<u64>,
 }
 
 /// What [`describe`] reports. The JSON form is documented in docs/PLAN.md and stable.
@@ -597,6 +603,8 @@ fn weight_facts(model: &GgufModel, arch: &str, tensor_bytes: u64, expert_bytes: 
         max_ffn,
         kv_bytes_per_position,
         recurrent_state_bytes,
+        gpu_scratch_bytes: cfg!(feature = "gpu")
+            .then(|| pager::placement::activation_scratch_bytes(model, crate::plan::N_BATCH as usize)),
     })
 }
 

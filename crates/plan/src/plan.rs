@@ -205,6 +205,20 @@ fn gpu_fixed_bytes() -> u64 {
     return 0;
 }
 
+/// GPU bytes the expert tier holds beside the pool (`diskformer run --gpu-budget` counts them in
+/// its scratch): the staging buffers misses are uploaded through, and the slot table of the
+/// default miss mode (host) for every expert of the model.
+fn tier_fixed_bytes(slot_bytes: u64, n_experts_total: u64) -> u64 {
+    #[cfg(feature = "gpu")]
+    return compute::wgpu::ExpertTierOptions::new(1, slot_bytes).staging_total_bytes()
+        + compute::wgpu::host_tier_table_reserve_bytes(n_experts_total as usize);
+    #[cfg(not(feature = "gpu"))]
+    return {
+        let _ = (slot_bytes, n_experts_total);
+        0
+    };
+}
+
 /// Memory a configuration needs, by place.
 struct Needs {
     kv_bytes: u64,
@@ -459,7 +473,10 @@ impl<'a> Ctx<'a> {
         };
         let n_slots_total = (w.expert_count * w.n_layers).max(1) as u64;
         let slot = experts.div_ceil(n_slots_total);
-        let base = weights - experts + n.kv_bytes + n.scratch_bytes + gpu_fixed_bytes();
+        // The tier's own scratch estimate where the description has it (it counts the widest
+        // width, which for Qwen3-style attention is the heads', not the hidden width).
+        let scratch = w.gpu_scratch_bytes.unwrap_or(n.scratch_bytes);
+        let base = weights - experts + n.kv_bytes + scratch + gpu_fixed_bytes() + tier_fixed_bytes(slot, n_slots_total);
         let floor = (pager::MIN_SLOTS_PER_TOP_K * w.expert_used_count.max(1)) as u64 * slot;
         let need = base + floor;
         let budget = self.gpu_budget.unwrap_or(u64::MAX);
@@ -514,7 +531,8 @@ impl<'a> Ctx<'a> {
             Ok(facts) => facts,
             Err((code, why)) => return refuse(kind, device, code, why, None),
         };
-        let need = weights + n.kv_bytes + n.scratch_bytes + gpu_fixed_bytes();
+        // The same activation estimate as the GPU expert tier's (same back end, same batches).
+        let need = weights + n.kv_bytes + w.gpu_scratch_bytes.unwrap_or(n.scratch_bytes) + gpu_fixed_bytes();
         if let Some(budget) = self.gpu_budget {
             if need > budget {
                 let reason = format!(
@@ -578,6 +596,8 @@ impl Plan {
                     .filter(|o| o.backend != b.backend)
                     .map(|o| match &o.refusal {
                         Some(r) => format!("{} no ({})", o.backend.as_str(), r.code.as_str()),
+                        // Never chosen automatically: it runs when asked for, with a GPU budget.
+                        None if o.backend == BackendKind::GpuPaged => format!("{} on request", o.backend.as_str()),
                         None => format!("{} slower", o.backend.as_str()),
                     })
                     .collect();
@@ -594,6 +614,31 @@ impl Plan {
             }
             None => format!("plan: nothing can run {}: {}", self.model.display(), self.reasons()),
         }
+    }
+
+    /// When the resident GPU back end was refused for its budget but the GPU expert tier fits
+    /// it, the flag that runs the tier (which the automatic choice never picks: it has no speed
+    /// estimate), in words; `None` otherwise. `run` prints it beside the plan's line, so a user
+    /// whose MoE model outgrows the GPU learns that its dense part and an expert cache still
+    /// fit there.
+    pub fn gpu_tier_hint(&self) -> Option<String> {
+        if self.chosen == Some(BackendKind::Gpu) {
+            return None;
+        }
+        let resident = self.backend(BackendKind::Gpu).refusal.as_ref()?;
+        let tier = self.backend(BackendKind::GpuPaged).estimate.as_ref()?;
+        let budget = self.gpu_budget.bytes?;
+        (resident.code == Code::Budget).then(|| {
+            format!(
+                "the GPU cannot hold this whole model ({} needed, {} budget), but its dense part and an expert \
+                 cache fit: `--gpu-budget {}` runs it on the GPU expert tier ({} of GPU memory, experts read from \
+                 host memory on a miss)",
+                resident.need_bytes.map_or("more".to_string(), crate::format_bytes),
+                crate::format_bytes(budget),
+                budget_flag(budget),
+                crate::format_bytes(tier.gpu_bytes),
+            )
+        })
     }
 
     /// Every refusal as `backend: reason; ...`.
@@ -645,4 +690,9 @@ impl Plan {
             },
         })
     }
+}
+
+/// A byte count as a `--gpu-budget` value that does not exceed it: whole MiB, written `NNNM`.
+fn budget_flag(bytes: u64) -> String {
+    format!("{}M", bytes >> 20)
 }

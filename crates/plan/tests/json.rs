@@ -72,6 +72,7 @@ fn describe_json_has_the_documented_fields() {
             "max_ffn",
             "kv_bytes_per_position",
             "recurrent_state_bytes",
+            "gpu_scratch_bytes",
         ])
     );
 }

@@ -253,6 +253,41 @@ fn the_gpu_expert_tier_fits_a_budget_from_its_floor_up() {
     assert!(e.disk_bytes > 0);
 }
 
+#[cfg(feature = "gpu")]
+#[test]
+fn a_moe_model_too_large_for_the_gpu_gets_the_tier_flag_as_a_hint() {
+    // The fixture has too few experts for a pool to be smaller than all of them (with the tier's
+    // staging buffers its need is above the resident one); with 64 times as many experts of the
+    // same size it has a real MoE's proportions.
+    let mut d = describe(&common::fixture("qwen3_moe")).unwrap();
+    let w = d.weights.as_mut().unwrap();
+    const MORE: u64 = 64;
+    w.expert_count *= MORE as usize;
+    w.tensor_bytes += (MORE - 1) * w.expert_bytes;
+    w.expert_bytes *= MORE;
+    let gpu_experts = w.gpu_expert_bytes.unwrap();
+    *w.gpu_tensor_bytes.as_mut().unwrap() += (MORE - 1) * gpu_experts;
+    w.gpu_expert_bytes = Some(MORE * gpu_experts);
+    let m = machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9)));
+    let with = |gpu: u64| plan_with(&d, &m, &PlanOptions { budget_bytes: Some(gpu), ..opts(256) });
+    let tiny = with(1 << 20);
+    let resident_need = tiny.backend(BackendKind::Gpu).refusal.as_ref().unwrap().need_bytes.unwrap();
+    let tier_need = tiny.backend(BackendKind::GpuPaged).refusal.as_ref().unwrap().need_bytes.unwrap();
+    assert!(tier_need < resident_need, "the pool's floor is below every expert: {tier_need} vs {resident_need}");
+    assert_eq!(tiny.gpu_tier_hint(), None, "neither fits: no hint");
+    // Between the two: the resident GPU is refused for its budget, the tier fits.
+    let p = with(tier_need);
+    assert_eq!(p.chosen, Some(BackendKind::Cpu));
+    let hint = p.gpu_tier_hint().expect("the tier fits where the model does not");
+    let flag = format!("--gpu-budget {}M", tier_need >> 20);
+    assert!(hint.contains(&flag), "{hint}");
+    assert!(plan::parse_bytes(&format!("{}M", tier_need >> 20)).unwrap() <= tier_need, "the flag stays within it");
+    // The whole model fits: the GPU is chosen and nothing is hinted.
+    let p = with(resident_need);
+    assert_eq!(p.chosen, Some(BackendKind::Gpu));
+    assert_eq!(p.gpu_tier_hint(), None);
+}
+
 #[cfg(not(feature = "gpu"))]
 #[test]
 fn gpu_tests_need_the_gpu_feature() {

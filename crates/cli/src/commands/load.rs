@@ -176,6 +176,9 @@ fn planned_device(args: &ModelArgs, path: &std::path::Path) -> DeviceFlag {
     match plan::plan(path, &opts) {
         Ok(p) => {
             eprintln!("{}", p.summary_line());
+            if let Some(hint) = p.gpu_tier_hint() {
+                eprintln!("note: {hint}");
+            }
             match p.chosen {
                 Some(plan::BackendKind::Gpu) if cfg!(feature = "gpu") => DeviceFlag::Gpu,
                 _ => DeviceFlag::Cpu,

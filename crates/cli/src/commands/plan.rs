@@ -98,6 +98,9 @@ pub fn print_table(p: &Plan) {
             (None, None) => {}
         }
     }
+    if let Some(hint) = p.gpu_tier_hint() {
+        println!("note: {hint}");
+    }
     for a in &p.assumptions {
         println!("assumed: {a}");
     }
