@@ -454,9 +454,10 @@ const SUBMIT_EVERY: usize = 48;
 /// next twice as many, and so on up to [`SUBMIT_EVERY`] (DISKFORMER_SUBMIT_FIRST overrides it;
 /// 0: every early submit takes `SUBMIT_EVERY`).
 ///
-/// Why: a decode step starts with an idle GPU (the host has just read the previous token back).
-/// With a fixed 48, the GPU waited for 48 dispatches' recording (~0.2 ms at the 4 us per
-/// dispatch measured on the H200) before its first work of every token, about 5% of an 8B step.
+/// Why: a decode step starts with an idle GPU (the host has just read the previous token back),
+/// which with a fixed 48 waited for 48 dispatches' recording (~0.2 ms at 4 us per dispatch on
+/// the H200). Measured there (ninth session): no change in 8B decode with a quiet host, +1-5%
+/// with the host busy (compiling on 14 of 16 cores), where recording is slower.
 const SUBMIT_FIRST: usize = 4;
 
 /// Copies `bytes` into a buffer created with `mapped_at_creation` and unmaps it.
