@@ -267,9 +267,10 @@ mod gpu_ops {
     }
 
     /// Every norm kernel against the CPU: `norm.wgsl` and `norm_reg.wgsl` at several workgroup
-    /// sizes, through subgroups (when the device has them) and through workgroup memory only (the
-    /// fallback, run on every device); RMS and layer norm with weight (and bias); rows whose vec4
-    /// count is not a multiple of the workgroup (tails), several rows per call. Where the rows are
+    /// sizes, and `norm_split.wgsl` (one-row RMS norms: a workgroup per block), through subgroups
+    /// (when the device has them) and through workgroup memory only (the fallback, run on every
+    /// device); RMS and layer norm with weight (and bias); rows whose vec4 count is not a
+    /// multiple of the workgroup (tails), several rows per call. Where the rows are
     /// whole 32-value blocks, the int8 blocks each kernel writes (block maxima and sums by
     /// subgroup shuffles or through workgroup memory) must equal bit for bit those `quantize_q8`
     /// makes from the kernel's own result, row by row.
@@ -282,7 +283,13 @@ mod gpu_ops {
                 kernels.push(NormKernel::Registers { wg, subgroups: true });
             }
         }
-        for (rows, width) in [(1usize, 4096usize), (3, 96), (2, 4128), (1, 8224), (2, 64), (3, 1028)] {
+        kernels.push(NormKernel::Split { subgroups: false });
+        if g.uses_subgroups() {
+            kernels.push(NormKernel::Split { subgroups: true });
+        }
+        for (rows, width) in
+            [(1usize, 4096usize), (3, 96), (2, 4128), (1, 8224), (2, 64), (3, 1028), (1, 96), (1, 2080)]
+        {
             let x = tensor(rng, &[rows, width], 4.0);
             let w = tensor(rng, &[width], 1.0);
             let b = tensor(rng, &[width], 1.0);
@@ -296,6 +303,10 @@ mod gpu_ops {
                     }
                 }
                 for layer in [false, true] {
+                    if matches!(kernel, NormKernel::Split { .. }) && (layer || rows > 1 || !q8) {
+                        // One-row RMS norms only; the refusal is checked below.
+                        continue;
+                    }
                     let op = if layer { "layer_norm" } else { "rms_norm" };
                     let case =
                         format!("{op}([{rows}, {width}], weight{}) {kernel:?}", if layer { ", bias" } else { "" });
@@ -350,6 +361,10 @@ mod gpu_ops {
                 }
             }
         }
+        // norm_split refuses what it cannot take, with an error rather than a wrong result.
+        let x = up(g, &tensor(rng, &[2, 64], 1.0));
+        let refused = g.norm_with_kernel(&x, None, None, 1e-6, false, NormKernel::Split { subgroups: false }, false);
+        r.exact("norm_split of two rows refused", Ok(refused.is_err()), &true);
     }
 
     fn shape_cases(g: &WgpuBackend, c: &CpuBackend, rng: &mut StdRng, r: &mut Report) {

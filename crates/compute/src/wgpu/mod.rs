@@ -375,6 +375,8 @@ struct Ctx {
     bind_groups_created: std::sync::atomic::AtomicU64,
     /// Which norm kernel a width takes (`DISKFORMER_NORM`, [`norm`]).
     norm_choice: norm::NormChoice,
+    /// One-row RMS norms take `norm_split.wgsl` (`DISKFORMER_NORM_SPLIT=0`: `norm_reg`).
+    norm_split: bool,
 }
 
 /// Where the host's time goes around the GPU (DISKFORMER_GPU_PROFILE=1): a decode step is
@@ -813,6 +815,7 @@ impl WgpuBackend {
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
             bind_groups_created: std::sync::atomic::AtomicU64::new(0),
             norm_choice: norm::NormChoice::from_env(),
+            norm_split: std::env::var("DISKFORMER_NORM_SPLIT").map_or(true, |v| v != "0"),
         };
         Ok(WgpuBackend { ctx: Arc::new(ctx), experts: None, int8_act: false })
     }

@@ -1,17 +1,24 @@
 //! Row norms (RMS and layer norm) on the GPU, with the int8 blocks of a decode norm's result
 //! written in the same kernel.
 //!
-//! Two kernels: `norm_reg.wgsl` keeps a row in registers (each invocation `nv` vec4 of it) and
-//! reduces through subgroups; `norm.wgsl` (a loop over the row per invocation, a tree reduction
-//! through workgroup memory) takes the rows `norm_reg` cannot: widths that are not whole vec4, or
-//! wider than its largest workgroup holds.
+//! Three kernels: `norm_split.wgsl` takes a decode row's RMS norm (one row of whole 32-value
+//! blocks) with a workgroup per block, each summing the whole row; `norm_reg.wgsl` keeps a row in
+//! one workgroup's registers (each invocation `nv` vec4 of it) and reduces through subgroups, for
+//! several rows and layer norms; `norm.wgsl` (a loop over the row per invocation, a tree
+//! reduction through workgroup memory) takes the rows `norm_reg` cannot: widths that are not
+//! whole vec4, or wider than its largest workgroup holds.
 //!
 //! Why: the decode norm of an 8B model (one row of 4096) took 23 us on the H200 with
 //! `norm.wgsl`, where a dependent dispatch costs 3; it is two per layer. `norm_reg` is one
-//! round trip to memory for the inputs and one for the outputs.
+//! round trip to memory for the inputs and one for the outputs, but on one SM: leaving both
+//! norms out made the 8B decode 18% faster (tenth session), so a norm still cost ~9 us there.
+//! `norm_split` spreads it over the GPU: 8B decode +9% (Q4_0) and +3% (Q4_K) over `norm_reg`
+//! (same lease, three alternating rounds). Deferring the norm into the product before it instead
+//! (the AddNorm attempt in docs/NOTES.md) cost as much as it saved.
 //!
 //! `DISKFORMER_NORM=old` keeps `norm.wgsl` for every width, `DISKFORMER_NORM=<wg>` (a power of
-//! two) sets `norm_reg`'s workgroup size, for comparisons on the device.
+//! two) sets `norm_reg`'s workgroup size, `DISKFORMER_NORM_SPLIT=0` keeps `norm_reg` for decode
+//! rows, for comparisons on the device.
 
 use super::shaders::Plain;
 use super::{OpError, Q8Act, WgpuBackend, WgpuTensor};
@@ -115,6 +122,31 @@ impl NormShape {
     }
 }
 
+/// `norm_split.wgsl`'s workgroup size for rows of `width` values: one vec4 per invocation up to
+/// 256 (a 4096-wide row: 4 per invocation), at least 32.
+fn split_workgroup(width: usize) -> u32 {
+    ((width / 4).next_power_of_two() as u32).clamp(32, 256)
+}
+
+/// `norm_split.wgsl` with `wg` invocations, its row sum through subgroups when `subgroups`.
+fn split_source(wg: u32, subgroups: bool) -> String {
+    let (reduce, sg_args, sg_call) = if subgroups {
+        (
+            REDUCE_SUBGROUP,
+            "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,",
+            ", sg_id, sg_lane, n_sg",
+        )
+    } else {
+        (REDUCE_SHARED, "", "")
+    };
+    include_str!("shaders/norm_split.wgsl")
+        .replace("{{WG}}", &wg.to_string())
+        .replace("{{RED_LEN}}", &wg.to_string())
+        .replace("{{REDUCE}}", reduce)
+        .replace("{{SG_ARGS}}", sg_args)
+        .replace("{{SG_CALL}}", sg_call)
+}
+
 /// The workgroup sum through subgroups: one `subgroupAdd` each, their sums through workgroup
 /// memory (slots `k * WG..`, so two reductions in a row need no barrier between them).
 const REDUCE_SUBGROUP: &str = "fn reduce_sum(v: f32, k: u32, lid: u32, sg_id: u32, sg_lane: u32, n_sg: u32) -> f32 {
@@ -157,6 +189,11 @@ pub enum NormKernel {
         /// Subgroup reductions and shuffles (the device must have them).
         subgroups: bool,
     },
+    /// `norm_split.wgsl` (one row, RMS norm, whole 32-value blocks): a workgroup per block.
+    Split {
+        /// Subgroup reductions (the device must have them).
+        subgroups: bool,
+    },
 }
 
 impl WgpuBackend {
@@ -187,11 +224,23 @@ impl WgpuBackend {
         let y = self.alloc(op, &x.shape)?;
         // The products after a decode norm take int8 activations: the norm writes them too.
         let q8 = self.q8_epilogue_target(&y, true);
-        let pipe = match self.norm_shape(w) {
-            Some(shape) => self.norm_reg_pipeline(shape, self.ctx.subgroups),
-            None => self.plain(Plain::Norm),
+        let split = self.ctx.norm_choice == NormChoice::Auto
+            && self.ctx.norm_split
+            && mode == 0
+            && x.rows() == 1
+            && w.is_multiple_of(32);
+        let (pipe, groups) = match self.norm_shape(w) {
+            _ if split => {
+                let wg = split_workgroup(w);
+                let key = format!("norm_split {wg} sg{}", self.ctx.subgroups);
+                // Workgroup memory is written before it is read (argued in norm_split.wgsl).
+                (self.ctx.pipeline_with(&key, || split_source(wg, self.ctx.subgroups), true), w / 32)
+            }
+            Some(shape) => (self.norm_reg_pipeline(shape, self.ctx.subgroups), x.rows()),
+            None => (self.plain(Plain::Norm), x.rows()),
         };
-        self.norm_dispatch(pipe, x, weight, bias, &y, q8.as_ref().map(|(q, d)| (q, d)), eps, mode);
+        let q8 = q8.as_ref().map(|(q, d)| (q, d));
+        self.norm_dispatch(pipe, x, weight, bias, &y, q8, eps, mode, groups);
         if q8.is_some() {
             self.q8_register(&y.buf.buffer, w);
         }
@@ -231,6 +280,7 @@ impl WgpuBackend {
         q8: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
         eps: f32,
         mode: u32,
+        groups: usize,
     ) {
         let wb = weight.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
         let bb = bias.map_or(&self.ctx.dummy, |t| &t.buf.buffer);
@@ -250,7 +300,7 @@ impl WgpuBackend {
                 q8.is_some() as u32,
                 0,
             ],
-            super::grid(x.rows()),
+            super::grid(groups),
         );
     }
 
@@ -284,16 +334,31 @@ impl WgpuBackend {
                 got: x.shape.clone(),
             });
         }
-        let pipe = match kernel {
-            NormKernel::Loop => self.plain(Plain::Norm),
+        let unsupported = |why: String| OpError::Unsupported { op, backend: "wgpu", why };
+        let sg = match kernel {
+            NormKernel::Registers { subgroups, .. } | NormKernel::Split { subgroups } => subgroups,
+            NormKernel::Loop => false,
+        };
+        if sg && !self.ctx.subgroups {
+            return Err(unsupported("subgroups asked for, the device has none in use".into()));
+        }
+        let (pipe, groups) = match kernel {
+            NormKernel::Loop => (self.plain(Plain::Norm), x.rows()),
             NormKernel::Registers { wg, subgroups } => {
-                let unsupported = |why: String| OpError::Unsupported { op, backend: "wgpu", why };
-                if subgroups && !self.ctx.subgroups {
-                    return Err(unsupported("subgroups asked for, the device has none in use".into()));
-                }
                 let shape = NormShape::for_width(width, self.max_workgroup_invocations(), NormChoice::Wg(wg))
                     .ok_or_else(|| unsupported(format!("norm_reg with {wg} invocations cannot take width {width}")))?;
-                self.norm_reg_pipeline(shape, subgroups)
+                (self.norm_reg_pipeline(shape, subgroups), x.rows())
+            }
+            NormKernel::Split { subgroups } => {
+                if layer || x.rows() != 1 || !width.is_multiple_of(32) {
+                    return Err(unsupported(format!(
+                        "norm_split takes one row of whole 32-value blocks, RMS norm (got {:?}, layer {layer})",
+                        x.shape
+                    )));
+                }
+                let wg = split_workgroup(width);
+                let key = format!("norm_split {wg} sg{subgroups}");
+                (self.ctx.pipeline_with(&key, || split_source(wg, subgroups), true), width / 32)
             }
         };
         let y = self.alloc(op, &x.shape)?;
@@ -305,7 +370,7 @@ impl WgpuBackend {
             None
         };
         let q8_buffers = blocks.as_ref().map(|b| (&b.qs.buffer, &b.ds.buffer));
-        self.norm_dispatch(pipe, x, weight, bias, &y, q8_buffers, eps, layer as u32);
+        self.norm_dispatch(pipe, x, weight, bias, &y, q8_buffers, eps, layer as u32, groups);
         Ok((y, blocks))
     }
 
