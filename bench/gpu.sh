@@ -16,9 +16,10 @@
 #                        3. the perf test: a plain streaming read and the decode matrix-vector product
 #                           of the benchmarked types over workgroup shapes;
 #                        4. writes an 8B-class dense model (Llama-3.1-8B shape) in Q4_0 and Q4_K with
-#                           `diskformer synth` and runs `diskformer bench --device gpu` and
-#                           `llama-bench -ngl 99` (Vulkan, then CUDA if it was built by then)
-#                           alternately, ROUNDS times, P prompt tokens and N generated tokens;
+#                           `diskformer synth`, waits for the CUDA build (at most CUDA_WAIT seconds
+#                           from its start), then runs `diskformer bench --device gpu` and
+#                           `llama-bench -ngl 99` (Vulkan, and CUDA if it was built) in turn, ROUNDS
+#                           times, P prompt tokens and N generated tokens, on a quiet host;
 #                        5. prints every figure, the ratios, and the decode weight-read bandwidth
 #                           against the streaming read of the same run.
 #
@@ -158,19 +159,16 @@ peer_bench() { # dir model -> "pp tg" tok/s
 rows=json.load(sys.stdin); pp=[r["avg_ts"] for r in rows if r["n_prompt"]>0]; tg=[r["avg_ts"] for r in rows if r["n_gen"]>0]
 print(pp[0] if pp else 0, tg[0] if tg else 0)'
 }
-declare -A results
 for type in $TYPES; do
     model=$work/synth-$SHAPE-$(echo "$type" | tr A-Z a-z).gguf
     [ -f "$model" ] || "$bin/diskformer" synth --shape "$SHAPE" --type "$type" --out "$model" >"$out/synth-$type.log" 2>&1
-    size=$(stat -c %s "$model")
-    say "model $SHAPE $type: $((size >> 20)) MiB"
-    for round in $(seq 1 "$ROUNDS"); do
-        results[$type,diskformer]+="$(df_bench "$model" || echo '0 0');"
-        [ -n "$peer_vk" ] && results[$type,vulkan]+="$(peer_bench "$peer_vk" "$model" || echo '0 0');"
-    done
+    say "model $SHAPE $type: $(($(stat -c %s "$model") >> 20)) MiB"
 done
 
-# The CUDA peer, if it was built in time.
+# The CUDA peer, if it is built in time. Every engine is timed after the build: a decode step
+# waits on the host between kernels, and with the build's compilers on the cores diskformer's 8B
+# decode measured 12% slower (tenth session), which would bias the comparison.
+cuda_dir=""
 if [ -n "$cuda_pid" ]; then
     while kill -0 "$cuda_pid" 2>/dev/null && [ $(($(date +%s) - cuda_t0)) -lt "$CUDA_WAIT" ]; do sleep 5; done
     if kill -0 "$cuda_pid" 2>/dev/null; then
@@ -179,16 +177,21 @@ if [ -n "$cuda_pid" ]; then
     elif [ -x "$work/peer/build-cuda/bin/llama-bench" ]; then
         say "llama.cpp CUDA built in $(($(date +%s) - cuda_t0)) s or less"
         cuda_dir=$work/peer/build-cuda/bin
-        for type in $TYPES; do
-            model=$work/synth-$SHAPE-$(echo "$type" | tr A-Z a-z).gguf
-            for round in $(seq 1 "$ROUNDS"); do
-                results[$type,cuda]+="$(peer_bench "$cuda_dir" "$model" || echo '0 0');"
-            done
-        done
     else
         say "llama.cpp CUDA build failed: see cuda-build.log"
     fi
 fi
+
+# Rounds of every engine in turn, so that drifts of the lease spread over all of them.
+declare -A results
+for round in $(seq 1 "$ROUNDS"); do
+    for type in $TYPES; do
+        model=$work/synth-$SHAPE-$(echo "$type" | tr A-Z a-z).gguf
+        results[$type,diskformer]+="$(df_bench "$model" || echo '0 0');"
+        [ -n "$peer_vk" ] && results[$type,vulkan]+="$(peer_bench "$peer_vk" "$model" || echo '0 0');"
+        [ -n "$cuda_dir" ] && results[$type,cuda]+="$(peer_bench "$cuda_dir" "$model" || echo '0 0');"
+    done
+done
 
 # 5. The table.
 say ""
