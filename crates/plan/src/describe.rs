@@ -153,6 +153,11 @@ pub struct WeightFacts {
     /// `null` without the `gpu` feature.
     #[serde(default)]
     pub gpu_scratch_bytes: Option<u64>,
+    /// Bytes of one slot of the GPU expert tier's pool: one expert's matrices of the layer with
+    /// the largest, as the tier lays them out (`compute::wgpu::expert_slot_bytes`); `null`
+    /// without the `gpu` feature, for dense models, or when a type has no GPU layout.
+    #[serde(default)]
+    pub gpu_slot_bytes: Option<u64>,
 }
 
 /// What [`describe`] reports. The JSON form is documented in docs/PLAN.md and stable.
@@ -605,7 +610,33 @@ fn weight_facts(model: &GgufModel, arch: &str, tensor_bytes: u64, expert_bytes: 
         recurrent_state_bytes,
         gpu_scratch_bytes: cfg!(feature = "gpu")
             .then(|| pager::placement::activation_scratch_bytes(model, crate::plan::N_BATCH as usize)),
+        gpu_slot_bytes: gpu_slot_bytes(model),
     })
+}
+
+/// The GPU expert tier's slot for `model` (see [`WeightFacts::gpu_slot_bytes`]): the planner's
+/// floor for the pool must be the one `run --gpu-budget` asks for, and an average over layers
+/// without the tier's padding row per matrix came out ~3% under it.
+#[cfg(feature = "gpu")]
+fn gpu_slot_bytes(model: &GgufModel) -> Option<u64> {
+    let mut layers: std::collections::BTreeMap<&str, Vec<(GgmlType, usize, usize)>> = Default::default();
+    for t in model.tensors().filter(|t| is_routed_expert(t.name()) && t.shape().len() == 3) {
+        // `blk.N.ffn_*_exps.weight`: grouped by the part before the tensor's own name.
+        let layer = t.name().rsplit_once(".ffn_").map_or(t.name(), |(l, _)| l);
+        // GGUF order: [k, n_out, n_expert].
+        layers.entry(layer).or_default().push((t.dtype(), t.shape()[1] as usize, t.shape()[0] as usize));
+    }
+    let mut largest = None;
+    for m in layers.values() {
+        let b = compute::wgpu::expert_slot_bytes(m)?;
+        largest = Some(largest.map_or(b, |l: u64| l.max(b)));
+    }
+    largest
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpu_slot_bytes(_model: &GgufModel) -> Option<u64> {
+    None
 }
 
 /// Bytes of the model's tensors once repacked for the GPU (`compute::wgpu::layout`), total and

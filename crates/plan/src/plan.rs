@@ -462,8 +462,7 @@ impl<'a> Ctx<'a> {
     /// The GPU expert tier (`--gpu-budget`): dense weights, KV cache, scratch and a pool of
     /// expert slots in GPU memory, every expert in a host copy (or paged from disk through
     /// `--ram-budget`). The pool's floor is `MIN_SLOTS_PER_TOP_K` x top-k slots; a slot is one
-    /// expert of one layer, estimated as the experts' GPU bytes over experts x layers (a model
-    /// with dense leading layers has slightly larger slots). No speed is estimated: a miss
+    /// expert of the layer with the largest, as the tier lays it out. No speed is estimated: a miss
     /// crosses the host link, whose bandwidth the probe does not measure.
     fn judge_gpu_paged(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let kind = BackendKind::GpuPaged;
@@ -472,7 +471,9 @@ impl<'a> Ctx<'a> {
             Err((code, why)) => return refuse(kind, device, code, why, None),
         };
         let n_slots_total = (w.expert_count * w.n_layers).max(1) as u64;
-        let slot = experts.div_ceil(n_slots_total);
+        // The tier's own slot where the description has it (descriptions written before it
+        // existed: the average over layers, a little under).
+        let slot = w.gpu_slot_bytes.unwrap_or_else(|| experts.div_ceil(n_slots_total));
         // The tier's own scratch estimate where the description has it (it counts the widest
         // width, which for Qwen3-style attention is the heads', not the hidden width).
         let scratch = w.gpu_scratch_bytes.unwrap_or(n.scratch_bytes);

@@ -73,6 +73,7 @@ fn describe_json_has_the_documented_fields() {
             "kv_bytes_per_position",
             "recurrent_state_bytes",
             "gpu_scratch_bytes",
+            "gpu_slot_bytes",
         ])
     );
 }

@@ -288,6 +288,24 @@ fn a_moe_model_too_large_for_the_gpu_gets_the_tier_flag_as_a_hint() {
     assert_eq!(p.gpu_tier_hint(), None);
 }
 
+/// The planner's slot is the GPU expert tier's: the pool's floor it reports is the one
+/// `run --gpu-budget` asks for (the tier's placement, which refuses a zero budget with the
+/// smallest pool it needs).
+#[cfg(feature = "gpu")]
+#[test]
+fn the_planned_slot_is_the_tiers_slot() {
+    let path = common::fixture("qwen3_moe");
+    let w = describe(&path).unwrap().weights.unwrap();
+    let model = gguf::GgufModel::open(&path).unwrap();
+    let err = pager::placement::GpuPlacement::plan_on(&model, 0, 0, 0, &pager::placement::WgpuSizes).unwrap_err();
+    let pager::PagerError::GpuBudgetTooSmall { min_pool_bytes, .. } = err else { panic!("{err}") };
+    let floor_slots = (pager::MIN_SLOTS_PER_TOP_K * w.expert_used_count) as u64;
+    assert_eq!(w.gpu_slot_bytes.map(|s| s * floor_slots), Some(min_pool_bytes));
+    // The average over experts and layers, which the planner used before, is below it.
+    let average = w.gpu_expert_bytes.unwrap() / (w.expert_count * w.n_layers) as u64;
+    assert!(average < w.gpu_slot_bytes.unwrap(), "{average} vs {:?}", w.gpu_slot_bytes);
+}
+
 #[cfg(not(feature = "gpu"))]
 #[test]
 fn gpu_tests_need_the_gpu_feature() {
