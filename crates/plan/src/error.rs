@@ -97,11 +97,24 @@ pub enum PlanError {
     /// The session's engine thread is gone (it panicked, or the session was dropped).
     #[error("the session's engine thread has stopped")]
     SessionClosed,
+    /// The expert cache or the GPU expert tier's placement refused the model (a GPU budget too
+    /// small carries the bytes needed: [`pager::PagerError::GpuBudgetTooSmall`]).
+    #[error(transparent)]
+    Pager(#[from] pager::PagerError),
+    /// The GPU back end could not build the expert tier.
+    #[error("{model}: the GPU expert tier: {why}")]
+    GpuTier {
+        /// The model file.
+        model: String,
+        /// What the back end said.
+        why: String,
+    },
 }
 
 impl PlanError {
     /// A stable short code: `budget`, `architecture`, `bad_file`, `no_device`, `no_backend`,
-    /// `not_a_model`, `bad_size`, `model`, `tokenizer`, `template`, `request`, `io`, `closed`.
+    /// `not_a_model`, `bad_size`, `model`, `tokenizer`, `template`, `request`, `io`, `closed`,
+    /// `pager` (a GPU budget too small for the expert tier: `budget`), `gpu_tier`.
     pub fn code(&self) -> &'static str {
         match self {
             PlanError::BudgetTooSmall { .. } => "budget",
@@ -118,6 +131,9 @@ impl PlanError {
             PlanError::Request { .. } => "request",
             PlanError::Io { .. } => "io",
             PlanError::SessionClosed => "closed",
+            PlanError::Pager(pager::PagerError::GpuBudgetTooSmall { .. }) => "budget",
+            PlanError::Pager(_) => "pager",
+            PlanError::GpuTier { .. } => "gpu_tier",
         }
     }
 }

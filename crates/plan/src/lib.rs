@@ -46,6 +46,7 @@ mod error;
 mod plan;
 mod probe;
 mod session;
+mod tier;
 
 pub use bytes::{format_bytes, parse_bytes};
 pub use compute::quant::MatmulMode;
@@ -62,6 +63,9 @@ pub use session::{
     load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions, Primed,
     Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
 };
+#[cfg(feature = "gpu")]
+pub use tier::{gpu_tier, GpuTier};
+pub use tier::{GpuTierOptions, TierMiss};
 pub use tokenizer::ChatMessage;
 
 /// Describes the model at `path`, probes the machine (measuring bandwidths) and plans.

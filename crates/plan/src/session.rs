@@ -71,6 +71,10 @@ pub struct LoadOptions {
     /// back end then asks it for each `moe_ffn`'s experts. The planner's RAM check, which
     /// counts every expert as resident, is skipped; the store bounds what experts take.
     pub expert_store: Option<Arc<dyn compute::ExpertStore>>,
+    /// Run on the GPU expert tier with these options ([`crate::gpu_tier`]; its `matmul` and
+    /// `gpu_index` are taken from these options and `plan`); the planner's choice and
+    /// `expert_store` do not apply.
+    pub gpu_tier: Option<crate::GpuTierOptions>,
 }
 
 impl Default for LoadOptions {
@@ -84,6 +88,7 @@ impl Default for LoadOptions {
             warm_up: true,
             progress: None,
             expert_store: None,
+            gpu_tier: None,
         }
     }
 }
@@ -341,6 +346,8 @@ pub struct SessionInfo {
     pub think_markers: Option<(u32, u32)>,
     /// The plan the back end was picked with.
     pub plan: Plan,
+    /// On the GPU expert tier: the budget's split and the miss mode, for the log.
+    pub gpu_tier: Option<String>,
 }
 
 /// A loaded model, run by one engine thread. Share it between threads with `Arc`; calls queue.
@@ -370,6 +377,7 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
     });
     let plan = plan_with(&desc, &machine, &opts.plan);
     let picked = match (&opts.expert_store, opts.backend) {
+        _ if opts.gpu_tier.is_some() => BackendKind::GpuPaged,
         (None, want) => plan.pick(want)?.backend,
         (Some(_), None | Some(BackendKind::Cpu)) => BackendKind::Cpu,
         (Some(_), Some(other)) => {
@@ -397,12 +405,19 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         _ => tensor_bytes,
     };
     report(Progress { stage: Stage::Upload, done_bytes: 0, total_bytes: upload_bytes });
-    let mut runner = match &opts.expert_store {
-        Some(store) => {
+    let mut tier_line = None;
+    let mut runner = match (&opts.gpu_tier, &opts.expert_store) {
+        (Some(t), _) => {
+            let t = crate::GpuTierOptions { matmul: opts.matmul, gpu_index: opts.plan.gpu_index, ..t.clone() };
+            let (runner, line) = load_gpu_tier(&file, plan.n_ctx, &t, &model_opts)?;
+            tier_line = Some(line);
+            runner
+        }
+        (None, Some(store)) => {
             let b = compute::cpu::CpuBackend::new(opts.matmul).with_expert_store(Arc::clone(store));
             models::load_on(b, &file, &model_opts)?
         }
-        None => build_runner(picked, &file, &model_opts, opts.plan.gpu_index)?,
+        (None, None) => build_runner(picked, &file, &model_opts, opts.plan.gpu_index)?,
     };
     report(Progress { stage: Stage::Upload, done_bytes: upload_bytes, total_bytes: upload_bytes });
     if opts.warm_up {
@@ -422,6 +437,7 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         chat_template: template.is_some(),
         think_markers,
         plan,
+        gpu_tier: tier_line,
     };
     let engine =
         Engine { runner, tokenizer, template, think_markers, cached: Vec::new(), primed: None, last_prompt: None };
@@ -452,6 +468,32 @@ fn read_ahead(file: &GgufModel, total_bytes: u64, report: &mut impl FnMut(Progre
         }
     }
     report(Progress { stage: Stage::Read, done_bytes: total_bytes, total_bytes });
+}
+
+/// The model on the GPU expert tier, and the tier's placement and miss mode in one line.
+#[cfg(feature = "gpu")]
+fn load_gpu_tier(
+    file: &Arc<GgufModel>,
+    n_ctx: u64,
+    t: &crate::GpuTierOptions,
+    model_opts: &models::LoadOptions,
+) -> Result<(Box<dyn Runner>, String)> {
+    let tier = crate::gpu_tier(file, n_ctx, t)?;
+    let line = format!("{}; {}", tier.placement_line, tier.miss_line);
+    Ok((models::load_on(tier.backend, file, model_opts)?, line))
+}
+
+#[cfg(not(feature = "gpu"))]
+fn load_gpu_tier(
+    file: &Arc<GgufModel>,
+    _n_ctx: u64,
+    _t: &crate::GpuTierOptions,
+    _model_opts: &models::LoadOptions,
+) -> Result<(Box<dyn Runner>, String)> {
+    Err(PlanError::NoBackend {
+        model: file.path().display().to_string(),
+        reasons: "gpu_paged: this build has no GPU back end (built without the `gpu` feature)".into(),
+    })
 }
 
 fn build_runner(

@@ -39,6 +39,12 @@ pub struct EngineOptions {
     /// Print the expert cache's per-layer statistics to stderr when the model is unloaded
     /// (or the server stops).
     pub stats: bool,
+    /// Run a mixture-of-experts model on the GPU expert tier within this many bytes of GPU
+    /// memory (dense weights, KV cache, scratch and a pool of expert slots; `plan::gpu_tier`, as
+    /// `diskformer run --gpu-budget`), its misses served from a host copy or, with
+    /// `ram_budget_bytes`, through a RAM cache of that size. One session per model (the budget
+    /// is the model's, not each session's).
+    pub gpu_budget_bytes: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -56,6 +62,7 @@ impl Default for EngineOptions {
             prefetch: false,
             direct_io: false,
             stats: false,
+            gpu_budget_bytes: None,
         }
     }
 }
@@ -237,7 +244,18 @@ impl Loaded {
                 print_stats: false,
             });
         }
+        if opts.gpu_budget_bytes.is_some() && opts.parallel > 1 {
+            return Err(plan::PlanError::Request {
+                why: format!(
+                    "a GPU budget is the model's: the GPU expert tier serves one session, not {} (set parallel = 1 for it)",
+                    opts.parallel
+                ),
+            }
+            .into());
+        }
         let pager = match opts.ram_budget_bytes {
+            // The GPU expert tier opens its own RAM cache when it needs one.
+            _ if opts.gpu_budget_bytes.is_some() => None,
             None => None,
             Some(budget) => {
                 let file = Arc::new(gguf::GgufModel::open(path).map_err(plan::PlanError::from)?);
@@ -260,11 +278,25 @@ impl Loaded {
                 plan: plan::PlanOptions { n_ctx: opts.n_ctx, ..Default::default() },
                 measure_bandwidth: false,
                 // Reading every page ahead would pull all the experts in, which paging avoids.
-                read_ahead: opts.read_ahead && i == 0 && pager.is_none(),
+                read_ahead: opts.read_ahead && i == 0 && pager.is_none() && opts.gpu_budget_bytes.is_none(),
                 expert_store: pager.clone().map(|p| p as Arc<dyn compute::ExpertStore>),
+                gpu_tier: opts.gpu_budget_bytes.map(|budget_bytes| plan::GpuTierOptions {
+                    budget_bytes,
+                    ram_budget_bytes: opts.ram_budget_bytes,
+                    miss: None,
+                    cache_policy: opts.cache_policy,
+                    prefetch: opts.prefetch,
+                    direct_io: opts.direct_io,
+                    gpu_index: None,
+                    matmul: plan::MatmulMode::QuantizedActivations,
+                }),
                 ..Default::default()
             };
-            sessions.push(plan::load(path, lo)?);
+            let session = plan::load(path, lo)?;
+            if let Some(line) = &session.info().gpu_tier {
+                tracing::info!("model {name}: {line}");
+            }
+            sessions.push(session);
         }
         let info = sessions[0].info();
         let (n_ctx, backend_name) = (info.n_ctx, info.backend_name);

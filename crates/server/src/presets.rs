@@ -75,7 +75,7 @@ pub enum PresetError {
 }
 
 /// The keys a preset may set.
-pub const KEYS: &str = "ctx-size (c), parallel, queue, device, read-ahead, no-read-ahead, ram-budget, \
+pub const KEYS: &str = "ctx-size (c), parallel, queue, device, read-ahead, no-read-ahead, ram-budget, gpu-budget, \
                         cache-policy, prefetch, direct-io, stats";
 
 fn parse_bool(v: &str) -> Result<bool, String> {
@@ -108,6 +108,12 @@ fn apply(o: &mut EngineOptions, key: &str, value: &str) -> Result<(), Option<Str
         "no-read-ahead" => o.read_ahead = !parse_bool(value)?,
         "ram-budget" => {
             o.ram_budget_bytes = match value.to_ascii_lowercase().as_str() {
+                "none" | "off" => None,
+                _ => Some(plan::parse_bytes(value).map_err(|e| format!("{e}; or none"))?),
+            }
+        }
+        "gpu-budget" => {
+            o.gpu_budget_bytes = match value.to_ascii_lowercase().as_str() {
                 "none" | "off" => None,
                 _ => Some(plan::parse_bytes(value).map_err(|e| format!("{e}; or none"))?),
             }

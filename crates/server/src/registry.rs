@@ -196,13 +196,24 @@ fn estimate(
     let desc = plan::describe(path).map_err(|e| e.to_string())?;
     let w = desc.weights.as_ref().ok_or("no weight facts in the description")?;
     let machine = plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false });
-    let paged = engine.ram_budget_bytes;
+    // Experts paged for the CPU (a RAM budget without a GPU budget); the GPU expert tier's
+    // estimate has its own host side.
+    let paged = engine.ram_budget_bytes.filter(|_| engine.gpu_budget_bytes.is_none());
     let plan_at = |n_ctx: u64| {
         // The planner counts every expert resident; the pager's budget bounds them instead.
-        let ram_budget_bytes = paged.map(|_| u64::MAX);
-        plan::plan_with(&desc, &machine, &plan::PlanOptions { n_ctx, ram_budget_bytes, ..Default::default() })
+        let ram_budget_bytes = paged.map(|_| u64::MAX).or(engine.ram_budget_bytes);
+        let budget_bytes = engine.gpu_budget_bytes;
+        plan::plan_with(
+            &desc,
+            &machine,
+            &plan::PlanOptions { n_ctx, ram_budget_bytes, budget_bytes, ..Default::default() },
+        )
     };
-    let want = if paged.is_some() { Some(plan::BackendKind::Cpu) } else { engine.backend };
+    let want = match (engine.gpu_budget_bytes, paged) {
+        (Some(_), _) => Some(plan::BackendKind::GpuPaged),
+        (None, Some(_)) => Some(plan::BackendKind::Cpu),
+        (None, None) => engine.backend,
+    };
     let max_plan = plan_at(engine.n_ctx);
     let kind = max_plan.pick(want).map_err(|e| e.to_string())?.backend;
     let at = |p: &plan::Plan| -> Result<Vec<DeviceBytes>, String> {

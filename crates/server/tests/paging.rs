@@ -128,3 +128,71 @@ fn paged_experts_answer_like_mapped_ones_and_metrics_count_the_cache() {
     assert_eq!(status, 503, "{text}");
     assert!(text.contains("paged experts (an expert store) run on the CPU back end"), "{text}");
 }
+
+/// A model served on the GPU expert tier (`gpu-budget`, per model from a presets file) answers
+/// the same greedy completion as the same model resident on the GPU; a budget below the tier's
+/// floor is refused with the bytes it needs (503, the loader's error), and so is a GPU budget
+/// for several sessions of one model.
+#[cfg(feature = "gpu")]
+#[test]
+fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
+    let path = moe_fixture();
+    // The tier's need from the planner (its slot and scratch are the tier's own, for a 512-token
+    // batch; the server's context is shorter, so this budget holds the floor).
+    let desc = plan::describe(&path).unwrap();
+    let tiny = plan::plan_with(
+        &desc,
+        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false }),
+        &plan::PlanOptions { n_ctx: 128, budget_bytes: Some(1), ..Default::default() },
+    );
+    let Some(need) = tiny.backend(plan::BackendKind::GpuPaged).refusal.as_ref().and_then(|r| r.need_bytes) else {
+        panic!(
+            "no GPU (lavapipe: mesa-vulkan-drivers) or the tier was not refused for a 1-byte budget: {}",
+            tiny.reasons()
+        )
+    };
+    let models = vec![
+        ("resident".to_string(), path.clone()),
+        ("tier".to_string(), path.clone()),
+        ("tier-small".to_string(), path.clone()),
+        ("tier-parallel".to_string(), path),
+    ];
+    let names: Vec<String> = models.iter().map(|m| m.0.clone()).collect();
+    let engine =
+        EngineOptions { backend: Some(server::BackendKind::Gpu), read_ahead: false, n_ctx: 128, ..Default::default() };
+    let presets = format!(
+        "[tier]\ngpu-budget = {need}\n[tier-small]\ngpu-budget = 1M\n[tier-parallel]\ngpu-budget = {need}\nparallel = 2\n"
+    );
+    let model_options: BTreeMap<String, EngineOptions> = server::presets::resolve(&presets, &engine, &names).unwrap();
+    assert_eq!(model_options["tier"].gpu_budget_bytes, Some(need));
+    let config = server::Config {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        models,
+        preload: Vec::new(),
+        engine,
+        model_options,
+        router: RouterOptions::default(),
+        api_key: None,
+    };
+    let server = common::start(config);
+    let addr = server.addr;
+    let complete = |model: &str| -> (u16, String) {
+        let body = json!({"model": model, "prompt": "The quick brown fox jumps over the la",
+                          "max_tokens": 12, "temperature": 0.0});
+        request(addr, "POST", "/v1/completions", Some(&body))
+    };
+    let text = |(status, body): (u16, String)| -> String {
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let resident = text(complete("resident"));
+    let tier = text(complete("tier"));
+    assert_eq!(tier, resident, "the GPU expert tier changed the greedy completion");
+    let (status, body) = complete("tier-small");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("GPU budget") && body.contains("too small"), "{body}");
+    let (status, body) = complete("tier-parallel");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("one session"), "{body}");
+}

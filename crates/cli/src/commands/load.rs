@@ -271,16 +271,13 @@ fn open_pager(args: &ModelArgs, file: &Arc<GgufModel>) -> anyhow::Result<Option<
     Ok(Some(p))
 }
 
-/// Tokens of one prompt batch the GPU scratch is sized for.
-#[cfg(feature = "gpu")]
-const GPU_TIER_BATCH: usize = 512;
-
 /// Types of the runner, the RAM tier and the tier's statistics table.
 type TierLoad = (Box<dyn Runner>, Option<Arc<pager::Pager>>, Box<dyn Fn() -> String>);
 
 /// `--gpu-budget`: places dense weights, KV cache and scratch within the budget, gives the rest
 /// to a pool of expert slots, and loads the model on a GPU back end whose misses come from the
-/// RAM tier (`--ram-budget`) or the memory map.
+/// host copy, the RAM tier (`--ram-budget`) or the memory map ([`plan::gpu_tier`], which the
+/// server's `--gpu-budget` shares).
 #[cfg(feature = "gpu")]
 fn load_gpu_tier(
     args: &ModelArgs,
@@ -288,87 +285,44 @@ fn load_gpu_tier(
     path: &std::path::Path,
     opts: &LoadOptions,
 ) -> anyhow::Result<TierLoad> {
-    use compute::wgpu::{ExpertTierOptions, MissPolicy, SlotPolicy, WgpuBackend, WgpuOptions};
-    use pager::placement::{activation_scratch_bytes, WgpuSizes};
-    let budget = args.gpu_budget.unwrap_or(0);
     let desc = plan::describe(path)?;
-    let w = desc.weights.as_ref().context("the planner found no weight facts in the model")?;
     let n_ctx = match opts.n_ctx {
         0 => desc.context_length.unwrap_or(4096).clamp(1, 4096),
         n => n as u64,
     };
-    let kv_bytes = w.kv_bytes_per_position * n_ctx + w.recurrent_state_bytes;
-    let unbounded = pager::GpuPlacement::plan_on(file, u64::MAX / 4, kv_bytes, 0, &WgpuSizes)?;
-    let staging_bytes = ExpertTierOptions::new(1, unbounded.slot_bytes).staging_total_bytes();
-    let mut scratch_bytes = activation_scratch_bytes(file, GPU_TIER_BATCH.min(n_ctx as usize)) + staging_bytes;
-    let host_bytes = unbounded.n_experts_total as u64 * unbounded.slot_bytes;
-    let (moe_miss, miss_reason) = match args.moe_miss {
-        Some(m) => (m, "chosen by --moe-miss".to_string()),
-        None => {
-            let d =
-                pager::placement::default_miss(host_bytes, args.ram_budget, pager::placement::available_ram_bytes());
-            (if d.host { MoeMissFlag::Host } else { MoeMissFlag::Auto }, format!("default: {}", d.reason))
-        }
-    };
-    if moe_miss == MoeMissFlag::Host {
-        scratch_bytes += compute::wgpu::host_tier_table_reserve_bytes(unbounded.n_experts_total);
-    }
-    let placed = pager::GpuPlacement::plan_on(file, budget, kv_bytes, scratch_bytes, &WgpuSizes)?;
-    // The host tier holds every expert itself (bounded by --ram-budget): no RAM cache beside it.
-    let host_tier = moe_miss == MoeMissFlag::Host;
-    if let (true, Some(ram)) = (host_tier, args.ram_budget) {
-        anyhow::ensure!(
-            host_bytes <= ram,
-            "--moe-miss host keeps every expert in host memory: {host_bytes} bytes, more than --ram-budget {ram}; \
-             --moe-miss auto reads misses through a RAM cache of that size instead"
-        );
-    }
-    let pager = if host_tier { None } else { open_pager(args, file)? };
-    let store: Arc<dyn compute::ExpertStore> = match &pager {
-        Some(p) => p.clone(),
-        None => Arc::new(pager::MappedExperts::open(file)?),
-    };
-    let topts = ExpertTierOptions {
-        miss: match moe_miss {
-            MoeMissFlag::Upload => MissPolicy::Upload,
-            MoeMissFlag::Cpu => MissPolicy::Cpu,
-            MoeMissFlag::Auto => MissPolicy::Auto,
-            MoeMissFlag::Host => MissPolicy::Host,
+    let tier = plan::gpu_tier(
+        file,
+        n_ctx,
+        &plan::GpuTierOptions {
+            budget_bytes: args.gpu_budget.unwrap_or(0),
+            ram_budget_bytes: args.ram_budget,
+            miss: args.moe_miss.map(|m| match m {
+                MoeMissFlag::Upload => plan::TierMiss::Upload,
+                MoeMissFlag::Cpu => plan::TierMiss::Cpu,
+                MoeMissFlag::Auto => plan::TierMiss::Auto,
+                MoeMissFlag::Host => plan::TierMiss::Host,
+            }),
+            cache_policy: match args.cache_policy {
+                CachePolicyFlag::Lru => pager::CachePolicy::Lru,
+                CachePolicyFlag::Lfu => pager::CachePolicy::Lfu,
+            },
+            prefetch: args.prefetch,
+            direct_io: args.direct_io,
+            gpu_index: args.gpu,
+            matmul: opts.matmul,
         },
-        host_budget_bytes: if host_tier { args.ram_budget } else { None },
-        policy: match args.cache_policy {
-            CachePolicyFlag::Lru => SlotPolicy::Lru,
-            CachePolicyFlag::Lfu => SlotPolicy::Lfu,
-        },
-        cpu_matmul: opts.matmul,
-        ..ExpertTierOptions::new(placed.n_slots, placed.slot_bytes)
-    };
-    let b = WgpuBackend::new(WgpuOptions { adapter_index: args.gpu, prefer_discrete: true })?
-        .with_matmul_mode(opts.matmul)
-        .with_expert_store(store, topts)?;
-    // Decimal units as GPU memory is quoted; MB below 0.1 GB so small models do not read as 0.
-    let gb = |x: u64| {
-        if x >= 100_000_000 {
-            format!("{:.2} GB", x as f64 / 1e9)
-        } else {
-            format!("{:.2} MB", x as f64 / 1e6)
-        }
-    };
-    eprintln!(
-        "GPU placement: budget {} = dense {} + KV {} + scratch {} + {} expert slots of {} ({:.1}% of {} experts); upload {:.1} GB/s measured",
-        gb(budget),
-        gb(placed.dense_bytes),
-        gb(placed.kv_bytes),
-        gb(placed.scratch_bytes),
-        placed.n_slots,
-        gb(placed.slot_bytes),
-        100.0 * placed.n_slots as f64 / placed.n_experts_total.max(1) as f64,
-        placed.n_experts_total,
-        b.expert_upload_bytes_per_s().unwrap_or(0.0) / 1e9,
-    );
-    let runner = models::load_on(b.clone(), file, opts)?;
-    let miss_line = format!("expert misses: {} ({miss_reason})\n", format!("{moe_miss:?}").to_lowercase());
-    Ok((runner, pager, Box::new(move || miss_line.clone() + &b.format_expert_tier_stats().unwrap_or_default())))
+    )?;
+    eprintln!("{}", tier.placement_line);
+    if let Some(why) = tier.pager.as_ref().and_then(|p| p.direct_io_refused()) {
+        eprintln!("note: {why}");
+    }
+    let runner = models::load_on(tier.backend.clone(), file, opts)?;
+    let (b, miss_line) = (tier.backend, tier.miss_line);
+    Ok((
+        runner,
+        tier.pager,
+        Box::new(move || format!("{miss_line}\n{}", b.format_expert_tier_stats().unwrap_or_default())),
+    ))
 }
 
 #[cfg(not(feature = "gpu"))]

@@ -67,6 +67,12 @@ pub struct Args {
     /// many bytes per model (e.g. 8G), shared by its sessions, instead of mapping them.
     #[arg(long, value_parser = parse_size)]
     pub ram_budget: Option<u64>,
+    /// Run mixture-of-experts models on the GPU expert tier within this much GPU memory per model
+    /// (e.g. 4G): dense weights, KV cache and a pool of expert slots, misses from a host copy of
+    /// the experts (or, with --ram-budget, through a RAM cache of that size). As `run
+    /// --gpu-budget`; one session per model.
+    #[arg(long, value_parser = parse_size)]
+    pub gpu_budget: Option<u64>,
     /// Which cached expert a miss evicts (with --ram-budget).
     #[arg(long, value_enum, default_value_t = crate::commands::load::CachePolicyFlag::Lfu)]
     pub cache_policy: crate::commands::load::CachePolicyFlag,
@@ -129,6 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => None,
         },
         ram_budget_bytes: args.ram_budget,
+        gpu_budget_bytes: args.gpu_budget,
         cache_policy: match args.cache_policy {
             crate::commands::load::CachePolicyFlag::Lru => server::CachePolicy::Lru,
             crate::commands::load::CachePolicyFlag::Lfu => server::CachePolicy::Lfu,
