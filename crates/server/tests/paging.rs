@@ -48,6 +48,31 @@ fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> 
     (status, rest.to_string())
 }
 
+/// A server of the models `names` (each the file `path`) on `backend`, with per-model options
+/// from the presets text `presets`, preloading the first `preload`; and those options.
+fn start_with_presets(
+    path: &Path,
+    names: &[&str],
+    backend: server::BackendKind,
+    presets: &str,
+    preload: usize,
+) -> (common::TestServer, BTreeMap<String, EngineOptions>) {
+    let models: Vec<(String, PathBuf)> = names.iter().map(|n| (n.to_string(), path.to_path_buf())).collect();
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let engine = EngineOptions { backend: Some(backend), read_ahead: false, n_ctx: 128, ..Default::default() };
+    let model_options: BTreeMap<String, EngineOptions> = server::presets::resolve(presets, &engine, &names).unwrap();
+    let config = server::Config {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        models,
+        preload: names[..preload].to_vec(),
+        engine,
+        model_options: model_options.clone(),
+        router: RouterOptions::default(),
+        api_key: None,
+    };
+    (common::start(config), model_options)
+}
+
 /// The value of the metric line starting with `prefix` (name and labels).
 fn metric(text: &str, prefix: &str) -> Option<u64> {
     text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
@@ -60,30 +85,13 @@ fn paged_experts_answer_like_mapped_ones_and_metrics_count_the_cache() {
     let budget = pager::Pager::budget_for_slots(&file, 1).unwrap();
     let top_k = file.metadata().u32("qwen3moe.expert_used_count").unwrap();
     assert!(top_k > 1, "the budget must hold fewer experts than a token uses (top-k {top_k})");
-    let models = vec![
-        ("mapped".to_string(), path.clone()),
-        ("paged".to_string(), path.clone()),
-        ("paged-gpu".to_string(), path),
-    ];
-    let names: Vec<String> = models.iter().map(|m| m.0.clone()).collect();
-    let engine =
-        EngineOptions { backend: Some(server::BackendKind::Cpu), read_ahead: false, n_ctx: 128, ..Default::default() };
     let presets = format!(
         "[paged]\nram-budget = {budget}\ncache-policy = lru\n[paged-gpu]\nram-budget = {budget}\ndevice = gpu\n"
     );
-    let model_options: BTreeMap<String, EngineOptions> = server::presets::resolve(&presets, &engine, &names).unwrap();
+    let (server, model_options) =
+        start_with_presets(&path, &["mapped", "paged", "paged-gpu"], server::BackendKind::Cpu, &presets, 2);
     assert_eq!(model_options["paged"].ram_budget_bytes, Some(budget));
     assert_eq!(model_options["mapped"].ram_budget_bytes, None);
-    let config = server::Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        models,
-        preload: names[..2].to_vec(),
-        engine,
-        model_options,
-        router: RouterOptions::default(),
-        api_key: None,
-    };
-    let server = common::start(config);
     let addr = server.addr;
 
     let complete = |model: &str| -> (String, Value) {
@@ -151,30 +159,12 @@ fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
             tiny.reasons()
         )
     };
-    let models = vec![
-        ("resident".to_string(), path.clone()),
-        ("tier".to_string(), path.clone()),
-        ("tier-small".to_string(), path.clone()),
-        ("tier-parallel".to_string(), path),
-    ];
-    let names: Vec<String> = models.iter().map(|m| m.0.clone()).collect();
-    let engine =
-        EngineOptions { backend: Some(server::BackendKind::Gpu), read_ahead: false, n_ctx: 128, ..Default::default() };
     let presets = format!(
         "[tier]\ngpu-budget = {need}\n[tier-small]\ngpu-budget = 1M\n[tier-parallel]\ngpu-budget = {need}\nparallel = 2\n"
     );
-    let model_options: BTreeMap<String, EngineOptions> = server::presets::resolve(&presets, &engine, &names).unwrap();
+    let names = ["resident", "tier", "tier-small", "tier-parallel"];
+    let (server, model_options) = start_with_presets(&path, &names, server::BackendKind::Gpu, &presets, 0);
     assert_eq!(model_options["tier"].gpu_budget_bytes, Some(need));
-    let config = server::Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        models,
-        preload: Vec::new(),
-        engine,
-        model_options,
-        router: RouterOptions::default(),
-        api_key: None,
-    };
-    let server = common::start(config);
     let addr = server.addr;
     let complete = |model: &str| -> (u16, String) {
         let body = json!({"model": model, "prompt": "The quick brown fox jumps over the la",

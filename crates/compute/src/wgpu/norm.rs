@@ -20,7 +20,7 @@
 //! two) sets `norm_reg`'s workgroup size, `DISKFORMER_NORM_SPLIT=0` keeps `norm_reg` for decode
 //! rows, for comparisons on the device.
 
-use super::shaders::Plain;
+use super::shaders::{Plain, NORM_IO_VEC4, NORM_PARAMS, SG_ARGS, SG_CALL};
 use super::{OpError, Q8Act, WgpuBackend, WgpuTensor};
 
 /// Largest `nv` (vec4 per invocation) the automatic choice takes before widening the workgroup.
@@ -99,7 +99,7 @@ impl NormShape {
             (
                 REDUCE_SUBGROUP,
                 "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,\n    @builtin(subgroup_size) sg_size: u32,",
-                ", sg_id, sg_lane, n_sg",
+                SG_CALL,
                 "if (lid == 0u) {\n        lanes_ok = select(0u, 1u, n_sg * sg_size == WG && sg_size >= 8u);\n    }",
                 "if (shuffles) {\n        p = sg_id * sg_size + sg_lane;\n    }",
                 "amax = max(amax, subgroupShuffleXor(amax, 1u));\n                amax = max(amax, subgroupShuffleXor(amax, 2u));\n                amax = max(amax, subgroupShuffleXor(amax, 4u));",
@@ -109,6 +109,8 @@ impl NormShape {
             (REDUCE_SHARED, "", "", "if (lid == 0u) {\n        lanes_ok = 0u;\n    }", "", "", "")
         };
         include_str!("shaders/norm_reg.wgsl")
+            .replace("{{NORM_PARAMS}}", NORM_PARAMS)
+            .replace("{{NORM_IO_VEC4}}", NORM_IO_VEC4)
             .replace("{{WG}}", &self.wg.to_string())
             .replace("{{NV}}", &self.nv.to_string())
             .replace("{{RED_LEN}}", &(2 * self.wg).to_string())
@@ -130,16 +132,11 @@ fn split_workgroup(width: usize) -> u32 {
 
 /// `norm_split.wgsl` with `wg` invocations, its row sum through subgroups when `subgroups`.
 fn split_source(wg: u32, subgroups: bool) -> String {
-    let (reduce, sg_args, sg_call) = if subgroups {
-        (
-            REDUCE_SUBGROUP,
-            "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,",
-            ", sg_id, sg_lane, n_sg",
-        )
-    } else {
-        (REDUCE_SHARED, "", "")
-    };
+    let (reduce, sg_args, sg_call) =
+        if subgroups { (REDUCE_SUBGROUP, SG_ARGS, SG_CALL) } else { (REDUCE_SHARED, "", "") };
     include_str!("shaders/norm_split.wgsl")
+        .replace("{{NORM_PARAMS}}", NORM_PARAMS)
+        .replace("{{NORM_IO_VEC4}}", NORM_IO_VEC4)
         .replace("{{WG}}", &wg.to_string())
         .replace("{{RED_LEN}}", &wg.to_string())
         .replace("{{REDUCE}}", reduce)

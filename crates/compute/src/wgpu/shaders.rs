@@ -117,8 +117,19 @@ impl Plain {
             .replace("{{Q8_BLOCK}}", Q8_BLOCK)
             .replace("{{ROPE_PAIR}}", ROPE_PAIR)
             .replace("{{REDUCE_SHARED}}", REDUCE_SHARED)
+            .replace("{{NORM_PARAMS}}", NORM_PARAMS)
     }
 }
+
+/// The norm kernels' parameters (`norm_io.wgsl`).
+pub(super) const NORM_PARAMS: &str = include_str!("shaders/norm_io.wgsl");
+/// The bindings of the vec4 norm kernels (`norm_io_vec4.wgsl`).
+pub(super) const NORM_IO_VEC4: &str = include_str!("shaders/norm_io_vec4.wgsl");
+
+/// Entry-point arguments and `reduce_sum` call arguments of a kernel reducing through subgroups.
+pub(super) const SG_ARGS: &str =
+    "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,";
+pub(super) const SG_CALL: &str = ", sg_id, sg_lane, n_sg";
 
 /// Tokens per workgroup of the matrix product: 1 for decode (a pure matrix-vector product),
 /// 8 for prefill (each dequantized weight group is reused for 8 tokens).
@@ -153,15 +164,8 @@ pub fn matmul(layout: &TypeLayout, tok: u32, guard_x: bool, subgroups: bool, unr
         if guard_x { "    if (c < P.k) {\n        return X[i];\n    }\n    return 0.0;" } else { "    return X[i];" };
     // Naga takes subgroup builtins without `enable subgroups;` (which it rejects as not yet
     // implemented); the device's SUBGROUP feature is what allows them.
-    let (reduce, sg_args, sg_call) = if subgroups {
-        (
-            REDUCE_SUBGROUP,
-            "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,",
-            ", sg_id, sg_lane, n_sg",
-        )
-    } else {
-        (REDUCE_SHARED, "", "")
-    };
+    let (reduce, sg_args, sg_call) =
+        if subgroups { (REDUCE_SUBGROUP, SG_ARGS, SG_CALL) } else { (REDUCE_SHARED, "", "") };
     MATMUL
         .replace("{{PARAMS}}", MATMUL_PARAMS)
         .replace("{{QUANT}}", &quant(layout))

@@ -4,16 +4,7 @@
 // q8 = 1: the row is also written as int8 blocks for the int8 decode kernel, exactly as
 // quantize_q8.wgsl makes them from Y (q8_block.wgsl, read back from Y after a storage barrier), so
 // the products after a norm need no quantize dispatch of their own. Needs width % 32 == 0.
-struct Params {
-    width: u32,
-    n_rows: u32,
-    mode: u32,
-    eps: f32,
-    has_w: u32,
-    has_b: u32,
-    q8: u32,
-    _p1: u32,
-}
+{{NORM_PARAMS}}
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
 @group(0) @binding(1) var<storage, read> Wt: array<f32>;

@@ -17,24 +17,9 @@
 // its maximum and integer sum take three subgroupShuffleXor steps each, no barrier. Otherwise
 // (SG = 0, or narrow or partial subgroups) p = local index and both go through workgroup memory.
 // Needs width % 4 == 0 (and width % 32 == 0 for q8), WG a power of two >= 8.
-struct Params {
-    width: u32,
-    n_rows: u32,
-    mode: u32,
-    eps: f32,
-    has_w: u32,
-    has_b: u32,
-    q8: u32,
-    _p1: u32,
-}
+{{NORM_PARAMS}}
 
-@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> Wt: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> Bs: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> QS: array<u32>;
-@group(0) @binding(5) var<storage, read_write> DS: array<vec2<f32>>;
-@group(0) @binding(6) var<uniform> P: Params;
+{{NORM_IO_VEC4}}
 
 const WG: u32 = {{WG}}u;
 const NV: u32 = {{NV}}u;

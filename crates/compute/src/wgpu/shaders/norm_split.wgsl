@@ -14,24 +14,9 @@
 // Workgroup memory is written before it is read (the pipeline skips zeroing): red by the
 // reduction before its barrier, bmax / bsum by invocations lid < 8 before the barriers after
 // which they are read.
-struct Params {
-    width: u32,
-    n_rows: u32,
-    mode: u32,
-    eps: f32,
-    has_w: u32,
-    has_b: u32,
-    q8: u32,
-    _p1: u32,
-}
+{{NORM_PARAMS}}
 
-@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> Wt: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> Bs: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> QS: array<u32>;
-@group(0) @binding(5) var<storage, read_write> DS: array<vec2<f32>>;
-@group(0) @binding(6) var<uniform> P: Params;
+{{NORM_IO_VEC4}}
 
 const WG: u32 = {{WG}}u;
 
