@@ -355,7 +355,12 @@ pub struct Session {
     tx: Option<Sender<Command>>,
     thread: Option<std::thread::JoinHandle<()>>,
     info: SessionInfo,
+    /// On the GPU expert tier: its miss mode and per-layer table, read at any time.
+    tier_stats: Option<TierStats>,
 }
+
+/// The GPU expert tier's statistics as text (the miss mode, then `--stats`' per-layer table).
+type TierStats = Box<dyn Fn() -> String + Send + Sync>;
 
 /// Loads the model at `path` (file, split part or folder) on the back end `opts` asks for or
 /// the plan chooses, with progress events, and starts its engine thread.
@@ -405,12 +410,12 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         _ => tensor_bytes,
     };
     report(Progress { stage: Stage::Upload, done_bytes: 0, total_bytes: upload_bytes });
-    let mut tier_line = None;
+    let (mut tier_line, mut tier_stats) = (None, None);
     let mut runner = match (&opts.gpu_tier, &opts.expert_store) {
         (Some(t), _) => {
             let t = crate::GpuTierOptions { matmul: opts.matmul, gpu_index: opts.plan.gpu_index, ..t.clone() };
-            let (runner, line) = load_gpu_tier(&file, plan.n_ctx, &t, &model_opts)?;
-            tier_line = Some(line);
+            let (runner, line, stats) = load_gpu_tier(&file, plan.n_ctx, &t, &model_opts)?;
+            (tier_line, tier_stats) = (Some(line), Some(stats));
             runner
         }
         (None, Some(store)) => {
@@ -446,7 +451,7 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         .name("diskformer-engine".into())
         .spawn(move || engine.serve(rx))
         .map_err(|source| PlanError::Io { path: info.model.clone(), what: "starting the engine thread", source })?;
-    Ok(Session { tx: Some(tx), thread: Some(thread), info })
+    Ok(Session { tx: Some(tx), thread: Some(thread), info, tier_stats })
 }
 
 /// Touches every page of the weights so the page cache holds them, reporting every 64 MiB.
@@ -470,17 +475,21 @@ fn read_ahead(file: &GgufModel, total_bytes: u64, report: &mut impl FnMut(Progre
     report(Progress { stage: Stage::Read, done_bytes: total_bytes, total_bytes });
 }
 
-/// The model on the GPU expert tier, and the tier's placement and miss mode in one line.
+/// The model on the GPU expert tier, the tier's placement and miss mode in one line, and its
+/// statistics.
 #[cfg(feature = "gpu")]
 fn load_gpu_tier(
     file: &Arc<GgufModel>,
     n_ctx: u64,
     t: &crate::GpuTierOptions,
     model_opts: &models::LoadOptions,
-) -> Result<(Box<dyn Runner>, String)> {
+) -> Result<(Box<dyn Runner>, String, TierStats)> {
     let tier = crate::gpu_tier(file, n_ctx, t)?;
     let line = format!("{}; {}", tier.placement_line, tier.miss_line);
-    Ok((models::load_on(tier.backend, file, model_opts)?, line))
+    let (b, miss_line) = (tier.backend.clone(), tier.miss_line);
+    let stats: TierStats =
+        Box::new(move || format!("{miss_line}\n{}", b.format_expert_tier_stats().unwrap_or_default()));
+    Ok((models::load_on(tier.backend, file, model_opts)?, line, stats))
 }
 
 #[cfg(not(feature = "gpu"))]
@@ -489,7 +498,7 @@ fn load_gpu_tier(
     _n_ctx: u64,
     _t: &crate::GpuTierOptions,
     _model_opts: &models::LoadOptions,
-) -> Result<(Box<dyn Runner>, String)> {
+) -> Result<(Box<dyn Runner>, String, TierStats)> {
     Err(PlanError::NoBackend {
         model: file.path().display().to_string(),
         reasons: "gpu_paged: this build has no GPU back end (built without the `gpu` feature)".into(),
@@ -528,6 +537,12 @@ impl Session {
     /// Facts about the session (back end, context, the plan it was loaded with).
     pub fn info(&self) -> &SessionInfo {
         &self.info
+    }
+
+    /// On the GPU expert tier: its miss mode and per-layer statistics (hits, misses, uploads,
+    /// experts computed on the CPU, host reads) since loading, as `--stats` prints them.
+    pub fn expert_tier_stats(&self) -> Option<String> {
+        self.tier_stats.as_ref().map(|f| f())
     }
 
     fn send(&self, c: Command) -> bool {

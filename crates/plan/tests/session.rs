@@ -371,3 +371,46 @@ fn messages_need_a_chat_template() {
     let ok = s.generate("hi", greedy(2)).finish().unwrap();
     assert_eq!(ok.n_generated, 2);
 }
+
+/// `LoadOptions::gpu_tier` (what the server's `gpu-budget` asks for): the qwen3_moe fixture on
+/// the GPU expert tier at the planner's floor generates the GPU-resident session's greedy ids,
+/// the session reports the placement, and its statistics count the selections it made.
+#[cfg(feature = "gpu")]
+#[test]
+fn a_gpu_tier_session_generates_like_the_resident_gpu_and_counts_its_experts() {
+    let path = common::fixture("qwen3_moe");
+    let gpu = || LoadOptions {
+        backend: Some(BackendKind::Gpu),
+        plan: PlanOptions { n_ctx: 128, ..PlanOptions::default() },
+        ..cpu_options()
+    };
+    let tiny = plan::plan_with(
+        &plan::describe(&path).unwrap(),
+        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false }),
+        &PlanOptions { n_ctx: 128, budget_bytes: Some(1), ..PlanOptions::default() },
+    );
+    let need = tiny.backend(BackendKind::GpuPaged).refusal.as_ref().and_then(|r| r.need_bytes).expect("refused");
+    let tier = plan::GpuTierOptions {
+        budget_bytes: need,
+        ram_budget_bytes: None,
+        miss: None,
+        cache_policy: pager::CachePolicy::Lfu,
+        prefetch: false,
+        direct_io: false,
+        gpu_index: None,
+        matmul: MatmulMode::Exact,
+    };
+    let paged = load(&path, LoadOptions { gpu_tier: Some(tier), ..gpu() }).expect("the planner's floor holds the tier");
+    let resident = load(&path, gpu()).unwrap();
+    assert_eq!(paged.info().backend, BackendKind::GpuPaged);
+    assert!(
+        paged.info().gpu_tier.as_deref().is_some_and(|l| l.contains("GPU placement")),
+        "{:?}",
+        paged.info().gpu_tier
+    );
+    let ids = |s: &plan::Session| s.generate("The quick brown fox", greedy(6)).complete().unwrap().tokens;
+    assert_eq!(ids(&paged), ids(&resident), "the GPU expert tier changed the greedy ids");
+    let stats = paged.expert_tier_stats().expect("a tier session has statistics");
+    assert!(stats.contains("expert misses") && stats.contains("all "), "{stats}");
+    assert_eq!(resident.expert_tier_stats(), None);
+}

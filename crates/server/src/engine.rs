@@ -119,6 +119,9 @@ impl Drop for Loaded {
         if let (true, Some(p)) = (self.print_stats, &self.pager) {
             eprint!("model {}: {}", self.name, p.format_stats());
         }
+        if let (true, Some(stats)) = (self.print_stats, self.sessions.first().and_then(|s| s.expert_tier_stats())) {
+            eprint!("model {}: {stats}", self.name);
+        }
     }
 }
 

@@ -82,8 +82,9 @@ pub struct Args {
     /// With --ram-budget: read experts with O_DIRECT, bypassing the page cache.
     #[arg(long)]
     pub direct_io: bool,
-    /// Print each paged model's per-layer expert-cache statistics to stderr when it is
-    /// unloaded or the server stops (/metrics has the totals either way).
+    /// Print each paged model's per-layer expert-cache statistics (the RAM cache's, or the GPU
+    /// expert tier's with --gpu-budget) to stderr when it is unloaded or the server stops
+    /// (/metrics has the RAM cache's totals either way).
     #[arg(long)]
     pub stats: bool,
     /// Per-model options (INI: a `[*]` section for every model, `[NAME]` for one; keys are
