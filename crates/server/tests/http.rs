@@ -439,6 +439,16 @@ fn the_router_unloads_the_idle_model_first() {
     assert_eq!(v["data"][0]["status"]["value"], "unloaded");
     let mut events = TcpStream::connect(s.addr).unwrap();
     write!(events, "GET /models/sse HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    events.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The handler subscribes before it answers: once the response head is here, no event can be
+    // missed (under load the chats below could otherwise finish before the subscription).
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !seen.contains("\r\n\r\n") {
+        let n = events.read(&mut buf).expect("the event stream's head");
+        assert!(n > 0, "events ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
     let chat = |m: &str| {
         post(
             s.addr,
@@ -448,9 +458,6 @@ fn the_router_unloads_the_idle_model_first() {
     };
     assert_eq!(chat("a").0, 200);
     assert_eq!(chat("b").0, 200);
-    events.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
     while !(seen.contains("event: unload") && seen.matches("event: load").count() >= 2) {
         let n = events.read(&mut buf).expect("model events");
         assert!(n > 0, "events ended: {seen}");
