@@ -109,6 +109,13 @@ pub struct Estimate {
     pub disk_bytes: u64,
     /// Bytes read from memory per generated token (the speed model's numerator).
     pub bytes_per_token: u64,
+    /// Of those, bytes the GPU reads from host memory per token (the GPU expert tier's misses,
+    /// over the host link); 0 for the other back ends.
+    #[serde(default)]
+    pub host_bytes_per_token: u64,
+    /// The rate of those host reads in bytes per second ([`GpuInfo::host_read_bytes_per_s`]).
+    #[serde(default)]
+    pub host_read_bytes_per_s: Option<f64>,
     /// Estimated generation speed; `None` when no bandwidth is known for the device.
     pub tok_per_sec: Option<f64>,
     /// The bandwidth used, in bytes per second.
@@ -297,14 +304,26 @@ pub fn plan_with(desc: &ModelDescription, machine: &Machine, opts: &PlanOptions)
             Budget { bytes: None, source: "unknown".into() }
         }
     };
-    let ctx = Ctx { desc, machine, opts, n_ctx, gpu, ram_budget: ram_budget.bytes, gpu_budget: gpu_budget.bytes };
+    let ctx = Ctx {
+        desc,
+        machine,
+        opts,
+        n_ctx,
+        gpu,
+        ram_budget: ram_budget.bytes,
+        gpu_budget: gpu_budget.bytes,
+        tier_budget: tier_budget(&gpu_budget),
+    };
     let backends: Vec<BackendPlan> = BackendKind::ALL.iter().map(|&k| ctx.judge(k)).collect();
-    // The automatic choice covers the back ends that start without a budget: the GPU expert
-    // tier is planned and reported, and runs when asked for (`--gpu-budget`).
+    // The GPU expert tier competes when it has a speed (a host read rate is known); the caller
+    // starts it with `Plan::gpu_tier_budget`.
     let chosen = backends
         .iter()
         .enumerate()
-        .filter(|(_, b)| b.is_ok() && b.backend != BackendKind::GpuPaged)
+        .filter(|(_, b)| {
+            b.is_ok()
+                && (b.backend != BackendKind::GpuPaged || b.estimate.as_ref().is_some_and(|e| e.tok_per_sec.is_some()))
+        })
         .max_by(|(ia, a), (ib, b)| {
             let sa = a.estimate.as_ref().and_then(|e| e.tok_per_sec).unwrap_or(-1.0);
             let sb = b.estimate.as_ref().and_then(|e| e.tok_per_sec).unwrap_or(-1.0);
@@ -335,6 +354,20 @@ struct Ctx<'a> {
     gpu: Option<&'a GpuInfo>,
     ram_budget: Option<u64>,
     gpu_budget: Option<u64>,
+    /// The GPU expert tier's budget ([`tier_budget`]).
+    tier_budget: Option<u64>,
+}
+
+/// GPU memory the expert tier plans with: the budget given, or the device's free memory less a
+/// margin (a twentieth, at least 512 MiB) for the driver's own context and other programs: the
+/// tier fills whatever it is given with expert slots, where the resident back end takes only
+/// what the model needs.
+fn tier_budget(b: &Budget) -> Option<u64> {
+    let bytes = b.bytes?;
+    Some(match b.source.as_str() {
+        "device" => bytes - (bytes / 20).max(512 << 20).min(bytes),
+        _ => bytes,
+    })
 }
 
 impl<'a> Ctx<'a> {
@@ -428,6 +461,8 @@ impl<'a> Ctx<'a> {
                 ram_bytes: ram,
                 disk_bytes: 0,
                 bytes_per_token: bpt,
+                host_bytes_per_token: 0,
+                host_read_bytes_per_s: None,
                 tok_per_sec: speed(bpt, mem.bandwidth_bytes_per_s),
                 bandwidth_bytes_per_s: mem.bandwidth_bytes_per_s,
                 bandwidth_source: mem.bandwidth_source,
@@ -462,8 +497,14 @@ impl<'a> Ctx<'a> {
     /// The GPU expert tier (`--gpu-budget`): dense weights, KV cache, scratch and a pool of
     /// expert slots in GPU memory, every expert in a host copy (or paged from disk through
     /// `--ram-budget`). The pool's floor is `MIN_SLOTS_PER_TOP_K` x top-k slots; a slot is one
-    /// expert of the layer with the largest, as the tier lays it out. No speed is estimated: a miss
-    /// crosses the host link, whose bandwidth the probe does not measure.
+    /// expert of the layer with the largest, as the tier lays it out.
+    ///
+    /// Speed: a token reads its dense weights, KV cache and pooled experts from GPU memory and
+    /// its missed experts from host memory (the default miss mode's kernels read the host copy
+    /// over the link), so `1 / tok/s = (bytes - missed) / GPU bandwidth + missed / host read
+    /// rate`, with routing taken as uniform (the hardest case for a cache: a selection hits with
+    /// the pool's share of the experts). Without a host read rate, or when misses come from disk
+    /// (a RAM budget below the host copy; the probe has no disk rate), no speed.
     fn judge_gpu_paged(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let kind = BackendKind::GpuPaged;
         let (gpu, weights, experts) = match self.gpu_and_bytes(w) {
@@ -480,7 +521,7 @@ impl<'a> Ctx<'a> {
         let base = weights - experts + n.kv_bytes + scratch + gpu_fixed_bytes() + tier_fixed_bytes(slot, n_slots_total);
         let floor = (pager::MIN_SLOTS_PER_TOP_K * w.expert_used_count.max(1)) as u64 * slot;
         let need = base + floor;
-        let budget = self.gpu_budget.unwrap_or(u64::MAX);
+        let budget = self.tier_budget.unwrap_or(u64::MAX);
         if need > budget {
             let reason = format!(
                 "dense weights, KV cache and scratch need {} of GPU memory and the expert pool at least {} more \
@@ -510,6 +551,15 @@ impl<'a> Ctx<'a> {
             _ => (host_copy, 0),
         };
         let bpt = bytes_per_token(w, weights, experts, self.n_ctx);
+        let active = experts * w.expert_used_count as u64 / w.expert_count.max(1) as u64;
+        let hit = slots as f64 / n_slots_total as f64;
+        let missed = (active as f64 * (1.0 - hit)) as u64;
+        let tok_per_sec = match (gpu.bandwidth_bytes_per_s, gpu.host_read_bytes_per_s) {
+            (Some(device), Some(host)) if disk_per_token == 0 && device > 0.0 && host > 0.0 => {
+                Some(1.0 / ((bpt - missed) as f64 / device + missed as f64 / host))
+            }
+            _ => None,
+        };
         BackendPlan {
             backend: kind,
             device,
@@ -518,7 +568,9 @@ impl<'a> Ctx<'a> {
                 ram_bytes: ram,
                 disk_bytes: disk_per_token,
                 bytes_per_token: bpt,
-                tok_per_sec: None,
+                host_bytes_per_token: missed,
+                host_read_bytes_per_s: gpu.host_read_bytes_per_s,
+                tok_per_sec,
                 bandwidth_bytes_per_s: gpu.bandwidth_bytes_per_s,
                 bandwidth_source: gpu.bandwidth_source,
             }),
@@ -563,6 +615,8 @@ impl<'a> Ctx<'a> {
                 ram_bytes: ram,
                 disk_bytes: 0,
                 bytes_per_token: bpt,
+                host_bytes_per_token: 0,
+                host_read_bytes_per_s: None,
                 tok_per_sec: speed(bpt, gpu.bandwidth_bytes_per_s),
                 bandwidth_bytes_per_s: gpu.bandwidth_bytes_per_s,
                 bandwidth_source: gpu.bandwidth_source,
@@ -573,6 +627,12 @@ impl<'a> Ctx<'a> {
 }
 
 impl Plan {
+    /// The GPU budget the expert tier was planned with (the `--gpu-budget` that runs it as
+    /// planned): the budget given, or the device's free memory less a margin.
+    pub fn gpu_tier_budget(&self) -> Option<u64> {
+        tier_budget(&self.gpu_budget)
+    }
+
     /// The chosen back end's answer.
     pub fn chosen_plan(&self) -> Option<&BackendPlan> {
         self.chosen.and_then(|c| self.backends.iter().find(|b| b.backend == c))
@@ -597,8 +657,12 @@ impl Plan {
                     .filter(|o| o.backend != b.backend)
                     .map(|o| match &o.refusal {
                         Some(r) => format!("{} no ({})", o.backend.as_str(), r.code.as_str()),
-                        // Never chosen automatically: it runs when asked for, with a GPU budget.
-                        None if o.backend == BackendKind::GpuPaged => format!("{} on request", o.backend.as_str()),
+                        // Without a speed it is not chosen automatically: it runs when asked for.
+                        None if o.backend == BackendKind::GpuPaged
+                            && o.estimate.as_ref().is_none_or(|e| e.tok_per_sec.is_none()) =>
+                        {
+                            format!("{} on request", o.backend.as_str())
+                        }
                         None => format!("{} slower", o.backend.as_str()),
                     })
                     .collect();
@@ -623,7 +687,7 @@ impl Plan {
     /// whose MoE model outgrows the GPU learns that its dense part and an expert cache still
     /// fit there.
     pub fn gpu_tier_hint(&self) -> Option<String> {
-        if self.chosen == Some(BackendKind::Gpu) {
+        if matches!(self.chosen, Some(BackendKind::Gpu | BackendKind::GpuPaged)) {
             return None;
         }
         let resident = self.backend(BackendKind::Gpu).refusal.as_ref()?;

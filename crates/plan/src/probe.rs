@@ -56,6 +56,14 @@ pub struct GpuInfo {
     pub bandwidth_bytes_per_s: Option<f64>,
     /// Where that figure comes from.
     pub bandwidth_source: Option<Source>,
+    /// Rate at which the GPU's kernels read host memory, in bytes per second: over PCIe on a
+    /// discrete GPU, the link the GPU expert tier's misses cross; a software or integrated
+    /// device reads the same memory as its own.
+    #[serde(default)]
+    pub host_read_bytes_per_s: Option<f64>,
+    /// Where that figure comes from.
+    #[serde(default)]
+    pub host_read_source: Option<Source>,
 }
 
 /// The CPU.
@@ -135,6 +143,17 @@ pub const BANDWIDTH_TABLE: &[(&str, f64, &str)] = &[(
      read of `probe --measure` (2026-11-30); the lower is kept",
 )];
 
+/// Host-memory read rates of GPU kernels measured on known devices (`probe --measure`'s stream
+/// read from a host buffer, [`compute::wgpu::WgpuBackend::perf_stream_host`]): (device-name
+/// substring, bytes per second, where and how it was measured), used when a probe does not
+/// measure. See docs/PLAN.md.
+pub const HOST_READ_TABLE: &[(&str, f64, &str)] = &[(
+    "NVIDIA H200",
+    50.4e9,
+    "H200 141 GB (driver 580.159.04, Vulkan, PCIe host): 50.4-50.9 GB/s in three probes of the 256 MiB \
+     host-buffer stream read of `probe --measure` (2026-12-01); the lowest is kept",
+)];
+
 /// Looks the machine over.
 ///
 /// # Examples
@@ -166,6 +185,11 @@ pub fn probe(opts: &ProbeOptions) -> Machine {
 
 fn table_bandwidth(name: &str) -> Option<f64> {
     BANDWIDTH_TABLE.iter().find(|(pat, _, _)| name.contains(pat)).map(|(_, bw, _)| *bw)
+}
+
+#[cfg(feature = "gpu")]
+fn table_host_read(name: &str) -> Option<f64> {
+    HOST_READ_TABLE.iter().find(|(pat, _, _)| name.contains(pat)).map(|(_, bw, _)| *bw)
 }
 
 fn cpu_info() -> CpuInfo {
@@ -328,8 +352,11 @@ fn gpus(memory: &MemoryInfo, measure: bool) -> Vec<GpuInfo> {
                 memory_source: None,
                 bandwidth_bytes_per_s: None,
                 bandwidth_source: None,
+                host_read_bytes_per_s: None,
+                host_read_source: None,
             };
-            if g.device_type == "Cpu" || g.device_type == "IntegratedGpu" {
+            let shares_ram = g.device_type == "Cpu" || g.device_type == "IntegratedGpu";
+            if shares_ram {
                 g.memory_bytes = memory.total_bytes;
                 g.memory_free_bytes = memory.available_bytes;
                 g.memory_source = Some("system RAM (the device shares it)".into());
@@ -350,6 +377,19 @@ fn gpus(memory: &MemoryInfo, measure: bool) -> Vec<GpuInfo> {
             } else if let Some(bw) = table_bandwidth(&g.name) {
                 g.bandwidth_bytes_per_s = Some(bw);
                 g.bandwidth_source = Some(Source::Table);
+            }
+            if shares_ram {
+                // Host memory is the device's own memory.
+                g.host_read_bytes_per_s = g.bandwidth_bytes_per_s;
+                g.host_read_source = g.bandwidth_source;
+            } else if measure {
+                if let Some(bw) = measure_gpu_host_read(g.index) {
+                    g.host_read_bytes_per_s = Some(bw);
+                    g.host_read_source = Some(Source::Measured);
+                }
+            } else if let Some(bw) = table_host_read(&g.name) {
+                g.host_read_bytes_per_s = Some(bw);
+                g.host_read_source = Some(Source::Table);
             }
             g
         })
@@ -391,6 +431,20 @@ fn measure_gpu_bandwidth(index: usize, device_type: &str) -> Option<f64> {
     .ok()?;
     let bytes: u64 = if device_type == "Cpu" { 64 << 20 } else { (1u64 << 30).min(b.max_binding_bytes()) };
     let secs = b.perf_stream(bytes, if device_type == "Cpu" { 3 } else { 20 }).ok()?;
+    (secs > 0.0).then(|| bytes as f64 / secs)
+}
+
+/// Rate at which one adapter's kernels read host memory: the stream kernel over 256 MiB of a
+/// host buffer placed as the expert tier's host copy is.
+#[cfg(feature = "gpu")]
+fn measure_gpu_host_read(index: usize) -> Option<f64> {
+    let b = compute::wgpu::WgpuBackend::new(compute::wgpu::WgpuOptions {
+        adapter_index: Some(index),
+        prefer_discrete: false,
+    })
+    .ok()?;
+    let bytes: u64 = (256u64 << 20).min(b.max_binding_bytes());
+    let secs = b.perf_stream_host(bytes, 5).ok()?;
     (secs > 0.0).then(|| bytes as f64 / secs)
 }
 

@@ -411,6 +411,19 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
     };
     report(Progress { stage: Stage::Upload, done_bytes: 0, total_bytes: upload_bytes });
     let (mut tier_line, mut tier_stats) = (None, None);
+    // The plan chose the GPU expert tier: start it with the budget it was planned with.
+    if picked == BackendKind::GpuPaged && opts.gpu_tier.is_none() {
+        opts.gpu_tier = Some(crate::GpuTierOptions {
+            budget_bytes: plan.gpu_tier_budget().unwrap_or(0),
+            ram_budget_bytes: opts.plan.ram_budget_bytes,
+            miss: None,
+            cache_policy: pager::CachePolicy::Lfu,
+            prefetch: false,
+            direct_io: false,
+            gpu_index: opts.plan.gpu_index,
+            matmul: opts.matmul,
+        });
+    }
     let mut runner = match (&opts.gpu_tier, &opts.expert_store) {
         (Some(t), _) => {
             let t = crate::GpuTierOptions { matmul: opts.matmul, gpu_index: opts.plan.gpu_index, ..t.clone() };

@@ -103,6 +103,8 @@ fn probe_json_has_the_documented_fields() {
         memory_source: None,
         bandwidth_bytes_per_s: Some(1.0),
         bandwidth_source: Some(plan::Source::Measured),
+        host_read_bytes_per_s: Some(1.0),
+        host_read_source: Some(plan::Source::Measured),
     };
     let g = serde_json::to_value(&gpu).unwrap();
     assert_eq!(
@@ -121,6 +123,8 @@ fn probe_json_has_the_documented_fields() {
             "memory_source",
             "bandwidth_bytes_per_s",
             "bandwidth_source",
+            "host_read_bytes_per_s",
+            "host_read_source",
         ])
     );
     assert_eq!(g["bandwidth_source"], "measured");
@@ -162,6 +166,8 @@ fn plan_json_has_the_documented_fields() {
             "ram_bytes",
             "disk_bytes",
             "bytes_per_token",
+            "host_bytes_per_token",
+            "host_read_bytes_per_s",
             "tok_per_sec",
             "bandwidth_bytes_per_s",
             "bandwidth_source"

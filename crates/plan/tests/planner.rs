@@ -19,6 +19,7 @@ use plan::{
 };
 
 const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
 
 /// llama fixture (q4_0): 256 hidden, 2 layers, 4 heads of 64, 2 KV heads.
 const LLAMA_TENSOR_BYTES: u64 = 849_920;
@@ -64,6 +65,8 @@ fn machine(ram: u64, ram_bw: f64, gpu: Option<(&str, u64, f64)>) -> Machine {
                 memory_source: Some("test".into()),
                 bandwidth_bytes_per_s: Some(bw),
                 bandwidth_source: Some(Source::Given),
+                host_read_bytes_per_s: None,
+                host_read_source: None,
             })
             .collect(),
         gpu_compiled: cfg!(feature = "gpu"),
@@ -239,8 +242,8 @@ fn the_gpu_expert_tier_fits_a_budget_from_its_floor_up() {
     assert!(need > dense, "the need counts the dense weights and a pool");
     assert!(r.reason.contains("expert pool"), "{}", r.reason);
     assert_eq!(with(need - 1, None).backend(BackendKind::GpuPaged).refusal.as_ref().unwrap().code, Code::Budget);
-    // At the floor it plans, within the budget; it estimates memory but no speed (the host
-    // link is not probed), so the resident GPU, which fits too, stays the choice.
+    // At the floor it plans, within the budget; it estimates memory but no speed (this GPU's
+    // host read rate is unknown), so the resident GPU, which fits too, stays the choice.
     let p = with(need, None);
     let e = p.backend(BackendKind::GpuPaged).estimate.clone().expect("fits at the floor");
     assert!(e.gpu_bytes <= need);
@@ -257,17 +260,8 @@ fn the_gpu_expert_tier_fits_a_budget_from_its_floor_up() {
 #[test]
 fn a_moe_model_too_large_for_the_gpu_gets_the_tier_flag_as_a_hint() {
     // The fixture has too few experts for a pool to be smaller than all of them (with the tier's
-    // staging buffers its need is above the resident one); with 64 times as many experts of the
-    // same size it has a real MoE's proportions.
-    let mut d = describe(&common::fixture("qwen3_moe")).unwrap();
-    let w = d.weights.as_mut().unwrap();
-    const MORE: u64 = 64;
-    w.expert_count *= MORE as usize;
-    w.tensor_bytes += (MORE - 1) * w.expert_bytes;
-    w.expert_bytes *= MORE;
-    let gpu_experts = w.gpu_expert_bytes.unwrap();
-    *w.gpu_tensor_bytes.as_mut().unwrap() += (MORE - 1) * gpu_experts;
-    w.gpu_expert_bytes = Some(MORE * gpu_experts);
+    // staging buffers its need is above the resident one).
+    let d = many_experts();
     let m = machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9)));
     let with = |gpu: u64| plan_with(&d, &m, &PlanOptions { budget_bytes: Some(gpu), ..opts(256) });
     let tiny = with(1 << 20);
@@ -286,6 +280,69 @@ fn a_moe_model_too_large_for_the_gpu_gets_the_tier_flag_as_a_hint() {
     let p = with(resident_need);
     assert_eq!(p.chosen, Some(BackendKind::Gpu));
     assert_eq!(p.gpu_tier_hint(), None);
+}
+
+/// The qwen3_moe fixture with 64 times as many experts of the same size: a real MoE's
+/// proportions (the fixture's 8 experts are too few for a pool smaller than all of them).
+#[cfg(feature = "gpu")]
+fn many_experts() -> plan::ModelDescription {
+    let mut d = describe(&common::fixture("qwen3_moe")).unwrap();
+    let w = d.weights.as_mut().unwrap();
+    const MORE: u64 = 64;
+    w.expert_count *= MORE as usize;
+    w.tensor_bytes += (MORE - 1) * w.expert_bytes;
+    w.expert_bytes *= MORE;
+    let gpu_experts = w.gpu_expert_bytes.unwrap();
+    *w.gpu_tensor_bytes.as_mut().unwrap() += (MORE - 1) * gpu_experts;
+    w.gpu_expert_bytes = Some(MORE * gpu_experts);
+    d
+}
+
+/// With the GPU's host read rate known the tier has a speed: a token reads its missed experts
+/// (uniform routing: the share of experts the pool does not hold) at the host rate and the rest
+/// at the GPU's; it is chosen when that beats the CPU, and not when the link is slower than the
+/// CPU's own memory. A budget from the device's free memory leaves the driver a margin.
+#[cfg(feature = "gpu")]
+#[test]
+fn the_gpu_expert_tier_is_chosen_when_its_host_reads_beat_the_cpu() {
+    let d = many_experts();
+    let w = d.weights.clone().unwrap();
+    let with_link = |host_read: f64| {
+        let mut m = machine(8 * GIB, 20e9, Some(("DiscreteGpu", 4 * GIB, 500e9)));
+        m.gpus[0].host_read_bytes_per_s = Some(host_read);
+        m.gpus[0].host_read_source = Some(Source::Given);
+        m
+    };
+    let m = with_link(50e9);
+    let tiny = plan_with(&d, &m, &PlanOptions { budget_bytes: Some(1 << 20), ..opts(256) });
+    let floor = tiny.backend(BackendKind::GpuPaged).refusal.as_ref().unwrap().need_bytes.unwrap();
+    let p = plan_with(&d, &m, &PlanOptions { budget_bytes: Some(floor), ..opts(256) });
+    assert_eq!(p.backend(BackendKind::Gpu).refusal.as_ref().map(|r| r.code), Some(Code::Budget));
+    let e = p.backend(BackendKind::GpuPaged).estimate.clone().expect("fits at its floor");
+    // At the floor the pool holds 3 x top-k of the model's experts.
+    let n_experts = (w.expert_count * w.n_layers) as f64;
+    let held = (3 * w.expert_used_count) as f64 / n_experts;
+    let active = (w.gpu_expert_bytes.unwrap() * w.expert_used_count as u64 / w.expert_count as u64) as f64;
+    let want_missed = active * (1.0 - held);
+    assert!((e.host_bytes_per_token as f64 - want_missed).abs() <= 1.0, "{} vs {want_missed}", e.host_bytes_per_token);
+    assert_eq!(e.host_read_bytes_per_s, Some(50e9));
+    let tok = e.tok_per_sec.expect("a speed with a host read rate");
+    let secs = (e.bytes_per_token - e.host_bytes_per_token) as f64 / 500e9 + e.host_bytes_per_token as f64 / 50e9;
+    assert!((tok - 1.0 / secs).abs() < 1e-6 * tok, "{tok} vs {}", 1.0 / secs);
+    let cpu = p.backend(BackendKind::Cpu).estimate.as_ref().and_then(|e| e.tok_per_sec).unwrap();
+    assert!(tok > cpu, "the link (50 GB/s) beats the CPU's RAM (20 GB/s): {tok} vs {cpu}");
+    assert_eq!(p.chosen, Some(BackendKind::GpuPaged));
+    assert_eq!(p.gpu_tier_budget(), Some(floor), "a given budget is the tier's");
+    assert_eq!(p.gpu_tier_hint(), None, "the tier starts by itself: no hint");
+    assert!(p.summary_line().starts_with("plan: gpu_paged"), "{}", p.summary_line());
+    // A link slower than the CPU's memory: the CPU runs it, and the flag is hinted.
+    let slow = plan_with(&d, &with_link(5e9), &PlanOptions { budget_bytes: Some(floor), ..opts(256) });
+    assert_eq!(slow.chosen, Some(BackendKind::Cpu));
+    assert!(slow.gpu_tier_hint().is_some());
+    // No budget given: the device's free memory less a twentieth, at least 512 MiB.
+    let free = plan_with(&d, &m, &opts(256));
+    assert_eq!(free.gpu_budget.source, "device");
+    assert_eq!(free.gpu_tier_budget(), Some(4 * GIB - 512 * MIB));
 }
 
 /// The planner's slot is the GPU expert tier's: the pool's floor it reports is the one

@@ -413,4 +413,15 @@ fn a_gpu_tier_session_generates_like_the_resident_gpu_and_counts_its_experts() {
     let stats = paged.expert_tier_stats().expect("a tier session has statistics");
     assert!(stats.contains("expert misses") && stats.contains("all "), "{stats}");
     assert_eq!(resident.expert_tier_stats(), None);
+    // The back end asked for by name (as when the plan chooses it), no tier options: the tier
+    // starts with the budget it was planned with.
+    let named = LoadOptions {
+        backend: Some(BackendKind::GpuPaged),
+        plan: PlanOptions { n_ctx: 128, budget_bytes: Some(need), ..PlanOptions::default() },
+        ..cpu_options()
+    };
+    let named = load(&path, named).expect("gpu_paged by name at the planner's floor");
+    assert_eq!(named.info().backend, BackendKind::GpuPaged);
+    assert!(named.info().gpu_tier.is_some(), "the tier's placement line");
+    assert_eq!(ids(&named), ids(&resident), "the planned tier changed the greedy ids");
 }

@@ -170,8 +170,9 @@ pub fn set_threads(threads: usize) -> anyhow::Result<()> {
 
 /// Asks the planner which back end runs the model fastest within the machine's memory, prints
 /// its one-line plan, and maps the choice to a device (CPU when the planner refuses everything:
-/// loading then reports the precise error).
-fn planned_device(args: &ModelArgs, path: &std::path::Path) -> DeviceFlag {
+/// loading then reports the precise error), with the GPU budget when it chose the GPU expert
+/// tier (a model larger than the GPU whose dense part and an expert cache fit there).
+fn planned_device(args: &ModelArgs, path: &std::path::Path) -> (DeviceFlag, Option<u64>) {
     let opts = plan::PlanOptions { n_ctx: args.ctx_size as u64, ..Default::default() };
     match plan::plan(path, &opts) {
         Ok(p) => {
@@ -180,13 +181,14 @@ fn planned_device(args: &ModelArgs, path: &std::path::Path) -> DeviceFlag {
                 eprintln!("note: {hint}");
             }
             match p.chosen {
-                Some(plan::BackendKind::Gpu) if cfg!(feature = "gpu") => DeviceFlag::Gpu,
-                _ => DeviceFlag::Cpu,
+                Some(plan::BackendKind::Gpu) if cfg!(feature = "gpu") => (DeviceFlag::Gpu, None),
+                Some(plan::BackendKind::GpuPaged) if cfg!(feature = "gpu") => (DeviceFlag::Gpu, p.gpu_tier_budget()),
+                _ => (DeviceFlag::Cpu, None),
             }
         }
         Err(e) => {
             eprintln!("plan: {e}; running on the CPU");
-            DeviceFlag::Cpu
+            (DeviceFlag::Cpu, None)
         }
     }
 }
@@ -213,22 +215,24 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
         Some(MatmulFlag::Exact) => MatmulMode::Exact,
         Some(MatmulFlag::Q8) => MatmulMode::QuantizedActivations,
     };
-    let device = match (args.device, args.ram_budget) {
-        _ if args.gpu_budget.is_some() => DeviceFlag::Gpu,
-        (Some(d), _) => d,
+    let (device, planned_tier) = match (args.device, args.ram_budget) {
+        _ if args.gpu_budget.is_some() => (DeviceFlag::Gpu, None),
+        (Some(d), _) => (d, None),
         // Experts paged into RAM alone run on the CPU back end; no plan to ask for.
-        (None, Some(_)) => DeviceFlag::Cpu,
+        (None, Some(_)) => (DeviceFlag::Cpu, None),
         (None, None) if ask_planner => planned_device(args, &path),
-        (None, None) => DeviceFlag::Cpu,
+        (None, None) => (DeviceFlag::Cpu, None),
     };
+    let gpu_budget = args.gpu_budget.or(planned_tier);
     let opts = LoadOptions { n_ctx: args.ctx_size, matmul };
     if matches!(args.device, Some(DeviceFlag::Cpu)) && args.gpu_budget.is_some() {
         anyhow::bail!("--gpu-budget pages experts into GPU memory; it cannot run with --device cpu");
     }
     let mut gpu_tier_stats = None;
     let (runner, pager) = match args.ram_budget {
-        _ if args.gpu_budget.is_some() => {
-            let (runner, pager, stats) = load_gpu_tier(args, &file, &path, &opts)
+        _ if gpu_budget.is_some() => {
+            let budget = gpu_budget.unwrap_or(0);
+            let (runner, pager, stats) = load_gpu_tier(args, budget, &file, &path, &opts)
                 .with_context(|| format!("{}: loading the model on the GPU expert tier", args.model.display()))?;
             gpu_tier_stats = Some(stats);
             (runner, pager)
@@ -281,6 +285,7 @@ type TierLoad = (Box<dyn Runner>, Option<Arc<pager::Pager>>, Box<dyn Fn() -> Str
 #[cfg(feature = "gpu")]
 fn load_gpu_tier(
     args: &ModelArgs,
+    budget_bytes: u64,
     file: &Arc<GgufModel>,
     path: &std::path::Path,
     opts: &LoadOptions,
@@ -294,7 +299,7 @@ fn load_gpu_tier(
         file,
         n_ctx,
         &plan::GpuTierOptions {
-            budget_bytes: args.gpu_budget.unwrap_or(0),
+            budget_bytes,
             ram_budget_bytes: args.ram_budget,
             miss: args.moe_miss.map(|m| match m {
                 MoeMissFlag::Upload => plan::TierMiss::Upload,
@@ -328,6 +333,7 @@ fn load_gpu_tier(
 #[cfg(not(feature = "gpu"))]
 fn load_gpu_tier(
     _args: &ModelArgs,
+    _budget_bytes: u64,
     _file: &Arc<GgufModel>,
     _path: &std::path::Path,
     _opts: &LoadOptions,

@@ -1,5 +1,6 @@
 //! `diskformer plan`: which back end runs a model here, and why every other would not.
 
+use anyhow::Context;
 use plan::{format_bytes, parse_bytes, Plan, PlanOptions, ProbeOptions, Task};
 
 /// Parses a byte size for clap (`4G`, `512M`, `2.5GiB`).
@@ -51,6 +52,10 @@ pub struct Args {
     /// Skip measuring bandwidths; use the table of measured devices instead.
     #[arg(long)]
     pub no_measure: bool,
+    /// Plan for the machine a `diskformer probe --json` wrote (another machine, or this one
+    /// measured once) instead of probing this one.
+    #[arg(long, value_name = "PROBE_JSON")]
+    pub machine: Option<std::path::PathBuf>,
     /// Print JSON (the stable form of docs/PLAN.md).
     #[arg(long)]
     pub json: bool,
@@ -73,15 +78,24 @@ pub fn print_table(p: &Plan) {
                 b.backend.as_str(),
                 match (mark, b.backend) {
                     ("*", _) => "ok, chosen",
-                    // Never chosen automatically: it runs when asked for, with a GPU budget.
-                    (_, plan::BackendKind::GpuPaged) => "ok, on request",
+                    // Without a speed it is not chosen automatically: it runs when asked for.
+                    (_, plan::BackendKind::GpuPaged) if e.tok_per_sec.is_none() => "ok, on request",
                     _ => "ok, slower",
                 },
                 format_bytes(e.gpu_bytes),
                 format_bytes(e.ram_bytes),
                 e.tok_per_sec.map_or("?".to_string(), |s| format!("{s:.1}")),
                 b.device.as_deref().unwrap_or(""),
-                e.bandwidth_source.map_or(String::new(), |s| format!(" (bandwidth {})", s.as_str())),
+                match (e.bandwidth_source, e.host_read_bytes_per_s) {
+                    (Some(s), Some(h)) if e.host_bytes_per_token > 0 => format!(
+                        " (bandwidth {}; misses {} per token from host memory at {:.1} GB/s)",
+                        s.as_str(),
+                        format_bytes(e.host_bytes_per_token),
+                        h / 1e9
+                    ),
+                    (Some(s), _) => format!(" (bandwidth {})", s.as_str()),
+                    (None, _) => String::new(),
+                },
             ),
             (None, Some(r)) => println!(
                 "{mark} {:<10} {:<14} {:>10} {:>10} {:>9}  {}",
@@ -119,7 +133,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let desc = plan::describe(&store::resolve_model(&args.model, None)?)?;
     let dir = desc.gguf.as_deref().and_then(|g| g.parent()).unwrap_or(&desc.path).to_path_buf();
-    let machine = plan::probe(&ProbeOptions { disk_paths: vec![dir], measure_bandwidth: !args.no_measure });
+    let machine = match &args.machine {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: not the JSON of `diskformer probe --json`", file.display()))?
+        }
+        None => plan::probe(&ProbeOptions { disk_paths: vec![dir], measure_bandwidth: !args.no_measure }),
+    };
     let p = plan::plan_with(&desc, &machine, &opts);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&p)?);

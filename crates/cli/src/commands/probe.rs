@@ -61,14 +61,15 @@ pub fn print_text(m: &Machine) {
     for g in &m.gpus {
         println!("gpu {}   {} [{} {}] driver {}", g.index, g.name, g.api, g.device_type, g.driver);
         println!(
-            "        memory {} ({} free{}), f16 {}, subgroups {}, max binding {}, read {}",
+            "        memory {} ({} free{}), f16 {}, subgroups {}, max binding {}, read {}, host memory read {}",
             b(g.memory_bytes),
             b(g.memory_free_bytes),
             g.memory_source.as_ref().map_or(String::new(), |s| format!(", from {s}")),
             if g.shader_f16 { "yes" } else { "no" },
             if g.subgroups { "yes" } else { "no" },
             format_bytes(g.max_storage_binding_bytes),
-            rate(g.bandwidth_bytes_per_s, g.bandwidth_source)
+            rate(g.bandwidth_bytes_per_s, g.bandwidth_source),
+            rate(g.host_read_bytes_per_s, g.host_read_source)
         );
     }
 }

@@ -2119,6 +2119,43 @@ impl WgpuBackend {
     }
 }
 
+impl WgpuBackend {
+    /// Seconds per streaming read of `bytes` from host memory by a kernel: the stream kernel of
+    /// [`perf_stream`](Self::perf_stream) over a buffer placed as the expert tier's host copy is
+    /// (`host_tier_buffer`), so over PCIe on a discrete GPU. The rate at which the tier's kernels
+    /// can read missed experts (`--moe-miss host`) is at most this; the planner takes it for the
+    /// GPU expert tier's speed estimate.
+    ///
+    /// # Errors
+    /// [`OpError::Unsupported`] when the adapter cannot bind host memory as storage
+    /// (`MAPPABLE_PRIMARY_BUFFERS`) or `bytes` exceeds the binding limit.
+    pub fn perf_stream_host(&self, bytes: u64, reps: usize) -> Result<f64, OpError> {
+        if !self.ctx.device.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS) {
+            return Err(OpError::Unsupported {
+                op: "perf_stream_host",
+                backend: "wgpu",
+                why: format!("{} cannot bind host memory as storage (MAPPABLE_PRIMARY_BUFFERS)", self.ctx.adapter.name),
+            });
+        }
+        let n_vec4 = bytes / 16;
+        if n_vec4 * 16 > self.max_binding_bytes() {
+            return Err(OpError::Unsupported {
+                op: "perf_stream_host",
+                backend: "wgpu",
+                why: format!("{bytes} bytes exceed the binding limit of {}", self.max_binding_bytes()),
+            });
+        }
+        let src = host_tier_buffer(&self.ctx.device, n_vec4 * 16);
+        let n_groups = 132 * 16;
+        let out = self.alloc_bytes("stream out", n_groups as u64 * 4)?;
+        let pipe = self.plain(super::shaders::Plain::Stream);
+        self.time_reps(reps, || {
+            self.dispatch(pipe.clone(), &[&src, &out.buffer], &[n_vec4 as u32, 0, 0, 0], [n_groups, 1, 1]);
+            Ok(())
+        })
+    }
+}
+
 /// A buffer of `bytes` in host memory that kernels may read (over PCIe on a discrete GPU).
 /// wgpu has no memory-location hint, but its Vulkan back end places a buffer by its map
 /// usage: `MAP_READ` asks gpu-allocator for `HOST_VISIBLE | HOST_COHERENT | HOST_CACHED`
