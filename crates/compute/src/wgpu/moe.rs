@@ -443,18 +443,27 @@ impl std::fmt::Display for MoeQ8Shape {
 }
 
 /// Shapes of the int8 gate/up and down kernels: `DISKFORMER_MOE_Q8_GATE_UP` and
-/// `DISKFORMER_MOE_Q8_DOWN` (`ROWSxWG[tTPR]`) for experiments on the device, else 32 rows per
-/// 256-invocation workgroup, 8 lanes a row, for gate/up (the dense int8 GLU kernel's shape: whole
-/// 32-row blocks of h per workgroup, which its epilogue quantizes) and 2 rows per 64 lanes for
+/// `DISKFORMER_MOE_Q8_DOWN` (`ROWSxWG[tTPR]`) for experiments on the device, else for gate/up 32
+/// rows per 256-invocation workgroup in 8 slots of 4 rows, 32 lanes a row (`4x256t32`: whole
+/// 32-row blocks of h per workgroup, which its epilogue quantizes), and 2 rows per 64 lanes for
 /// down (the dense plain products' default). A gate/up shape whose rows are not whole 32-row
 /// blocks is ignored.
+///
+/// Why `4x256t32` (eleventh session, H200, Qwen3-30B-A3B Q4_K, profiled decode): resident
+/// gate/up 44.0 us against 62.3 for the former `1x256t8` (8 lanes a row, each lane's loop 8
+/// blocks long with few loads in flight), and over host memory at `--gpu-budget 4G` 287 us
+/// against 328 (tok/s 34.4/34.3 against 30.8/33.6 in two alternating rounds); `8x256t64` read
+/// host memory a little faster (282 us) but took 65.5 us resident. Down measured 143-166 us at
+/// 4G whatever its shape (`1x64`, `2x64`, `4x64`, `2x128`, `1x256t8`).
 /// When a token has few down items (`k × n_ff / 32`: one expert per token in a prefill's
 /// per-expert calls, 24 items of a 768-wide row), 64 lanes per row would idle: below 128 items
 /// the down kernel takes the gate/up shape (8 lanes a row) instead.
 fn q8_shapes(down_items: usize) -> (MoeQ8Shape, MoeQ8Shape) {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| MoeQ8Shape::parse(&v));
     let narrow = MoeQ8Shape { rows: 1, wg: 256, tpr: 8 };
-    let gate_up = env("DISKFORMER_MOE_Q8_GATE_UP").filter(|s| s.rows_per_group().is_multiple_of(32)).unwrap_or(narrow);
+    let slots_of_four = MoeQ8Shape { rows: 4, wg: 256, tpr: 32 };
+    let gate_up =
+        env("DISKFORMER_MOE_Q8_GATE_UP").filter(|s| s.rows_per_group().is_multiple_of(32)).unwrap_or(slots_of_four);
     let wide = MoeQ8Shape { rows: 2, wg: 64, tpr: 64 };
     let down = env("DISKFORMER_MOE_Q8_DOWN").unwrap_or(if down_items < 128 { narrow } else { wide });
     (gate_up, down)
@@ -1008,8 +1017,8 @@ mod tests {
     fn int8_kernels_parse_and_validate() {
         use GgmlType::*;
         let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS];
-        let gate_up_shapes = ["1x256t8", "2x128t8", "4x32t4", "1x64t2"];
-        let down_shapes = ["2x64", "1x256t8", "4x128t32", "1x32t4"];
+        let gate_up_shapes = ["1x256t8", "4x256t32", "2x128t8", "4x32t4", "1x64t2"];
+        let down_shapes = ["2x64", "2x64", "1x256t8", "4x128t32", "1x32t4"];
         let layouts = types
             .iter()
             .map(|&t| TypeLayout::of(t).unwrap())
