@@ -58,10 +58,12 @@ pub use plan::{
     plan_with, BackendKind, BackendPlan, Budget, Code, Estimate, Plan, PlanOptions, Refusal, DEFAULT_MAX_CTX,
     HOST_OVERHEAD_BYTES, N_BATCH,
 };
-pub use probe::{probe, CpuInfo, DiskInfo, GpuInfo, Machine, MemoryInfo, ProbeOptions, Source, BANDWIDTH_TABLE};
+pub use probe::{
+    probe, CpuInfo, DiskInfo, GpuInfo, Machine, MemoryInfo, ProbeOptions, Source, BANDWIDTH_TABLE, HOST_READ_TABLE,
+};
 pub use session::{
-    load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions, Primed,
-    Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
+    load, AbortHandle, Chunk, ChunkKind, Completion, ExpertTierTotals, Finish, GenerateOptions, Generation, Input,
+    LoadOptions, Primed, Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
 };
 #[cfg(feature = "gpu")]
 pub use tier::{gpu_tier, GpuTier};

@@ -45,6 +45,9 @@ pub struct EngineOptions {
     /// `ram_budget_bytes`, through a RAM cache of that size. One session per model (the budget
     /// is the model's, not each session's).
     pub gpu_budget_bytes: Option<u64>,
+    /// On the GPU expert tier: how an expert without a slot is served (`None`: the tier's
+    /// default, the host copy when every expert fits in RAM).
+    pub moe_miss: Option<plan::TierMiss>,
 }
 
 impl Default for EngineOptions {
@@ -63,6 +66,7 @@ impl Default for EngineOptions {
             direct_io: false,
             stats: false,
             gpu_budget_bytes: None,
+            moe_miss: None,
         }
     }
 }
@@ -286,7 +290,7 @@ impl Loaded {
                 gpu_tier: opts.gpu_budget_bytes.map(|budget_bytes| plan::GpuTierOptions {
                     budget_bytes,
                     ram_budget_bytes: opts.ram_budget_bytes,
-                    miss: None,
+                    miss: opts.moe_miss,
                     cache_policy: opts.cache_policy,
                     prefetch: opts.prefetch,
                     direct_io: opts.direct_io,
@@ -327,6 +331,11 @@ impl Loaded {
     /// The expert cache, when experts are paged.
     pub fn pager(&self) -> Option<&pager::Pager> {
         self.pager.as_deref()
+    }
+
+    /// The GPU expert tier's counters, when the model runs on it (one session per such model).
+    pub fn expert_tier_totals(&self) -> Option<plan::ExpertTierTotals> {
+        self.sessions.first().and_then(|s| s.expert_tier_totals())
     }
 
     /// The pooling of an embedding model (`None` for a generative one).

@@ -178,8 +178,12 @@ async fn health() -> Json<Value> {
 }
 
 async fn metrics_route(State(state): State<AppState>) -> Response {
-    let body =
-        state.metrics.render(&state.registry.in_flight(), &state.registry.expert_caches(), engine::resident_bytes());
+    let body = state.metrics.render(
+        &state.registry.in_flight(),
+        &state.registry.expert_caches(),
+        &state.registry.expert_tiers(),
+        engine::resident_bytes(),
+    );
     ([("content-type", "text/plain; version=0.0.4")], body).into_response()
 }
 

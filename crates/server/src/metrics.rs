@@ -35,11 +35,13 @@ impl Metrics {
     }
 
     /// The Prometheus exposition; `models` gives (name, in-flight requests) of loaded models,
-    /// `expert_caches` the counters of the models whose experts are paged.
+    /// `expert_caches` the counters of the models whose experts are paged through RAM,
+    /// `expert_tiers` those of the models on the GPU expert tier.
     pub fn render(
         &self,
         models: &[(String, usize)],
         expert_caches: &[(String, pager::LayerStats)],
+        expert_tiers: &[(String, plan::ExpertTierTotals)],
         resident_bytes: u64,
     ) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -94,6 +96,31 @@ impl Metrics {
                 }
             }
         }
+        let per_tier: [(&str, &str, TierField); 8] = [
+            ("selections", "Experts the router selected (distinct per call), per model on the GPU expert tier.", |t| {
+                t.selections
+            }),
+            ("hits", "Selected experts found in a GPU slot, per model on the GPU expert tier.", |t| t.hits),
+            ("misses", "Selected experts not in a GPU slot, per model on the GPU expert tier.", |t| t.misses),
+            ("host_reads", "Misses the GPU read from the host copy, per model on the GPU expert tier.", |t| {
+                t.host_reads
+            }),
+            ("cpu_experts", "Misses computed on the CPU, per model on the GPU expert tier.", |t| t.cpu_computed),
+            ("uploads", "Experts copied into GPU slots, per model on the GPU expert tier.", |t| t.uploads),
+            ("uploaded_bytes", "Bytes of those copies, per model on the GPU expert tier.", |t| t.bytes_uploaded),
+            ("evictions", "GPU slots whose expert a copy replaced, per model on the GPU expert tier.", |t| t.evictions),
+        ];
+        if !expert_tiers.is_empty() {
+            for (what, help, get) in per_tier {
+                let _ = writeln!(
+                    s,
+                    "# HELP diskformer_gpu_tier_{what}_total {help}\n# TYPE diskformer_gpu_tier_{what}_total counter"
+                );
+                for (name, t) in expert_tiers {
+                    let _ = writeln!(s, "diskformer_gpu_tier_{what}_total{{model=\"{}\"}} {}", label(name), get(t));
+                }
+            }
+        }
         let _ = writeln!(
             s,
             "# HELP diskformer_resident_memory_bytes Resident memory of the server.\n\
@@ -105,6 +132,9 @@ impl Metrics {
 
 /// Reads one counter of an expert cache.
 type StatField = fn(&pager::LayerStats) -> u64;
+
+/// Reads one counter of a GPU expert tier.
+type TierField = fn(&plan::ExpertTierTotals) -> u64;
 
 /// A model name as a Prometheus label value (quotes, backslashes and newlines replaced).
 fn label(name: &str) -> String {

@@ -76,7 +76,7 @@ pub enum PresetError {
 
 /// The keys a preset may set.
 pub const KEYS: &str = "ctx-size (c), parallel, queue, device, read-ahead, no-read-ahead, ram-budget, gpu-budget, \
-                        cache-policy, prefetch, direct-io, stats";
+                        moe-miss, cache-policy, prefetch, direct-io, stats";
 
 fn parse_bool(v: &str) -> Result<bool, String> {
     match v.to_ascii_lowercase().as_str() {
@@ -116,6 +116,16 @@ fn apply(o: &mut EngineOptions, key: &str, value: &str) -> Result<(), Option<Str
             o.gpu_budget_bytes = match value.to_ascii_lowercase().as_str() {
                 "none" | "off" => None,
                 _ => Some(plan::parse_bytes(value).map_err(|e| format!("{e}; or none"))?),
+            }
+        }
+        "moe-miss" => {
+            o.moe_miss = match value.to_ascii_lowercase().as_str() {
+                "default" => None,
+                "upload" => Some(plan::TierMiss::Upload),
+                "cpu" => Some(plan::TierMiss::Cpu),
+                "auto" => Some(plan::TierMiss::Auto),
+                "host" => Some(plan::TierMiss::Host),
+                _ => return Err(Some("takes upload, cpu, auto, host or default".into())),
             }
         }
         "cache-policy" => {

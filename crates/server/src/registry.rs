@@ -342,6 +342,17 @@ impl Registry {
             .collect()
     }
 
+    /// Every loaded model on the GPU expert tier, with its counters.
+    pub fn expert_tiers(&self) -> Vec<(String, plan::ExpertTierTotals)> {
+        self.lock()
+            .iter()
+            .filter_map(|(n, e)| match &e.state {
+                State::Loaded(l) => l.expert_tier_totals().map(|t| (n.clone(), t)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Computes every model's memory figures in the background (blocking threads).
     pub fn measure_all(self: &Arc<Self>) {
         let this = Arc::clone(self);

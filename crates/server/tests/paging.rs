@@ -160,11 +160,14 @@ fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
         )
     };
     let presets = format!(
-        "[tier]\ngpu-budget = {need}\n[tier-small]\ngpu-budget = 1M\n[tier-parallel]\ngpu-budget = {need}\nparallel = 2\n"
+        "[tier]\ngpu-budget = {need}\n[tier-small]\ngpu-budget = 1M\n[tier-parallel]\ngpu-budget = {need}\nparallel = 2\n\
+         [tier-cpu]\ngpu-budget = {need}\nmoe-miss = cpu\n"
     );
-    let names = ["resident", "tier", "tier-small", "tier-parallel"];
+    let names = ["resident", "tier", "tier-small", "tier-parallel", "tier-cpu"];
     let (server, model_options) = start_with_presets(&path, &names, server::BackendKind::Gpu, &presets, 0);
     assert_eq!(model_options["tier"].gpu_budget_bytes, Some(need));
+    assert_eq!(model_options["tier"].moe_miss, None);
+    assert_eq!(model_options["tier-cpu"].moe_miss, Some(plan::TierMiss::Cpu));
     let addr = server.addr;
     let complete = |model: &str| -> (u16, String) {
         let body = json!({"model": model, "prompt": "The quick brown fox jumps over the la",
@@ -179,6 +182,28 @@ fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
     let resident = text(complete("resident"));
     let tier = text(complete("tier"));
     assert_eq!(tier, resident, "the GPU expert tier changed the greedy completion");
+    // `/metrics` counts the tier's selections: every one a hit or a miss, each miss served
+    // (read from host memory, uploaded or computed on the CPU); the resident model has none.
+    let (status, m) = request(addr, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let tier_metric = |what: &str| {
+        metric(&m, &format!("diskformer_gpu_tier_{what}_total{{model=\"tier\"}}"))
+            .unwrap_or_else(|| panic!("{what} of the tier model: {m}"))
+    };
+    let (selections, hits, misses) = (tier_metric("selections"), tier_metric("hits"), tier_metric("misses"));
+    assert!(selections > 0, "{m}");
+    assert_eq!(hits + misses, selections, "{m}");
+    let served = tier_metric("host_reads") + tier_metric("cpu_experts") + tier_metric("uploads");
+    assert!(served >= misses, "{misses} misses, {served} served: {m}");
+    assert!(!m.contains("diskformer_gpu_tier_selections_total{model=\"resident\"}"), "{m}");
+    // `moe-miss = cpu`: the misses are computed on the CPU (the GPU and CPU products round
+    // differently, so the text is not compared).
+    let (status, body) = complete("tier-cpu");
+    assert_eq!(status, 200, "{body}");
+    let (_, m) = request(addr, "GET", "/metrics", None);
+    let cpu = metric(&m, "diskformer_gpu_tier_cpu_experts_total{model=\"tier-cpu\"}").expect("the tier-cpu model");
+    let misses = metric(&m, "diskformer_gpu_tier_misses_total{model=\"tier-cpu\"}").unwrap();
+    assert!(cpu > 0 && cpu <= misses, "{cpu} CPU experts of {misses} misses: {m}");
     let (status, body) = complete("tier-small");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("GPU budget") && body.contains("too small"), "{body}");

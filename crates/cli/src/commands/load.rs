@@ -39,6 +39,18 @@ pub enum MoeMissFlag {
     Host,
 }
 
+impl MoeMissFlag {
+    /// The planner's name for it.
+    pub fn tier_miss(self) -> plan::TierMiss {
+        match self {
+            MoeMissFlag::Upload => plan::TierMiss::Upload,
+            MoeMissFlag::Cpu => plan::TierMiss::Cpu,
+            MoeMissFlag::Auto => plan::TierMiss::Auto,
+            MoeMissFlag::Host => plan::TierMiss::Host,
+        }
+    }
+}
+
 /// Element type of the CPU back end's attention KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvTypeFlag {
@@ -301,12 +313,7 @@ fn load_gpu_tier(
         &plan::GpuTierOptions {
             budget_bytes,
             ram_budget_bytes: args.ram_budget,
-            miss: args.moe_miss.map(|m| match m {
-                MoeMissFlag::Upload => plan::TierMiss::Upload,
-                MoeMissFlag::Cpu => plan::TierMiss::Cpu,
-                MoeMissFlag::Auto => plan::TierMiss::Auto,
-                MoeMissFlag::Host => plan::TierMiss::Host,
-            }),
+            miss: args.moe_miss.map(MoeMissFlag::tier_miss),
             cache_policy: match args.cache_policy {
                 CachePolicyFlag::Lru => pager::CachePolicy::Lru,
                 CachePolicyFlag::Lfu => pager::CachePolicy::Lfu,

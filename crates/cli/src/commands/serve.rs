@@ -73,6 +73,10 @@ pub struct Args {
     /// --gpu-budget`; one session per model.
     #[arg(long, value_parser = parse_size)]
     pub gpu_budget: Option<u64>,
+    /// With --gpu-budget: how an expert without a GPU slot is served (as `run --moe-miss`;
+    /// default: the host copy when every expert fits in RAM, else auto).
+    #[arg(long, value_enum)]
+    pub moe_miss: Option<crate::commands::load::MoeMissFlag>,
     /// Which cached expert a miss evicts (with --ram-budget).
     #[arg(long, value_enum, default_value_t = crate::commands::load::CachePolicyFlag::Lfu)]
     pub cache_policy: crate::commands::load::CachePolicyFlag,
@@ -137,6 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         ram_budget_bytes: args.ram_budget,
         gpu_budget_bytes: args.gpu_budget,
+        moe_miss: args.moe_miss.map(crate::commands::load::MoeMissFlag::tier_miss),
         cache_policy: match args.cache_policy {
             crate::commands::load::CachePolicyFlag::Lru => server::CachePolicy::Lru,
             crate::commands::load::CachePolicyFlag::Lfu => server::CachePolicy::Lfu,
