@@ -12,12 +12,14 @@ pub mod cpu;
 mod error;
 pub mod quant;
 pub mod spec;
+mod tier_stats;
 mod weight;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
 pub use backend::{AttnStep, Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
 pub use error::OpError;
+pub use tier_stats::ExpertTierStats;
 pub use weight::HostWeight;
 
 /// Values in [-1, 1) from a fixed xorshift sequence: the unit tests' random inputs, the same on

@@ -50,6 +50,7 @@ mod tier;
 
 pub use bytes::{format_bytes, parse_bytes};
 pub use compute::quant::MatmulMode;
+pub use compute::ExpertTierStats;
 pub use describe::{
     describe, FileEntry, Format, ModelDescription, QuantUse, Readability, SourceKind, Task, ThinkMarkers, WeightFacts,
 };
@@ -62,8 +63,8 @@ pub use probe::{
     probe, CpuInfo, DiskInfo, GpuInfo, Machine, MemoryInfo, ProbeOptions, Source, BANDWIDTH_TABLE, HOST_READ_TABLE,
 };
 pub use session::{
-    load, AbortHandle, Chunk, ChunkKind, Completion, ExpertTierTotals, Finish, GenerateOptions, Generation, Input,
-    LoadOptions, Primed, Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
+    load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions, Primed,
+    Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
 };
 #[cfg(feature = "gpu")]
 pub use tier::{gpu_tier, GpuTier};

@@ -15,6 +15,7 @@ use crate::error::{PlanError, Result};
 use crate::plan::{plan_with, BackendKind, Plan, PlanOptions};
 use crate::probe::{probe, ProbeOptions};
 use compute::quant::MatmulMode;
+use compute::ExpertTierStats;
 use gguf::GgufModel;
 use models::sampling::{Sampler, SamplingParams};
 use models::{Checkpoint, Outputs, Runner};
@@ -359,32 +360,11 @@ pub struct Session {
     tier_stats: Option<TierStats>,
 }
 
-/// The GPU expert tier's counters summed over its layers, as `/metrics` reports them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExpertTierTotals {
-    /// Experts the router selected (distinct per call).
-    pub selections: u64,
-    /// Selections found in a GPU slot.
-    pub hits: u64,
-    /// Selections not in a slot (read from host memory, uploaded or computed on the CPU).
-    pub misses: u64,
-    /// Experts copied into slots (a miss's upload, or a refill between steps).
-    pub uploads: u64,
-    /// Bytes of those copies.
-    pub bytes_uploaded: u64,
-    /// Misses computed on the CPU.
-    pub cpu_computed: u64,
-    /// Misses the GPU read from the host copy.
-    pub host_reads: u64,
-    /// Slots whose expert a copy replaced.
-    pub evictions: u64,
-}
-
 /// The GPU expert tier's statistics: as text (the miss mode, then `--stats`' per-layer table),
 /// and summed.
 struct TierStats {
     text: Box<dyn Fn() -> String + Send + Sync>,
-    totals: Box<dyn Fn() -> ExpertTierTotals + Send + Sync>,
+    totals: Box<dyn Fn() -> ExpertTierStats + Send + Sync>,
 }
 
 /// Loads the model at `path` (file, split part or folder) on the back end `opts` asks for or
@@ -528,19 +508,7 @@ fn load_gpu_tier(
     let b2 = b.clone();
     let stats = TierStats {
         text: Box::new(move || format!("{miss_line}\n{}", b.format_expert_tier_stats().unwrap_or_default())),
-        totals: Box::new(move || {
-            let t = b2.expert_tier_total().unwrap_or_default();
-            ExpertTierTotals {
-                selections: t.selections,
-                hits: t.hits,
-                misses: t.misses,
-                uploads: t.uploads,
-                bytes_uploaded: t.bytes_uploaded,
-                cpu_computed: t.cpu_computed,
-                host_reads: t.host_reads,
-                evictions: t.evictions,
-            }
-        }),
+        totals: Box::new(move || b2.expert_tier_total().unwrap_or_default()),
     };
     Ok((models::load_on(tier.backend, file, model_opts)?, line, stats))
 }
@@ -599,7 +567,7 @@ impl Session {
     }
 
     /// On the GPU expert tier: its counters summed over layers since loading.
-    pub fn expert_tier_totals(&self) -> Option<ExpertTierTotals> {
+    pub fn expert_tier_totals(&self) -> Option<ExpertTierStats> {
         self.tier_stats.as_ref().map(|t| (t.totals)())
     }
 

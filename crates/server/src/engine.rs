@@ -334,7 +334,7 @@ impl Loaded {
     }
 
     /// The GPU expert tier's counters, when the model runs on it (one session per such model).
-    pub fn expert_tier_totals(&self) -> Option<plan::ExpertTierTotals> {
+    pub fn expert_tier_totals(&self) -> Option<plan::ExpertTierStats> {
         self.sessions.first().and_then(|s| s.expert_tier_totals())
     }
 

@@ -41,7 +41,7 @@ impl Metrics {
         &self,
         models: &[(String, usize)],
         expert_caches: &[(String, pager::LayerStats)],
-        expert_tiers: &[(String, plan::ExpertTierTotals)],
+        expert_tiers: &[(String, plan::ExpertTierStats)],
         resident_bytes: u64,
     ) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -85,17 +85,7 @@ impl Metrics {
                 t.bytes_read
             }),
         ];
-        if !expert_caches.is_empty() {
-            for (what, help, get) in per_model {
-                let _ = writeln!(
-                    s,
-                    "# HELP diskformer_expert_cache_{what}_total {help}\n# TYPE diskformer_expert_cache_{what}_total counter"
-                );
-                for (name, t) in expert_caches {
-                    let _ = writeln!(s, "diskformer_expert_cache_{what}_total{{model=\"{}\"}} {}", label(name), get(t));
-                }
-            }
-        }
+        per_model_counters(&mut s, "expert_cache", &per_model, expert_caches);
         let per_tier: [(&str, &str, TierField); 8] = [
             ("selections", "Experts the router selected (distinct per call), per model on the GPU expert tier.", |t| {
                 t.selections
@@ -110,17 +100,7 @@ impl Metrics {
             ("uploaded_bytes", "Bytes of those copies, per model on the GPU expert tier.", |t| t.bytes_uploaded),
             ("evictions", "GPU slots whose expert a copy replaced, per model on the GPU expert tier.", |t| t.evictions),
         ];
-        if !expert_tiers.is_empty() {
-            for (what, help, get) in per_tier {
-                let _ = writeln!(
-                    s,
-                    "# HELP diskformer_gpu_tier_{what}_total {help}\n# TYPE diskformer_gpu_tier_{what}_total counter"
-                );
-                for (name, t) in expert_tiers {
-                    let _ = writeln!(s, "diskformer_gpu_tier_{what}_total{{model=\"{}\"}} {}", label(name), get(t));
-                }
-            }
-        }
+        per_model_counters(&mut s, "gpu_tier", &per_tier, expert_tiers);
         let _ = writeln!(
             s,
             "# HELP diskformer_resident_memory_bytes Resident memory of the server.\n\
@@ -130,11 +110,28 @@ impl Metrics {
     }
 }
 
+/// Counters `diskformer_{family}_{what}_total{model="NAME"}` of each model in `rows`, one
+/// (name, help, read) per counter in `fields`; nothing when no model has them.
+fn per_model_counters<T>(s: &mut String, family: &str, fields: &[(&str, &str, fn(&T) -> u64)], rows: &[(String, T)]) {
+    if rows.is_empty() {
+        return;
+    }
+    for (what, help, get) in fields {
+        let _ = writeln!(
+            s,
+            "# HELP diskformer_{family}_{what}_total {help}\n# TYPE diskformer_{family}_{what}_total counter"
+        );
+        for (name, t) in rows {
+            let _ = writeln!(s, "diskformer_{family}_{what}_total{{model=\"{}\"}} {}", label(name), get(t));
+        }
+    }
+}
+
 /// Reads one counter of an expert cache.
 type StatField = fn(&pager::LayerStats) -> u64;
 
 /// Reads one counter of a GPU expert tier.
-type TierField = fn(&plan::ExpertTierTotals) -> u64;
+type TierField = fn(&plan::ExpertTierStats) -> u64;
 
 /// A model name as a Prometheus label value (quotes, backslashes and newlines replaced).
 fn label(name: &str) -> String {

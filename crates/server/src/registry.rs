@@ -343,7 +343,7 @@ impl Registry {
     }
 
     /// Every loaded model on the GPU expert tier, with its counters.
-    pub fn expert_tiers(&self) -> Vec<(String, plan::ExpertTierTotals)> {
+    pub fn expert_tiers(&self) -> Vec<(String, plan::ExpertTierStats)> {
         self.lock()
             .iter()
             .filter_map(|(n, e)| match &e.state {

@@ -43,6 +43,7 @@ use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
 use crate::spec::MoeSpec;
+use crate::ExpertTierStats;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -182,44 +183,6 @@ pub fn expert_slot_bytes(matrices: &[(gguf::GgmlType, usize, usize)]) -> Option<
         words += (n_out + 1) * l.row_words(k);
     }
     Some(4 * words as u64)
-}
-
-/// Counters of one layer since the tier was built (or [`WgpuBackend::reset_expert_tier_stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExpertTierStats {
-    /// Experts the router selected (distinct per call).
-    pub selections: u64,
-    /// Selections found in a GPU slot.
-    pub hits: u64,
-    /// Selections not in a slot (uploaded or computed on the CPU).
-    pub misses: u64,
-    /// Misses uploaded into a slot.
-    pub uploads: u64,
-    /// Bytes copied from staging into the pool.
-    pub bytes_uploaded: u64,
-    /// Misses computed on the CPU.
-    pub cpu_computed: u64,
-    /// Slots whose expert an upload replaced.
-    pub evictions: u64,
-    /// Misses the GPU read from the host tier ([`MissPolicy::Host`]).
-    pub host_reads: u64,
-    /// Uploads that were refills between steps from the host tier (the rest of `uploads`
-    /// served misses of the call itself: a prefill's, or every miss outside the host tier).
-    pub refills: u64,
-}
-
-impl ExpertTierStats {
-    fn add(&mut self, o: &ExpertTierStats) {
-        self.selections += o.selections;
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.uploads += o.uploads;
-        self.bytes_uploaded += o.bytes_uploaded;
-        self.cpu_computed += o.cpu_computed;
-        self.evictions += o.evictions;
-        self.host_reads += o.host_reads;
-        self.refills += o.refills;
-    }
 }
 
 /// Host time around the tier's MoE layers, summed over calls. Always on (a few clock reads per

@@ -45,9 +45,10 @@ mod moe;
 mod norm;
 mod shaders;
 
+pub use crate::ExpertTierStats;
 pub use experts::{
     backend_fixed_bytes, default_staging_bytes, expert_slot_bytes, host_tier_table_reserve_bytes, weight_bytes,
-    ExpertTierOptions, ExpertTierStats, MissPolicy, SlotPolicy, STAGING_BUFFERS,
+    ExpertTierOptions, MissPolicy, SlotPolicy, STAGING_BUFFERS,
 };
 
 use crate::backend::{AttnStep, Backend, Experts, Routing, SsmScan};
