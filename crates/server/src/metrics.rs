@@ -112,7 +112,7 @@ impl Metrics {
 
 /// Counters `diskformer_{family}_{what}_total{model="NAME"}` of each model in `rows`, one
 /// (name, help, read) per counter in `fields`; nothing when no model has them.
-fn per_model_counters<T>(s: &mut String, family: &str, fields: &[(&str, &str, fn(&T) -> u64)], rows: &[(String, T)]) {
+fn per_model_counters<T>(s: &mut String, family: &str, fields: &[Counter<T>], rows: &[(String, T)]) {
     if rows.is_empty() {
         return;
     }
@@ -126,6 +126,9 @@ fn per_model_counters<T>(s: &mut String, family: &str, fields: &[(&str, &str, fn
         }
     }
 }
+
+/// One per-model counter: its name within the family, its help, and how to read it.
+type Counter<'a, T> = (&'a str, &'a str, fn(&T) -> u64);
 
 /// Reads one counter of an expert cache.
 type StatField = fn(&pager::LayerStats) -> u64;
