@@ -303,7 +303,17 @@ impl Loaded {
             if let Some(line) = &session.info().gpu_tier {
                 tracing::info!("model {name}: {line}");
             }
+            // The planner put the model on the GPU expert tier with the device's memory as its
+            // budget: a second session would ask for that memory again.
+            let planned_tier = session.info().backend == plan::BackendKind::GpuPaged;
             sessions.push(session);
+            if planned_tier && opts.parallel > 1 {
+                tracing::warn!(
+                    "model {name}: on the GPU expert tier (planned), one session serves it, not {}",
+                    opts.parallel
+                );
+                break;
+            }
         }
         let info = sessions[0].info();
         let (n_ctx, backend_name) = (info.n_ctx, info.backend_name);
