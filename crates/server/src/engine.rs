@@ -343,6 +343,11 @@ impl Loaded {
         self.pager.as_deref()
     }
 
+    /// Sessions serving the model (requests it runs at once; 1 for an embedding model).
+    pub fn n_sessions(&self) -> usize {
+        self.sessions.len().max(1)
+    }
+
     /// The GPU expert tier's counters, when the model runs on it (one session per such model).
     pub fn expert_tier_totals(&self) -> Option<plan::ExpertTierStats> {
         self.sessions.first().and_then(|s| s.expert_tier_totals())

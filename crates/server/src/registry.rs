@@ -419,8 +419,12 @@ impl Registry {
             }),
             _ => None,
         };
+        let sessions = match &e.state {
+            State::Loaded(l) => Some(l.n_sessions()),
+            _ => None,
+        };
         json!({"id": name, "object": "model", "path": e.path.file_name().and_then(|f| f.to_str()),
-               "status": {"value": status}, "in_flight": in_flight, "memory": memory,
+               "status": {"value": status}, "in_flight": in_flight, "sessions": sessions, "memory": memory,
                "expert_cache": expert_cache})
     }
 

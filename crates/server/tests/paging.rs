@@ -57,10 +57,25 @@ fn start_with_presets(
     presets: &str,
     preload: usize,
 ) -> (common::TestServer, BTreeMap<String, EngineOptions>) {
+    start_with_presets_then(path, names, backend, presets, preload, |_| {})
+}
+
+/// [`start_with_presets`], `edit` changing the per-model options before the server starts
+/// (for options no presets key sets).
+fn start_with_presets_then(
+    path: &Path,
+    names: &[&str],
+    backend: server::BackendKind,
+    presets: &str,
+    preload: usize,
+    edit: impl FnOnce(&mut BTreeMap<String, EngineOptions>),
+) -> (common::TestServer, BTreeMap<String, EngineOptions>) {
     let models: Vec<(String, PathBuf)> = names.iter().map(|n| (n.to_string(), path.to_path_buf())).collect();
     let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     let engine = EngineOptions { backend: Some(backend), read_ahead: false, n_ctx: 128, ..Default::default() };
-    let model_options: BTreeMap<String, EngineOptions> = server::presets::resolve(presets, &engine, &names).unwrap();
+    let mut model_options: BTreeMap<String, EngineOptions> =
+        server::presets::resolve(presets, &engine, &names).unwrap();
+    edit(&mut model_options);
     let config = server::Config {
         addr: "127.0.0.1:0".parse().unwrap(),
         models,
@@ -163,8 +178,16 @@ fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
         "[tier]\ngpu-budget = {need}\n[tier-small]\ngpu-budget = 1M\n[tier-parallel]\ngpu-budget = {need}\nparallel = 2\n\
          [tier-cpu]\ngpu-budget = {need}\nmoe-miss = cpu\n"
     );
-    let names = ["resident", "tier", "tier-small", "tier-parallel", "tier-cpu"];
-    let (server, model_options) = start_with_presets(&path, &names, server::BackendKind::Gpu, &presets, 0);
+    let names = ["resident", "tier", "tier-small", "tier-parallel", "tier-cpu", "planned"];
+    let mut options = None;
+    let (server, model_options) =
+        start_with_presets_then(&path, &names, server::BackendKind::Gpu, &presets, 0, |model_options| {
+            let planned = model_options.get_mut("planned").unwrap();
+            planned.backend = Some(plan::BackendKind::GpuPaged);
+            planned.parallel = 2;
+            options = Some(planned.clone());
+        });
+    assert_eq!(options.map(|o| o.parallel), Some(2));
     assert_eq!(model_options["tier"].gpu_budget_bytes, Some(need));
     assert_eq!(model_options["tier"].moe_miss, None);
     assert_eq!(model_options["tier-cpu"].moe_miss, Some(plan::TierMiss::Cpu));
@@ -204,6 +227,17 @@ fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
     let cpu = metric(&m, "diskformer_gpu_tier_cpu_experts_total{model=\"tier-cpu\"}").expect("the tier-cpu model");
     let misses = metric(&m, "diskformer_gpu_tier_misses_total{model=\"tier-cpu\"}").unwrap();
     assert!(cpu > 0 && cpu <= misses, "{cpu} CPU experts of {misses} misses: {m}");
+    // The planner's choice (here asked for by name): the tier with the budget it planned, one
+    // session whatever `parallel` says, the same greedy completion.
+    let planned = text(complete("planned"));
+    assert_eq!(planned, resident, "the planned GPU expert tier changed the greedy completion");
+    let (_, m) = request(addr, "GET", "/metrics", None);
+    assert!(metric(&m, "diskformer_gpu_tier_selections_total{model=\"planned\"}").is_some_and(|n| n > 0), "{m}");
+    let (_, models) = request(addr, "GET", "/models", None);
+    let v: Value = serde_json::from_str(&models).unwrap();
+    let entry = |id: &str| v["data"].as_array().unwrap().iter().find(|e| e["id"] == id).unwrap().clone();
+    assert_eq!(entry("planned")["sessions"], 1, "{}", entry("planned"));
+    assert_eq!(entry("tier")["sessions"], 1);
     let (status, body) = complete("tier-small");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("GPU budget") && body.contains("too small"), "{body}");
