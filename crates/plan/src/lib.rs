@@ -33,8 +33,10 @@
 //! build machines with chosen budgets and bandwidths and check each back end wins or is refused
 //! for the right reason. Speeds come from one model (memory-bound decoding: bandwidth over bytes
 //! read per token) rather than per-device guesses, and every estimate names where its bandwidth
-//! came from. The GPU expert tier (gpu paged) answers with memory but no speed (the host link is
-//! not probed) and is not chosen automatically; hybrid is not a back end of its own and answers
+//! came from. The GPU expert tier (gpu paged) has a speed when the GPU's host read rate is known
+//! (its misses cross that link) and is then chosen like any other, started with
+//! [`Plan::gpu_tier_budget`]; without one it answers with memory only and runs when asked for.
+//! Hybrid is not a back end of its own and answers
 //! "unimplemented", so a plan never pretends. The session runs the model on one thread that
 //! owns it: compute never runs on callers' threads, and ordering of concurrent calls is the
 //! channel's order.

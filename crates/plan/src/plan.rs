@@ -13,7 +13,9 @@
 //! bound by memory bandwidth, so `tok/s = bandwidth / bytes read per token`, with the KV cache
 //! counted at half the context. The bandwidths come from [`crate::probe`] (measured, or the
 //! table of measured devices); each estimate says which. With no bandwidth known the estimate
-//! has no speed, and such back ends rank after those with one.
+//! has no speed, and such back ends rank after those with one. The GPU expert tier reads its
+//! missed experts (uniform routing) from host memory at the GPU's host read rate and the rest at
+//! its bandwidth. Every figure is a bound: GPU decode reaches a fraction of it.
 
 use crate::describe::{ModelDescription, Task, WeightFacts};
 use crate::probe::{GpuInfo, Machine, Source};
@@ -165,7 +167,7 @@ pub struct Budget {
     pub source: String,
 }
 
-/// What [`plan`] decides. The JSON form is documented in docs/PLAN.md and stable.
+/// What [`crate::plan`] decides. The JSON form is documented in docs/PLAN.md and stable.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// The model file planned for.
@@ -684,10 +686,10 @@ impl Plan {
     }
 
     /// When the resident GPU back end was refused for its budget but the GPU expert tier fits
-    /// it, the flag that runs the tier (which the automatic choice never picks: it has no speed
-    /// estimate), in words; `None` otherwise. `run` prints it beside the plan's line, so a user
-    /// whose MoE model outgrows the GPU learns that its dense part and an expert cache still
-    /// fit there.
+    /// it and was not chosen (no host read rate known, or slower than the choice), the flag that
+    /// runs the tier, in words; `None` otherwise. `run` prints it beside the plan's line, so a
+    /// user whose MoE model outgrows the GPU learns that its dense part and an expert cache
+    /// still fit there.
     pub fn gpu_tier_hint(&self) -> Option<String> {
         if matches!(self.chosen, Some(BackendKind::Gpu | BackendKind::GpuPaged)) {
             return None;

@@ -144,7 +144,7 @@ pub const BANDWIDTH_TABLE: &[(&str, f64, &str)] = &[(
 )];
 
 /// Host-memory read rates of GPU kernels measured on known devices (`probe --measure`'s stream
-/// read from a host buffer, [`compute::wgpu::WgpuBackend::perf_stream_host`]): (device-name
+/// read from a host buffer, `compute::wgpu::WgpuBackend::perf_stream_host`): (device-name
 /// substring, bytes per second, where and how it was measured), used when a probe does not
 /// measure. See docs/PLAN.md.
 pub const HOST_READ_TABLE: &[(&str, f64, &str)] = &[(

@@ -72,7 +72,7 @@ pub struct LoadOptions {
     /// back end then asks it for each `moe_ffn`'s experts. The planner's RAM check, which
     /// counts every expert as resident, is skipped; the store bounds what experts take.
     pub expert_store: Option<Arc<dyn compute::ExpertStore>>,
-    /// Run on the GPU expert tier with these options ([`crate::gpu_tier`]; its `matmul` and
+    /// Run on the GPU expert tier with these options (`plan::gpu_tier` with the `gpu` feature; its `matmul` and
     /// `gpu_index` are taken from these options and `plan`); the planner's choice and
     /// `expert_store` do not apply.
     pub gpu_tier: Option<crate::GpuTierOptions>,
