@@ -72,9 +72,10 @@ pub struct LoadOptions {
     /// back end then asks it for each `moe_ffn`'s experts. The planner's RAM check, which
     /// counts every expert as resident, is skipped; the store bounds what experts take.
     pub expert_store: Option<Arc<dyn compute::ExpertStore>>,
-    /// Run on the GPU expert tier with these options (`plan::gpu_tier` with the `gpu` feature; its `matmul` and
-    /// `gpu_index` are taken from these options and `plan`); the planner's choice and
-    /// `expert_store` do not apply.
+    /// Run on the GPU expert tier with these options (`plan::gpu_tier` with the `gpu` feature;
+    /// its `matmul` and `gpu_index` are taken from these options and `plan`); the planner's
+    /// choice and `expert_store` do not apply. `None` and the planner choosing the tier: it
+    /// starts with the planned budget and the tier's defaults.
     pub gpu_tier: Option<crate::GpuTierOptions>,
 }
 
