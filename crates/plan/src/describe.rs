@@ -158,6 +158,15 @@ pub struct WeightFacts {
     /// without the `gpu` feature, for dense models, or when a type has no GPU layout.
     #[serde(default)]
     pub gpu_slot_bytes: Option<u64>,
+    /// Bytes the RAM expert cache (`--ram-budget`, `pager::Pager`) takes beside its slots (its
+    /// index of every expert); a cache of n slots takes `ram_cache_index_bytes + n x
+    /// ram_slot_bytes`. `null` for dense models.
+    #[serde(default)]
+    pub ram_cache_index_bytes: Option<u64>,
+    /// Bytes of one slot of that cache with its bookkeeping (one expert of the largest layer, each
+    /// matrix in an aligned region). `null` for dense models.
+    #[serde(default)]
+    pub ram_slot_bytes: Option<u64>,
 }
 
 /// What [`describe`] reports. The JSON form is documented in docs/PLAN.md and stable.
@@ -611,7 +620,17 @@ fn weight_facts(model: &GgufModel, arch: &str, tensor_bytes: u64, expert_bytes: 
         gpu_scratch_bytes: cfg!(feature = "gpu")
             .then(|| pager::placement::activation_scratch_bytes(model, crate::plan::N_BATCH as usize)),
         gpu_slot_bytes: gpu_slot_bytes(model),
+        ram_cache_index_bytes: ram_cache(model).map(|(index, _)| index),
+        ram_slot_bytes: ram_cache(model).map(|(_, slot)| slot),
     })
+}
+
+/// The RAM expert cache's fixed bytes and bytes per slot for `model`, from the pager's own
+/// accounting; `None` for a model without experts.
+fn ram_cache(model: &GgufModel) -> Option<(u64, u64)> {
+    let index = pager::Pager::budget_for_slots(model, 0).ok()?;
+    let one = pager::Pager::budget_for_slots(model, 1).ok()?;
+    Some((index, one - index))
 }
 
 /// The GPU expert tier's slot for `model` (see [`WeightFacts::gpu_slot_bytes`]): the planner's

@@ -118,6 +118,11 @@ pub struct Estimate {
     /// The rate of those host reads in bytes per second ([`GpuInfo::host_read_bytes_per_s`]).
     #[serde(default)]
     pub host_read_bytes_per_s: Option<f64>,
+    /// The CPU back end with its experts paged from disk (a mixture of experts larger than the
+    /// RAM budget): the RAM expert cache's budget, the `--ram-budget` that runs it as planned;
+    /// `null` when the weights are used in place.
+    #[serde(default)]
+    pub expert_cache_bytes: Option<u64>,
     /// Estimated generation speed; `None` when no bandwidth is known for the device.
     pub tok_per_sec: Option<f64>,
     /// The bandwidth used, in bytes per second.
@@ -453,7 +458,7 @@ impl<'a> Ctx<'a> {
     fn judge_cpu(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let ram = w.tensor_bytes + n.kv_bytes + n.scratch_bytes + HOST_OVERHEAD_BYTES;
         if let Some(refusal) = self.check_ram(BackendKind::Cpu, &device, ram, "weights, KV cache and scratch") {
-            return refusal;
+            return self.judge_cpu_paged(w, n, device).unwrap_or(refusal);
         }
         let bpt = bytes_per_token(w, w.tensor_bytes, w.expert_bytes, self.n_ctx);
         let mem = &self.machine.memory;
@@ -467,12 +472,70 @@ impl<'a> Ctx<'a> {
                 bytes_per_token: bpt,
                 host_bytes_per_token: 0,
                 host_read_bytes_per_s: None,
+                expert_cache_bytes: None,
                 tok_per_sec: speed(bpt, mem.bandwidth_bytes_per_s),
                 bandwidth_bytes_per_s: mem.bandwidth_bytes_per_s,
                 bandwidth_source: mem.bandwidth_source,
             }),
             refusal: None,
         }
+    }
+
+    /// A mixture of experts whose weights exceed the RAM budget on the CPU back end with its
+    /// experts paged from disk (`--ram-budget`): dense weights used in place, KV cache, scratch
+    /// and an expert cache of at least `MIN_SLOTS_PER_TOP_K` x top-k slots (below that a token's
+    /// own layers evict each other), the rest of the budget the cache's. `None` for a dense model
+    /// or a description without the cache's sizes (the caller's refusal stands); a refusal with
+    /// the paged need (far below the whole model's) when even that does not fit. Misses are read
+    /// from disk under uniform routing; the probe has no disk rate, so no speed.
+    fn judge_cpu_paged(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> Option<BackendPlan> {
+        let (index, slot) = (w.ram_cache_index_bytes?, w.ram_slot_bytes?);
+        let budget = self.ram_budget?;
+        if w.expert_count == 0 || slot == 0 {
+            return None;
+        }
+        let kind = BackendKind::Cpu;
+        let n_total = (w.expert_count * w.n_layers) as u64;
+        let fixed = w.tensor_bytes - w.expert_bytes + n.kv_bytes + n.scratch_bytes + HOST_OVERHEAD_BYTES;
+        let floor_slots = ((pager::MIN_SLOTS_PER_TOP_K * w.expert_used_count.max(1)) as u64).min(n_total);
+        let need = fixed + index + floor_slots * slot;
+        if need > budget {
+            let reason = format!(
+                "weights, KV cache and scratch need {} of RAM, or with the experts paged from disk {} (dense \
+                 weights, KV cache and scratch {}, an expert cache of {} slots of {}), but the budget is {}; raise \
+                 --ram-budget to at least {}",
+                crate::format_bytes(fixed + w.expert_bytes),
+                crate::format_bytes(need),
+                crate::format_bytes(fixed),
+                floor_slots,
+                crate::format_bytes(slot),
+                crate::format_bytes(budget),
+                crate::format_bytes(need)
+            );
+            return Some(refuse(kind, device, Code::Ram, reason, Some(need)));
+        }
+        let slots = ((budget - fixed - index) / slot).min(n_total);
+        let cache = index + slots * slot;
+        let active = w.expert_bytes * w.expert_used_count as u64 / w.expert_count as u64;
+        let disk_per_token = (active as f64 * (1.0 - slots as f64 / n_total as f64)) as u64;
+        let mem = &self.machine.memory;
+        Some(BackendPlan {
+            backend: kind,
+            device,
+            estimate: Some(Estimate {
+                gpu_bytes: 0,
+                ram_bytes: fixed + cache,
+                disk_bytes: disk_per_token,
+                bytes_per_token: bytes_per_token(w, w.tensor_bytes, w.expert_bytes, self.n_ctx),
+                host_bytes_per_token: 0,
+                host_read_bytes_per_s: None,
+                expert_cache_bytes: Some(cache),
+                tok_per_sec: None,
+                bandwidth_bytes_per_s: mem.bandwidth_bytes_per_s,
+                bandwidth_source: mem.bandwidth_source,
+            }),
+            refusal: None,
+        })
     }
 
     /// The GPU to plan on and the model's repacked GPU bytes (all tensors, routed experts), or
@@ -574,6 +637,7 @@ impl<'a> Ctx<'a> {
                 bytes_per_token: bpt,
                 host_bytes_per_token: missed,
                 host_read_bytes_per_s: gpu.host_read_bytes_per_s,
+                expert_cache_bytes: None,
                 tok_per_sec,
                 bandwidth_bytes_per_s: gpu.bandwidth_bytes_per_s,
                 bandwidth_source: gpu.bandwidth_source,
@@ -621,6 +685,7 @@ impl<'a> Ctx<'a> {
                 bytes_per_token: bpt,
                 host_bytes_per_token: 0,
                 host_read_bytes_per_s: None,
+                expert_cache_bytes: None,
                 tok_per_sec: speed(bpt, gpu.bandwidth_bytes_per_s),
                 bandwidth_bytes_per_s: gpu.bandwidth_bytes_per_s,
                 bandwidth_source: gpu.bandwidth_source,

@@ -74,6 +74,8 @@ fn describe_json_has_the_documented_fields() {
             "recurrent_state_bytes",
             "gpu_scratch_bytes",
             "gpu_slot_bytes",
+            "ram_cache_index_bytes",
+            "ram_slot_bytes",
         ])
     );
 }
@@ -168,6 +170,7 @@ fn plan_json_has_the_documented_fields() {
             "bytes_per_token",
             "host_bytes_per_token",
             "host_read_bytes_per_s",
+            "expert_cache_bytes",
             "tok_per_sec",
             "bandwidth_bytes_per_s",
             "bandwidth_source"

@@ -503,3 +503,33 @@ fn a_split_set_is_described_as_one_model() {
     assert_eq!(d.params_total, Some(LLAMA_PARAMS));
     assert_eq!(d.weights.unwrap().tensor_bytes, LLAMA_TENSOR_BYTES);
 }
+
+/// A mixture of experts larger than the RAM budget runs on the CPU with its experts paged from
+/// disk: the refusal's need is the paged one (dense part, KV cache, scratch and the cache's
+/// floor of 3 x top-k slots), far below the whole model's; at that budget the plan gives the
+/// cache's budget, which opens a pager of exactly the floor's slots, and the misses' disk bytes.
+#[test]
+fn a_moe_model_larger_than_the_ram_pages_its_experts_on_the_cpu() {
+    let path = common::fixture("qwen3_moe");
+    let d = describe(&path).unwrap();
+    let w = d.weights.clone().unwrap();
+    let at = |ram: u64| plan_with(&d, &machine(ram, 20e9, None), &opts(256));
+    // Enough RAM for the whole model: used in place, nothing paged.
+    let whole = at(64 * GIB).backend(BackendKind::Cpu).estimate.clone().unwrap();
+    assert_eq!((whole.expert_cache_bytes, whole.disk_bytes), (None, 0));
+    let r = at(1 << 20).backend(BackendKind::Cpu).refusal.clone().expect("1 MiB holds nothing");
+    assert_eq!(r.code, Code::Ram);
+    let need = r.need_bytes.unwrap();
+    assert!(need < whole.ram_bytes, "the paged need {need} is below the whole model's {}", whole.ram_bytes);
+    assert!(r.reason.contains("paged from disk"), "{}", r.reason);
+    let p = at(need);
+    assert_eq!(p.chosen, Some(BackendKind::Cpu));
+    let e = p.backend(BackendKind::Cpu).estimate.clone().unwrap();
+    let cache = e.expert_cache_bytes.expect("the experts are paged");
+    assert!(e.ram_bytes <= need && e.disk_bytes > 0, "{e:?}");
+    let model = std::sync::Arc::new(gguf::GgufModel::open(&path).unwrap());
+    let pager = pager::Pager::open(&model, &pager::PagerOptions::new(cache, pager::CachePolicy::Lfu)).unwrap();
+    assert_eq!(pager.n_slots(), 3 * w.expert_used_count, "the planned cache is the floor's");
+    assert!(pager.accounted_bytes() <= cache);
+    assert_eq!(at(need - 1).backend(BackendKind::Cpu).refusal.as_ref().map(|r| r.code), Some(Code::Ram));
+}

@@ -180,11 +180,26 @@ pub fn set_threads(threads: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the planner chose for `run`: the device, and the budgets of the expert tiers it plans.
+struct Planned {
+    device: DeviceFlag,
+    /// The GPU expert tier's budget (a model larger than the GPU whose dense part and an expert
+    /// cache fit there).
+    gpu_budget: Option<u64>,
+    /// The RAM expert cache's budget (a mixture of experts larger than the RAM, on the CPU).
+    ram_budget: Option<u64>,
+}
+
+impl Planned {
+    fn on(device: DeviceFlag) -> Planned {
+        Planned { device, gpu_budget: None, ram_budget: None }
+    }
+}
+
 /// Asks the planner which back end runs the model fastest within the machine's memory, prints
 /// its one-line plan, and maps the choice to a device (CPU when the planner refuses everything:
-/// loading then reports the precise error), with the GPU budget when it chose the GPU expert
-/// tier (a model larger than the GPU whose dense part and an expert cache fit there).
-fn planned_device(args: &ModelArgs, path: &std::path::Path) -> (DeviceFlag, Option<u64>) {
+/// loading then reports the precise error), with the budgets of the expert tiers it planned.
+fn planned_device(args: &ModelArgs, path: &std::path::Path) -> Planned {
     let opts = plan::PlanOptions { n_ctx: args.ctx_size as u64, ..Default::default() };
     match plan::plan(path, &opts) {
         Ok(p) => {
@@ -193,14 +208,19 @@ fn planned_device(args: &ModelArgs, path: &std::path::Path) -> (DeviceFlag, Opti
                 eprintln!("note: {hint}");
             }
             match p.chosen {
-                Some(plan::BackendKind::Gpu) if cfg!(feature = "gpu") => (DeviceFlag::Gpu, None),
-                Some(plan::BackendKind::GpuPaged) if cfg!(feature = "gpu") => (DeviceFlag::Gpu, p.gpu_tier_budget()),
-                _ => (DeviceFlag::Cpu, None),
+                Some(plan::BackendKind::Gpu) if cfg!(feature = "gpu") => Planned::on(DeviceFlag::Gpu),
+                Some(plan::BackendKind::GpuPaged) if cfg!(feature = "gpu") => {
+                    Planned { gpu_budget: p.gpu_tier_budget(), ..Planned::on(DeviceFlag::Gpu) }
+                }
+                _ => Planned {
+                    ram_budget: p.chosen_plan().and_then(|b| b.estimate.as_ref()).and_then(|e| e.expert_cache_bytes),
+                    ..Planned::on(DeviceFlag::Cpu)
+                },
             }
         }
         Err(e) => {
             eprintln!("plan: {e}; running on the CPU");
-            (DeviceFlag::Cpu, None)
+            Planned::on(DeviceFlag::Cpu)
         }
     }
 }
@@ -227,21 +247,23 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
         Some(MatmulFlag::Exact) => MatmulMode::Exact,
         Some(MatmulFlag::Q8) => MatmulMode::QuantizedActivations,
     };
-    let (device, planned_tier) = match (args.device, args.ram_budget) {
-        _ if args.gpu_budget.is_some() => (DeviceFlag::Gpu, None),
-        (Some(d), _) => (d, None),
+    let planned = match (args.device, args.ram_budget) {
+        _ if args.gpu_budget.is_some() => Planned::on(DeviceFlag::Gpu),
+        (Some(d), _) => Planned::on(d),
         // Experts paged into RAM alone run on the CPU back end; no plan to ask for.
-        (None, Some(_)) => (DeviceFlag::Cpu, None),
+        (None, Some(_)) => Planned::on(DeviceFlag::Cpu),
         (None, None) if ask_planner => planned_device(args, &path),
-        (None, None) => (DeviceFlag::Cpu, None),
+        (None, None) => Planned::on(DeviceFlag::Cpu),
     };
-    let gpu_budget = args.gpu_budget.or(planned_tier);
+    let device = planned.device;
+    let gpu_budget = args.gpu_budget.or(planned.gpu_budget);
+    let ram_budget = args.ram_budget.or(planned.ram_budget);
     let opts = LoadOptions { n_ctx: args.ctx_size, matmul };
     if matches!(args.device, Some(DeviceFlag::Cpu)) && args.gpu_budget.is_some() {
         anyhow::bail!("--gpu-budget pages experts into GPU memory; it cannot run with --device cpu");
     }
     let mut gpu_tier_stats = None;
-    let (runner, pager) = match args.ram_budget {
+    let (runner, pager) = match ram_budget {
         _ if gpu_budget.is_some() => {
             let budget = gpu_budget.unwrap_or(0);
             let (runner, pager, stats) = load_gpu_tier(args, budget, &file, &path, &opts)
@@ -257,8 +279,16 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
         Some(_) if device != DeviceFlag::Cpu => {
             anyhow::bail!("--ram-budget alone pages experts for the CPU back end; use it with --device cpu, or add --gpu-budget for the GPU")
         }
-        Some(_) => {
-            let p = open_pager(args, &file)?.context("--ram-budget given")?;
+        Some(budget) => {
+            if args.ram_budget.is_none() {
+                eprintln!(
+                    "note: the model is larger than the RAM: its experts are paged from disk through a {} cache \
+                     (as --ram-budget {}M)",
+                    plan::format_bytes(budget),
+                    budget >> 20
+                );
+            }
+            let p = open_pager(args, budget, &file)?;
             let b = cpu_backend(args, matmul).with_expert_store(p.clone());
             let runner = models::load_on(b, &file, &opts)
                 .with_context(|| format!("{}: loading the model", args.model.display()))?;
@@ -269,8 +299,7 @@ pub fn load(args: &ModelArgs, matmul_default: MatmulMode, ask_planner: bool) -> 
 }
 
 /// The expert cache `--ram-budget` asks for, if it does.
-fn open_pager(args: &ModelArgs, file: &Arc<GgufModel>) -> anyhow::Result<Option<Arc<pager::Pager>>> {
-    let Some(budget) = args.ram_budget else { return Ok(None) };
+fn open_pager(args: &ModelArgs, budget: u64, file: &Arc<GgufModel>) -> anyhow::Result<Arc<pager::Pager>> {
     let policy = match args.cache_policy {
         CachePolicyFlag::Lru => pager::CachePolicy::Lru,
         CachePolicyFlag::Lfu => pager::CachePolicy::Lfu,
@@ -284,7 +313,7 @@ fn open_pager(args: &ModelArgs, file: &Arc<GgufModel>) -> anyhow::Result<Option<
     if let Some(why) = p.direct_io_refused() {
         eprintln!("note: {why}");
     }
-    Ok(Some(p))
+    Ok(p)
 }
 
 /// Types of the runner, the RAM tier and the tier's statistics table.

@@ -95,7 +95,14 @@ pub fn print_table(p: &Plan) {
                     ),
                     (Some(s), _) => format!(" (bandwidth {})", s.as_str()),
                     (None, _) => String::new(),
-                },
+                } + &e.expert_cache_bytes.map_or(String::new(), |c| {
+                    format!(
+                        "; experts paged from disk through a {} cache (--ram-budget {}M), {} per token read",
+                        format_bytes(c),
+                        c >> 20,
+                        format_bytes(e.disk_bytes)
+                    )
+                }),
             ),
             (None, Some(r)) => println!(
                 "{mark} {:<10} {:<14} {:>10} {:>10} {:>9}  {}",
