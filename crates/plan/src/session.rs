@@ -350,6 +350,10 @@ pub struct SessionInfo {
     pub plan: Plan,
     /// On the GPU expert tier: the budget's split and the miss mode, for the log.
     pub gpu_tier: Option<String>,
+    /// The budget of the RAM expert cache the session opened itself, when the plan paged the
+    /// experts of a model larger than the RAM on the CPU (`None` otherwise, and when the caller
+    /// gave its own expert store).
+    pub expert_cache_bytes: Option<u64>,
 }
 
 /// A loaded model, run by one engine thread. Share it between threads with `Arc`; calls queue.
@@ -404,6 +408,15 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         }
     };
     let file = Arc::new(GgufModel::open(&gguf_path)?);
+    // The plan pages the experts of a model larger than the RAM on the CPU: open its cache.
+    let mut expert_cache_bytes = None;
+    if picked == BackendKind::Cpu && opts.expert_store.is_none() {
+        if let Some(cache) = plan.backend(BackendKind::Cpu).estimate.as_ref().and_then(|e| e.expert_cache_bytes) {
+            let p = pager::Pager::open(&file, &pager::PagerOptions::new(cache, pager::CachePolicy::Lfu))?;
+            opts.expert_store = Some(Arc::new(p));
+            expert_cache_bytes = Some(cache);
+        }
+    }
     let tensor_bytes = file.tensor_bytes_total();
     if opts.read_ahead {
         read_ahead(&file, tensor_bytes, &mut report);
@@ -462,6 +475,7 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         think_markers,
         plan,
         gpu_tier: tier_line,
+        expert_cache_bytes,
     };
     let engine =
         Engine { runner, tokenizer, template, think_markers, cached: Vec::new(), primed: None, last_prompt: None };

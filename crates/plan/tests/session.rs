@@ -425,3 +425,29 @@ fn a_gpu_tier_session_generates_like_the_resident_gpu_and_counts_its_experts() {
     assert!(named.info().gpu_tier.is_some(), "the tier's placement line");
     assert_eq!(ids(&named), ids(&resident), "the planned tier changed the greedy ids");
 }
+
+/// A RAM budget below the model's weights (as a machine smaller than the model gives the plan):
+/// the session pages the experts of the qwen3_moe fixture through the cache the plan sized, at
+/// its floor, and generates the greedy ids of the same model used in place (paged and mapped
+/// experts add the same terms in the same order).
+#[test]
+fn a_ram_budget_below_the_weights_pages_the_experts_like_the_mapped_model() {
+    let path = common::fixture("qwen3_moe");
+    let tiny = plan::plan_with(
+        &plan::describe(&path).unwrap(),
+        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false }),
+        &PlanOptions { n_ctx: 128, ram_budget_bytes: Some(1 << 20), ..PlanOptions::default() },
+    );
+    let need = tiny.backend(BackendKind::Cpu).refusal.as_ref().and_then(|r| r.need_bytes).expect("refused");
+    let with = |ram: Option<u64>| LoadOptions {
+        plan: PlanOptions { n_ctx: 128, ram_budget_bytes: ram, ..PlanOptions::default() },
+        ..cpu_options()
+    };
+    let paged = load(&path, with(Some(need))).expect("the paged need holds it");
+    let mapped = load(&path, with(None)).unwrap();
+    assert!(paged.info().expert_cache_bytes.is_some_and(|c| c < need), "{:?}", paged.info().expert_cache_bytes);
+    assert_eq!(mapped.info().expert_cache_bytes, None);
+    let ids = |s: &plan::Session| s.generate("The quick brown fox", greedy(6)).complete().unwrap().tokens;
+    assert_eq!(ids(&paged), ids(&mapped), "paging the experts changed the greedy ids");
+    assert_eq!(load(&path, with(Some(need - 1))).err().map(|e| e.code()), Some("budget"));
+}

@@ -304,12 +304,14 @@ impl Loaded {
                 tracing::info!("model {name}: {line}");
             }
             // The planner put the model on the GPU expert tier with the device's memory as its
-            // budget: a second session would ask for that memory again.
-            let planned_tier = session.info().backend == plan::BackendKind::GpuPaged;
+            // budget, or paged its experts through a cache of the available RAM: a second
+            // session would ask for that memory again.
+            let info = session.info();
+            let planned_cache = info.backend == plan::BackendKind::GpuPaged || info.expert_cache_bytes.is_some();
             sessions.push(session);
-            if planned_tier && opts.parallel > 1 {
+            if planned_cache && opts.parallel > 1 {
                 tracing::warn!(
-                    "model {name}: on the GPU expert tier (planned), one session serves it, not {}",
+                    "model {name}: its experts are paged by the plan (GPU tier or RAM cache), one session serves it, not {}",
                     opts.parallel
                 );
                 break;
