@@ -603,6 +603,7 @@ fn weight_facts(model: &GgufModel, arch: &str, tensor_bytes: u64, expert_bytes: 
         .unwrap_or(md.str_array_opt("tokenizer.ggml.tokens").map_err(in_file)?.map_or(0, |t| t.len() as u64))
         as usize;
     let (gpu_tensor_bytes, gpu_expert_bytes) = gpu_bytes(model);
+    let ram_cache = ram_cache(model);
     Ok(WeightFacts {
         tensor_bytes,
         expert_bytes,
@@ -620,8 +621,8 @@ fn weight_facts(model: &GgufModel, arch: &str, tensor_bytes: u64, expert_bytes: 
         gpu_scratch_bytes: cfg!(feature = "gpu")
             .then(|| pager::placement::activation_scratch_bytes(model, crate::plan::N_BATCH as usize)),
         gpu_slot_bytes: gpu_slot_bytes(model),
-        ram_cache_index_bytes: ram_cache(model).map(|(index, _)| index),
-        ram_slot_bytes: ram_cache(model).map(|(_, slot)| slot),
+        ram_cache_index_bytes: ram_cache.map(|(index, _)| index),
+        ram_slot_bytes: ram_cache.map(|(_, slot)| slot),
     })
 }
 
