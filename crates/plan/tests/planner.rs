@@ -19,6 +19,7 @@ use plan::{
 };
 
 const GIB: u64 = 1 << 30;
+#[cfg(feature = "gpu")]
 const MIB: u64 = 1 << 20;
 
 /// llama fixture (q4_0): 256 hidden, 2 layers, 4 heads of 64, 2 KV heads.
