@@ -385,7 +385,7 @@ mod gpu {
             mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
             let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
             // Two pool buffers of k + 1 slots: three layers share them, so every step evicts.
-            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Host] {
+            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Host, MissPolicy::Split] {
                 let opts = ExpertTierOptions {
                     miss,
                     policy: SlotPolicy::Lru,
@@ -427,12 +427,14 @@ mod gpu {
                 let served = match miss {
                     // Decode misses read from host memory, prefill misses uploaded.
                     MissPolicy::Host => total.host_reads + total.uploads - total.refills,
+                    // Decode misses read from host memory or computed on the CPU.
+                    MissPolicy::Split => total.host_reads + total.cpu_computed + total.uploads - total.refills,
                     _ => total.uploads + total.cpu_computed,
                 };
                 if served != total.misses {
                     r.failures.push(format!("{what} {case:?} {miss:?}: misses not all served ({total:?})"));
                 }
-                if matches!(miss, MissPolicy::Upload | MissPolicy::Host) && total.evictions == 0 {
+                if matches!(miss, MissPolicy::Upload | MissPolicy::Host | MissPolicy::Split) && total.evictions == 0 {
                     r.failures.push(format!("{what} {case:?} {miss:?}: no eviction ({total:?})"));
                 }
             }

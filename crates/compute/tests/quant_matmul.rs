@@ -91,3 +91,42 @@ fn matmul_rejects_bad_shapes_with_numbers() {
     assert_eq!(err, QuantError::Unsupported { dtype: GgmlType::IQ2_XXS, op: "matmul" });
     assert!(err.to_string().contains("IQ2_XXS"), "{err}");
 }
+
+/// `matmul_each` (one token per weight, every product's rows in one parallel region) gives each
+/// output the bits of its own `matmul`, in both modes, for every type: more weights than
+/// `matmul_many` fuses, row counts that are not multiples of eight, one large enough to split
+/// over the threads. Outputs start as NaN, so a row no share computed fails.
+#[test]
+fn matmul_each_gives_each_products_own_bits() {
+    let mut rng = Rng::new(0x5eed_0005);
+    for &dtype in SUPPORTED {
+        let k = dtype.block_elems().max(32) * 8;
+        let rows = [1usize, 9, 37, 70, 8, 301, 16];
+        let ws: Vec<Vec<u8>> = rows.iter().map(|&n| random_rows(dtype, n, k, &mut rng)).collect();
+        let xs: Vec<Vec<f32>> = rows.iter().map(|_| (0..k).map(|_| rng.normal()).collect()).collect();
+        for mode in [MatmulMode::QuantizedActivations, MatmulMode::Exact] {
+            let weights: Vec<quant::WeightRows<'_>> =
+                ws.iter().zip(&rows).map(|(w, &n_out)| quant::WeightRows { dtype, bytes: w, n_out }).collect();
+            let mut outs: Vec<Vec<f32>> = rows.iter().map(|&n| vec![f32::NAN; n]).collect();
+            {
+                let x_refs: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+                let mut y_refs: Vec<&mut [f32]> = outs.iter_mut().map(|y| &mut y[..]).collect();
+                quant::matmul_each(&weights, k, &x_refs, &mut y_refs, mode).unwrap();
+            }
+            for (i, ((w, x), got)) in ws.iter().zip(&xs).zip(&outs).enumerate() {
+                let mut want = vec![0f32; rows[i]];
+                quant::matmul(dtype, w, rows[i], k, x, &mut want, mode).unwrap();
+                for (o, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), e.to_bits(), "{dtype} {mode:?} weight {i} row {o}: {g} != {e}");
+                }
+            }
+        }
+    }
+    // Lengths that disagree are an error naming them.
+    let w = random_rows(GgmlType::Q8_0, 2, 32, &mut rng);
+    let x = vec![0f32; 32];
+    let weights = [quant::WeightRows { dtype: GgmlType::Q8_0, bytes: &w, n_out: 2 }];
+    let mut y = [0f32; 2];
+    let err = quant::matmul_each(&weights, 32, &[&x, &x], &mut [&mut y[..]], MatmulMode::QuantizedActivations);
+    assert!(matches!(err, Err(QuantError::ShapeMismatch { expected: 1, got: 2, .. })), "{err:?}");
+}

@@ -249,14 +249,14 @@ mod on_gpu {
             drop(runner);
             drop(b);
 
-            // 4-7. One slot: uploads (evicting every step), CPU, automatic, host tier (evicting
+            // 4-8. One slot: uploads (evicting every step), CPU, automatic, host tier and split (evicting
             // every step too, between steps).
-            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Host] {
+            for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Host, MissPolicy::Split] {
                 let b = tiered(&device, &model, 1, placed.slot_bytes, miss);
                 let mut runner = load_on(b.clone(), &model, &opts()).expect("loads on the tier");
                 let evicts_from = match miss {
                     MissPolicy::Upload => Some(0),
-                    MissPolicy::Host => Some(1),
+                    MissPolicy::Host | MissPolicy::Split => Some(1),
                     _ => None,
                 };
                 let got = greedy_ids(runner.as_mut(), &prompt, evicts_from.map(|from| (&b, from)));
@@ -279,6 +279,11 @@ mod on_gpu {
                         t.misses,
                         "{arch}: every miss is read from host memory or uploaded by a prefill"
                     ),
+                    MissPolicy::Split => assert_eq!(
+                        t.host_reads + t.cpu_computed + t.uploads - t.refills,
+                        t.misses,
+                        "{arch}: every miss is read from host memory, computed on the CPU or uploaded by a prefill"
+                    ),
                     _ => assert_eq!(t.uploads + t.cpu_computed, t.misses, "{arch}: every miss is uploaded or computed"),
                 }
                 match miss {
@@ -286,6 +291,7 @@ mod on_gpu {
                     MissPolicy::Cpu => assert_eq!((t.uploads, t.hits), (0, 0), "{arch}: the pool stays empty"),
                     MissPolicy::Auto => assert!(t.cpu_computed > 0, "{arch}: the CPU cost is measured on first use"),
                     MissPolicy::Host => assert_eq!(t.cpu_computed, 0),
+                    MissPolicy::Split => assert!(t.cpu_computed > 0, "{arch}: the CPU computes a share of the misses"),
                 }
                 if got != want {
                     failures.push(format!("{arch} {variant} 1 slot {miss:?}: greedy {got:?} != cpu {want:?}"));

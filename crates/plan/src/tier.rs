@@ -30,6 +30,8 @@ pub enum TierMiss {
     Auto,
     /// Read by the GPU from a copy of every expert in host memory.
     Host,
+    /// As `Host`, each layer's misses divided between the GPU and the CPU computing at once.
+    Split,
 }
 
 /// What the tier is asked for.
@@ -95,6 +97,7 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
                 TierMiss::Cpu => MissPolicy::Cpu,
                 TierMiss::Auto => MissPolicy::Auto,
                 TierMiss::Host => MissPolicy::Host,
+                TierMiss::Split => MissPolicy::Split,
             },
             "chosen by --moe-miss".to_string(),
         ),
@@ -104,7 +107,8 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
             (if d.host { MissPolicy::Host } else { MissPolicy::Auto }, format!("default: {}", d.reason))
         }
     };
-    let host_tier = miss == MissPolicy::Host;
+    // Both keep a host copy of every expert that the GPU reads.
+    let host_tier = matches!(miss, MissPolicy::Host | MissPolicy::Split);
     if host_tier {
         scratch_bytes += compute::wgpu::host_tier_table_reserve_bytes(unbounded.n_experts_total);
     }
@@ -114,8 +118,9 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
         if host_bytes > ram {
             return Err(PlanError::Request {
                 why: format!(
-                    "the host miss mode keeps every expert in host memory: {host_bytes} bytes, more than the RAM budget \
-                     {ram}; the auto miss mode reads misses through a RAM cache of that size instead"
+                    "the {} miss mode keeps every expert in host memory: {host_bytes} bytes, more than the RAM budget \
+                     {ram}; the auto miss mode reads misses through a RAM cache of that size instead",
+                    format!("{miss:?}").to_lowercase()
                 ),
             });
         }

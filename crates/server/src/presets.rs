@@ -125,7 +125,8 @@ fn apply(o: &mut EngineOptions, key: &str, value: &str) -> Result<(), Option<Str
                 "cpu" => Some(plan::TierMiss::Cpu),
                 "auto" => Some(plan::TierMiss::Auto),
                 "host" => Some(plan::TierMiss::Host),
-                _ => return Err(Some("takes upload, cpu, auto, host or default".into())),
+                "split" => Some(plan::TierMiss::Split),
+                _ => return Err(Some("takes upload, cpu, auto, host, split or default".into())),
             }
         }
         "cache-policy" => {

@@ -37,6 +37,9 @@ pub enum MoeMissFlag {
     /// Read by the GPU from a copy of every expert in host memory (bounded by --ram-budget):
     /// no wait per layer; the GPU's slots are refilled between tokens.
     Host,
+    /// As host, and each layer's misses divided between the GPU and the CPU, computing at
+    /// once (a readback per layer; the CPU's share follows which of the two finishes first).
+    Split,
 }
 
 impl MoeMissFlag {
@@ -47,6 +50,7 @@ impl MoeMissFlag {
             MoeMissFlag::Cpu => plan::TierMiss::Cpu,
             MoeMissFlag::Auto => plan::TierMiss::Auto,
             MoeMissFlag::Host => plan::TierMiss::Host,
+            MoeMissFlag::Split => plan::TierMiss::Split,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! activations quantized to Q8 the way llama.cpp does ([`MatmulMode::QuantizedActivations`]).
 
 mod attention;
+mod experts;
 mod gelu;
 pub mod kernels;
 mod pool;
@@ -20,6 +21,7 @@ use crate::quant::{self, MatmulMode};
 use crate::spec::{Act, AttnCall, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 use attention::{KvElem, KvRows, Rows, Simd};
+pub use experts::{experts_one_token, ExpertBiases};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -214,6 +216,36 @@ impl CpuBackend {
             }
         }
         Ok(())
+    }
+
+    /// The experts `group` of a one-token call through [`experts_one_token`], each with its
+    /// routing weight from `by_expert`, added into `out`.
+    fn experts_one_token(
+        &self,
+        x: &[f32],
+        group: &[HostExpert<'_>],
+        by_expert: &[Vec<(usize, f32)>],
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        out: &mut [f32],
+    ) -> Result<(), OpError> {
+        let weighted = group
+            .iter()
+            .map(|ex| match by_expert.get(ex.id as usize).and_then(|toks| toks.first()) {
+                Some(&(_, w)) => Ok((*ex, w)),
+                None => Err(OpError::ShapeMismatch {
+                    op: "moe_ffn store",
+                    expected: format!("experts the router picked (< {})", spec.n_expert),
+                    got: vec![ex.id as usize],
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        fn data(b: &Option<CpuTensor>) -> Option<&[f32]> {
+            b.as_ref().map(|b| &b.data[..])
+        }
+        let biases =
+            ExpertBiases { gate: data(&experts.gate_bias), up: data(&experts.up_bias), down: data(&experts.down_bias) };
+        experts_one_token(self.mode, x, &weighted, biases, spec, out)
     }
 
     fn matmul_raw(&self, x: &[f32], n_tok: usize, w: &HostWeight, y: &mut [f32]) -> Result<(), OpError> {
@@ -789,6 +821,9 @@ impl Backend for CpuBackend {
         match &self.expert_store {
             Some(store) => {
                 store.with_host_experts(experts.layer, &used, &mut |group: &[HostExpert<'_>]| {
+                    if n == 1 {
+                        return self.experts_one_token(&x.data, group, &by_expert, experts, spec, &mut out);
+                    }
                     for ex in group {
                         let toks = by_expert.get(ex.id as usize).ok_or_else(|| OpError::ShapeMismatch {
                             op: "moe_ffn store",
@@ -810,6 +845,10 @@ impl Backend for CpuBackend {
             }
             None => {
                 let ff = spec.n_ff;
+                fn host(w: &HostWeight) -> HostMatrix<'_> {
+                    HostMatrix { dtype: w.dtype, bytes: w.bytes(), n_out: w.shape[0], k: w.row_len() }
+                }
+                let mut one_token = Vec::new();
                 for &e in &used {
                     let e = e as usize;
                     let toks = &by_expert[e];
@@ -820,12 +859,26 @@ impl Backend for CpuBackend {
                         matrix(&experts.up, ff),
                         matrix(&experts.down, n_embd),
                     );
-                    fn host(w: &HostWeight) -> HostMatrix<'_> {
-                        HostMatrix { dtype: w.dtype, bytes: w.bytes(), n_out: w.shape[0], k: w.row_len() }
+                    if n == 1 {
+                        one_token.push((gate, up, down));
+                        continue;
                     }
                     let ex =
                         HostExpert { id: e as u32, gate: gate.as_ref().map(host), up: host(&up), down: host(&down) };
                     self.expert_ffn(&rows_of(toks), toks, &ex, experts, spec, &mut out)?;
+                }
+                if n == 1 {
+                    let group: Vec<HostExpert<'_>> = used
+                        .iter()
+                        .zip(&one_token)
+                        .map(|(&e, (gate, up, down))| HostExpert {
+                            id: e,
+                            gate: gate.as_ref().map(host),
+                            up: host(up),
+                            down: host(down),
+                        })
+                        .collect();
+                    self.experts_one_token(&x.data, &group, &by_expert, experts, spec, &mut out)?;
                 }
             }
         }

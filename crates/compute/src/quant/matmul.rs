@@ -509,6 +509,82 @@ pub fn matmul_many(
     Ok(())
 }
 
+/// `ys[i] = xs[i] · ws[i]ᵀ` for one token each, every weight with its own activations and row
+/// length `k`: a MoE layer's experts at decode (the gate and up products of every expert, then
+/// the down products, each expert's from its own hidden row), each output with the same bits as
+/// its own [`matmul`].
+///
+/// In [`MatmulMode::QuantizedActivations`], when every weight has multi-row kernels and one
+/// activation scheme, the rows of all the products form one range shared out over the threads
+/// in one parallel region: on 16 threads a region costs tens of microseconds to fork and join,
+/// which one region per expert matrix (three per expert, ~380 experts per token for
+/// Qwen3-30B-A3B) paid about as much as the products themselves. Otherwise each weight runs its
+/// own [`matmul`].
+///
+/// # Errors
+/// As [`matmul`] for each weight; [`QuantError::ShapeMismatch`] when `ws`, `xs` and `ys` differ
+/// in length.
+pub fn matmul_each(
+    ws: &[WeightRows<'_>],
+    k: usize,
+    xs: &[&[f32]],
+    ys: &mut [&mut [f32]],
+    mode: MatmulMode,
+) -> Result<(), QuantError> {
+    for (what, got) in [("activations", xs.len()), ("outputs", ys.len())] {
+        if got != ws.len() {
+            return Err(QuantError::ShapeMismatch { op: "matmul_each", what, expected: ws.len(), got });
+        }
+    }
+    let kernel = Kernel::best();
+    let kind = ws.first().and_then(|w| ActKind::for_weights(w.dtype));
+    let fused = mode == MatmulMode::QuantizedActivations
+        && kind.is_some()
+        && xs.iter().all(|x| x.len() == k)
+        && ws.iter().all(|w| ActKind::for_weights(w.dtype) == kind && Tiles::new(w.dtype, kernel).is_some());
+    let (Some(kind), true) = (kind, fused) else {
+        for ((w, x), y) in ws.iter().zip(xs).zip(ys.iter_mut()) {
+            matmul(w.dtype, w.bytes, w.n_out, k, x, y, mode)?;
+        }
+        return Ok(());
+    };
+    let mut parts = Vec::with_capacity(ws.len());
+    let mut acts = Vec::with_capacity(ws.len());
+    for ((w, x), y) in ws.iter().zip(xs).zip(ys.iter_mut()) {
+        let Some(shape) = check_shapes(w.dtype, w.bytes, w.n_out, k, x, y)? else { continue };
+        let Some(tiles) = Tiles::new(w.dtype, kernel) else { continue };
+        parts.push(DecodePart::new(tiles, w.bytes, w.n_out, shape.row_bytes, SharedOut(y.as_mut_ptr())));
+        let mut act = ActBuf::default();
+        act.quantize(kind, x, k);
+        acts.push(act);
+    }
+    let rows: Vec<ActRow<'_>> = acts.iter().map(|a| a.row(kind, 0, k)).collect();
+    let nb = k / kind.block_elems();
+    // As in `decode_tiled`: each part's rows start at a multiple of eight in the joint range.
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(parts.iter().scan(0, |at, p| {
+            *at += p.n_out.next_multiple_of(8);
+            Some(*at)
+        }))
+        .collect();
+    let work = parts.iter().map(|p| p.n_out * k).sum();
+    let row_bytes = parts.iter().map(|p| p.row_bytes).max().unwrap_or(1);
+    run_claims(starts[parts.len()], row_bytes, work, |start, end| {
+        // The parts overlapping this share: the first is found by search, the share is short.
+        let first = starts.partition_point(|&s| s <= start).saturating_sub(1);
+        for i in first..parts.len() {
+            if starts[i] >= end {
+                break;
+            }
+            let (lo, hi) = (start.max(starts[i]), end.min(starts[i + 1]));
+            if lo < hi {
+                parts[i].run(lo - starts[i], hi - starts[i], nb, rows[i]);
+            }
+        }
+    });
+    Ok(())
+}
+
 /// The element-wise step [`matmul_gated`] applies to each range of rows: `(gate, up, out)`.
 pub type GateCombine<'a> = dyn Fn(&[f32], &[f32], &mut [f32]) + Sync + 'a;
 

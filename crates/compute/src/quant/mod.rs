@@ -34,7 +34,9 @@ mod qdot;
 mod simd;
 
 pub use gguf::GgmlType;
-pub use matmul::{matmul, matmul_gated, matmul_many, matmul_quantized, GateCombine, MatmulMode, WeightRows, MAX_FUSED};
+pub use matmul::{
+    matmul, matmul_each, matmul_gated, matmul_many, matmul_quantized, GateCombine, MatmulMode, WeightRows, MAX_FUSED,
+};
 pub use simd::Kernel;
 
 use std::cell::RefCell;

@@ -39,7 +39,7 @@ use super::moe::{self, RouteView};
 use super::shaders::Plain;
 use super::{lock, Cmd, Span, WeightChunk, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix};
-use crate::cpu::kernels;
+use crate::cpu::{experts_one_token, kernels, ExpertBiases};
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
 use crate::spec::MoeSpec;
@@ -47,6 +47,8 @@ use crate::ExpertTierStats;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+mod split;
 
 /// What happens to an expert the router picked that holds no GPU slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +65,11 @@ pub enum MissPolicy {
     /// pool is refilled from that copy between steps, from the ids each step leaves in a log
     /// read back once per step.
     Host,
+    /// As [`MissPolicy::Host`], and each decode layer's misses divided between the GPU (read
+    /// from the host copy) and the CPU (computed from the store's copy at the same time), the
+    /// CPU's share balanced by which of the two finishes first (see the `split` module). Costs
+    /// a readback of the ids and the hidden state per layer.
+    Split,
 }
 
 /// Which slot an upload evicts.
@@ -215,6 +222,12 @@ struct TierProfile {
     record_secs: f64,
     /// Making the host tier's copies ([`MissPolicy::Host`], once per layer; not in `decide`).
     host_fill_secs: f64,
+    /// [`MissPolicy::Split`]: layers split, those whose GPU part was done when the CPU's was,
+    /// their misses and the experts the CPU computed of them.
+    split_layers: u64,
+    split_gpu_first: u64,
+    split_misses: u64,
+    split_cpu_experts: u64,
 }
 
 impl TierProfile {
@@ -247,7 +260,17 @@ impl TierProfile {
             } else {
                 String::new()
             },
-        )
+        ) + &if self.split_layers > 0 {
+            format!(
+                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU finished first in {:.1}% of {} layers\n",
+                100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
+                self.split_misses as f64 / self.steps.max(1) as f64,
+                100.0 * self.split_gpu_first as f64 / self.split_layers as f64,
+                self.split_layers,
+            )
+        } else {
+            String::new()
+        }
     }
 }
 
@@ -301,6 +324,10 @@ struct TierState {
     region_layers: Vec<usize>,
     /// The host tier ([`MissPolicy::Host`]) and its bookkeeping.
     host: HostTierState,
+    /// Under [`MissPolicy::Split`], the fraction of a layer's misses the CPU computes.
+    split_share: f64,
+    /// Under [`MissPolicy::Split`], each layer's expert biases on the host (read once).
+    split_biases: Vec<Option<Arc<HostBiases>>>,
 }
 
 /// One layer's experts in the host tier: a buffer in host memory and where each expert's
@@ -573,6 +600,12 @@ struct HostBiases {
     down: Option<Vec<f32>>,
 }
 
+impl HostBiases {
+    fn slices(&self) -> ExpertBiases<'_> {
+        ExpertBiases { gate: self.gate.as_deref(), up: self.up.as_deref(), down: self.down.as_deref() }
+    }
+}
+
 /// One expert's FFN on the CPU over the rows `xs` of tokens `toks` (token, routing weight),
 /// added into `out` (`[n, n_embd]`) scaled by each token's weight: the CPU back end's
 /// arithmetic.
@@ -667,7 +700,7 @@ impl WgpuBackend {
         if slots_per_buffer == 0 {
             return Err(unsupported("max_slots_per_buffer is 0".into()));
         }
-        if opts.miss == MissPolicy::Host
+        if matches!(opts.miss, MissPolicy::Host | MissPolicy::Split)
             && !self.ctx.device.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
         {
             return Err(unsupported(format!(
@@ -736,6 +769,8 @@ impl WgpuBackend {
                 region_layers: Vec::new(),
                 last_layer: None,
                 host: HostTierState::default(),
+                split_share: split::SHARE_START,
+                split_biases: Vec::new(),
             }),
         };
         tier.upload_bytes_per_s = self.measure_upload(&tier)?;
@@ -814,14 +849,35 @@ impl WgpuBackend {
         src: &wgpu::Buffer,
         n_bytes: u64,
     ) -> Result<Vec<u8>, OpError> {
-        let size = n_bytes.next_multiple_of(4).max(4);
+        Ok(self.read_back_tier_parts(tier, &[(src, n_bytes)], true)?.pop().unwrap_or_default())
+    }
+
+    /// The first bytes of several buffers, `(buffer, n_bytes)` each, in one submit and one wait
+    /// through the tier's readback buffer; the profile counts it as the routing's readback
+    /// (`routing`) or as the CPU experts' activations.
+    pub(super) fn read_back_tier_parts(
+        &self,
+        tier: &ExpertTier,
+        parts: &[(&wgpu::Buffer, u64)],
+        routing: bool,
+    ) -> Result<Vec<Vec<u8>>, OpError> {
+        // Copies start and end on 4-byte boundaries (wgpu's copy alignment).
+        let starts: Vec<u64> = parts
+            .iter()
+            .scan(0u64, |at, &(_, n)| {
+                let start = *at;
+                *at += n.next_multiple_of(4);
+                Some(start)
+            })
+            .collect();
+        let total = parts.iter().map(|&(_, n)| n.next_multiple_of(4)).sum::<u64>().max(4);
         let mut held = lock(&tier.readback);
         let rb = match held.as_ref() {
-            Some(b) if b.size() >= size => b.clone(),
+            Some(b) if b.size() >= total => b.clone(),
             _ => {
                 let b = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("routing readback"),
-                    size: size.next_power_of_two().max(256),
+                    size: total.next_power_of_two().max(256),
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 });
@@ -832,18 +888,30 @@ impl WgpuBackend {
         let t0 = Instant::now();
         {
             let mut p = lock(&self.ctx.pending);
-            p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: rb.clone(), dst_at: 0, size });
+            for (&(src, n), &at) in parts.iter().zip(&starts) {
+                if n > 0 {
+                    let size = n.next_multiple_of(4);
+                    p.cmds.push(Cmd::Copy { src: src.clone(), src_at: 0, dst: rb.clone(), dst_at: at, size });
+                }
+            }
             self.ctx.flush_locked(&mut p);
             // The host waits for this result, as after `read_back`.
             p.host_waits();
         }
         let t1 = Instant::now();
-        let out = self.read_mapped("route", &rb, size, n_bytes, tier.spin_readback);
+        let used = parts.last().map_or(0, |&(_, n)| starts[starts.len() - 1] + n);
+        let out = self.read_mapped("route", &rb, total, used, tier.spin_readback);
         let mut prof = lock(&tier.profile);
-        prof.readback_submit_secs += (t1 - t0).as_secs_f64();
-        prof.readback_wait_secs += t1.elapsed().as_secs_f64();
-        prof.readbacks += 1;
-        out
+        if routing {
+            prof.readback_submit_secs += (t1 - t0).as_secs_f64();
+            prof.readback_wait_secs += t1.elapsed().as_secs_f64();
+            prof.readbacks += 1;
+        } else {
+            prof.cpu_readback_secs += t0.elapsed().as_secs_f64();
+        }
+        drop(prof);
+        let bytes = out?;
+        Ok(parts.iter().zip(&starts).map(|(&(_, n), &at)| bytes[at as usize..(at + n) as usize].to_vec()).collect())
     }
 
     /// Whether this back end pages experts through a GPU pool.
@@ -1203,8 +1271,16 @@ impl WgpuBackend {
         let t_decided = Instant::now();
         let any_cpu = misses.iter().any(|&e| on_cpu[e as usize]);
         let mut host = if any_cpu {
-            let x_host = self.to_host(x)?;
-            let w_host = self.to_host(routing.weights)?;
+            // One wait for both (each readback is a round trip of the whole queue).
+            let f32s = |b: &[u8]| -> Vec<f32> {
+                b.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            };
+            let parts = self.read_back_tier_parts(
+                tier,
+                &[(&x.buf.buffer, 4 * x.len() as u64), (&routing.weights.buf.buffer, 4 * routing.weights.len() as u64)],
+                false,
+            )?;
+            let (x_host, w_host) = (f32s(&parts[0]), f32s(&parts[1]));
             let bias = |b: &Option<WgpuTensor>| b.as_ref().map(|b| self.to_host(b)).transpose();
             let biases = HostBiases {
                 gate: bias(&experts.gate_bias)?,
@@ -1247,6 +1323,17 @@ impl WgpuBackend {
             // pool): the layer waits for the longer of the two, not their sum.
             let mut cpu_work = || -> Result<Vec<f64>, OpError> {
                 let Some((x_host, w_host, biases, cpu_out)) = host.as_mut() else { return Ok(Vec::new()) };
+                if n == 1 && !cpu_group.is_empty() {
+                    // Every expert's products in two parallel regions (decode).
+                    let weighted: Vec<(HostExpert<'_>, f32)> = cpu_group
+                        .iter()
+                        .map(|ex| (**ex, by_expert[ex.id as usize].first().map_or(0.0, |&(_, w)| w_host[w as usize])))
+                        .collect();
+                    let t0 = Instant::now();
+                    experts_one_token(matmul_mode, x_host, &weighted, biases.slices(), spec, cpu_out)?;
+                    let each = t0.elapsed().as_secs_f64() / cpu_group.len() as f64;
+                    return Ok(vec![each; cpu_group.len()]);
+                }
                 let mut per_token = Vec::with_capacity(cpu_group.len());
                 for ex in &cpu_group {
                     let toks = &by_expert[ex.id as usize];
@@ -1322,7 +1409,6 @@ impl WgpuBackend {
         let mut prof = lock(&tier.profile);
         prof.calls += 1;
         prof.decide_secs += (t_decided - t_start).as_secs_f64();
-        prof.cpu_readback_secs += (t_store - t_decided).as_secs_f64();
         prof.store_secs += (t_record - t_store).as_secs_f64();
         prof.cpu_secs += cpu_secs;
         prof.fill_secs += fill_secs;
@@ -1351,7 +1437,7 @@ impl WgpuBackend {
             st.stats.iter().fold((0u64, 0u64), |(sel, up), s| (sel + s.selections, up + s.uploads));
         let uses_per_upload = (selections as f64 / uploads.max(1) as f64).max(1.0);
         match tier.opts.miss {
-            MissPolicy::Upload | MissPolicy::Host => return on_cpu,
+            MissPolicy::Upload | MissPolicy::Host | MissPolicy::Split => return on_cpu,
             MissPolicy::Cpu => {
                 misses.iter().for_each(|&e| on_cpu[e as usize] = true);
                 return on_cpu;
@@ -1638,9 +1724,9 @@ impl WgpuBackend {
 const LOG_MIN_BYTES: u64 = 16 << 10;
 
 impl ExpertTier {
-    /// Whether misses are read from the host tier ([`MissPolicy::Host`]).
+    /// Whether misses are read from the host tier ([`MissPolicy::Host`], [`MissPolicy::Split`]).
     pub(super) fn reads_host(&self) -> bool {
-        self.opts.miss == MissPolicy::Host
+        matches!(self.opts.miss, MissPolicy::Host | MissPolicy::Split)
     }
 
     /// The placement [`ExpertTier::place_at`] gives matrices of the same types and shapes as
@@ -1731,7 +1817,17 @@ impl WgpuBackend {
             })?;
         let t_decided = Instant::now();
         let biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
-        let y = if moe::pairs_fit(n, k, n_embd, spec.n_ff) {
+        let y = if moe::pairs_fit(n, k, n_embd, spec.n_ff) && tier.opts.miss == MissPolicy::Split {
+            let table = st.host.table_gpu.clone().ok_or_else(|| OpError::Unsupported {
+                op: "moe_ffn",
+                backend: "wgpu",
+                why: "the expert tier's slot table was not written".into(),
+            })?;
+            let place = split::LayerPlace { pool: &tier.pool[region], host: &host_buf, mats: m0, table: &table };
+            let y = self.moe_split_pairs(tier, st, x, routing, experts, spec, place)?;
+            lock(&tier.profile).host_fill_secs += fill_secs;
+            return Ok(y);
+        } else if moe::pairs_fit(n, k, n_embd, spec.n_ff) {
             let ids_uploaded;
             let (ids_buf, at) = if routing.ids.is_empty() {
                 self.log_ids(tier, st, layer, &routing.weights.buf.buffer, n * k)?;

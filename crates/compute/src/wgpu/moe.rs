@@ -277,8 +277,10 @@ fn table_parts(kind: TableKind, t_binding: u32) -> (String, String, u32) {
                  @group(0) @binding({}) var<storage, read> S: array<vec4<u32>>;\n\
                  @group(0) @binding({}) var<storage, read> WH: array<u32>;\n\
                  fn entry(p: u32) -> vec4<u32> {{\n    let e = T[P.table_at + p];\n    \
+                 if (e == {SKIP}u) {{\n        return vec4<u32>(e, 0u, 0u, 0u);\n    }}\n    \
                  let s = S[P.slots_at + e];\n    return vec4<u32>(e, s.y, s.z, s.w);\n}}\n\
-                 fn in_host(p: u32) -> bool {{\n    return S[P.slots_at + T[P.table_at + p]].x == 1u;\n}}",
+                 fn in_host(p: u32) -> bool {{\n    let e = T[P.table_at + p];\n    \
+                 return e != {SKIP}u && S[P.slots_at + e].x == 1u;\n}}",
                 t_binding + 1,
                 t_binding + 2
             ),

@@ -1,0 +1,221 @@
+//! The split miss mode ([`MissPolicy::Split`]): a decode layer's misses divided between the GPU,
+//! which reads its share from the host tier over the link as [`MissPolicy::Host`] does, and the
+//! CPU, which computes the rest from the store's copy at the same time.
+//!
+//! Why: under uniform routing a 4 GB pool of Qwen3-30B-A3B misses ~80% of its selections, and
+//! the GPU reads misses over the link at ~35-39 GB/s of its ~50 (measured on the H200), so that
+//! decode is bound by the link, while the CPU reads its own memory at a similar rate (llama.cpp
+//! with its experts on the CPU decodes that model faster than the link allows). Both at once add
+//! the two rates. The price is one round trip per layer (the ids and the hidden state read back,
+//! ~60-70 us on the H200, the GPU idle meanwhile), paid by a layer whose experts all hit too.
+//!
+//! How the share is found: when the CPU has computed its experts, the host polls whether the GPU
+//! has finished its part (a flag set by `on_submitted_work_done`). If it had, the CPU was the
+//! longer of the two and its share shrinks, otherwise it grows, by [`SHARE_STEP`]: the share
+//! settles where both finish together, whatever the two memories' rates and the hit rate are,
+//! with no cost model to calibrate. `DISKFORMER_SPLIT_SHARE` fixes it (for A/B runs).
+
+use super::super::moe::{self, PairTable, SKIP};
+use super::{host_expert_ffn, lock, ExpertTier, HostBiases, SlotMats, TierState, NO_SLOT};
+use crate::backend::{Backend, Experts, HostExpert, Routing};
+use crate::cpu::experts_one_token;
+use crate::error::OpError;
+use crate::spec::MoeSpec;
+use crate::wgpu::{WgpuBackend, WgpuTensor};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The CPU's share of the misses before anything is measured.
+pub(super) const SHARE_START: f64 = 0.5;
+
+/// How much the share moves after each layer. Qwen3-30B-A3B has 48 MoE layers with ~6 misses
+/// each at 4 GB: one decode step moves the share by up to ~1, so it finds its level within the
+/// first steps, and a step of 0.02 is a third of one expert's worth of a layer.
+pub(super) const SHARE_STEP: f64 = 0.02;
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+fn u32s(bytes: &[u8]) -> Vec<u32> {
+    bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// Where a layer's experts are for the per-pair kernels: the pool region's buffer, the layer's
+/// host copy and its matrices' layout, the slot table.
+pub(super) struct LayerPlace<'a> {
+    pub(super) pool: &'a wgpu::Buffer,
+    pub(super) host: &'a wgpu::Buffer,
+    pub(super) mats: SlotMats,
+    pub(super) table: &'a wgpu::Buffer,
+}
+
+impl WgpuBackend {
+    /// `moe_ffn` of a decode call (few tokens) under [`MissPolicy::Split`], the tier's state
+    /// locked by the caller (see the module docs).
+    #[allow(clippy::too_many_arguments)] // moe_ffn's inputs, the tier, its state and the layer's place
+    pub(super) fn moe_split_pairs(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        x: &WgpuTensor,
+        routing: &Routing<Self>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        place: LayerPlace<'_>,
+    ) -> Result<WgpuTensor, OpError> {
+        let layer = experts.layer;
+        let (n, n_embd, k) = (x.rows(), x.width(), routing.k);
+        let nk = n * k;
+        let x_bytes = 4 * (n * n_embd) as u64;
+        // One wait for the routing and the hidden state. A GPU router leaves its ids after the
+        // weights in the same buffer; a host router's are already here.
+        let gpu_routed = routing.ids.is_empty();
+        let weight_bytes = if gpu_routed { 8 } else { 4 } * nk as u64;
+        let parts = self.read_back_tier_parts(
+            tier,
+            &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)],
+            true,
+        )?;
+        let weights = f32s(&parts[0][..4 * nk]);
+        let ids = if gpu_routed { u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
+        let xs = f32s(&parts[1]);
+        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= spec.n_expert) {
+            return Err(OpError::ShapeMismatch {
+                op: "moe_ffn (split)",
+                expected: format!("{nk} expert ids < {}", spec.n_expert),
+                got: vec![bad as usize],
+            });
+        }
+        let t_read = Instant::now();
+        let biases = self.split_host_biases(st, experts)?;
+
+        let mut used = ids.clone();
+        used.sort_unstable();
+        used.dedup();
+        let misses: Vec<u32> = used.iter().copied().filter(|&e| st.slot_of[layer][e as usize] == NO_SLOT).collect();
+        let fixed = std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse::<f64>().ok());
+        let share = fixed.unwrap_or(st.split_share).clamp(0.0, 1.0);
+        let n_cpu = ((share * misses.len() as f64).round() as usize).min(misses.len());
+        // A CPU expert's time grows with its tokens, a GPU pair's much less: the CPU takes the
+        // misses with the fewest tokens (at decode every expert has one).
+        let tokens_of = |e: u32| ids.iter().filter(|&&i| i == e).count();
+        let mut by_tokens = misses.clone();
+        by_tokens.sort_by_key(|&e| (tokens_of(e), e));
+        let mut cpu: Vec<u32> = by_tokens[..n_cpu].to_vec();
+        cpu.sort_unstable();
+        self.note_selections(tier, st, layer, &ids);
+        {
+            let s = &mut st.stats[layer];
+            s.host_reads -= n_cpu as u64;
+            s.cpu_computed += n_cpu as u64;
+        }
+        let t_decided = Instant::now();
+
+        // The GPU's pairs: the CPU's marked SKIP, which the kernels leave out.
+        let gpu_ids: Vec<u32> = ids.iter().map(|&e| if cpu.binary_search(&e).is_ok() { SKIP } else { e }).collect();
+        let ids_buf = self.upload("moe ids", bytemuck::cast_slice(&gpu_ids))?;
+        let m0 = place.mats;
+        let fused = moe::FusedMats {
+            gate: m0.gate.map(|g| (place.pool, g.layout)),
+            up: (place.pool, m0.up.layout),
+            down: (place.pool, m0.down.layout),
+            host: Some(place.host),
+        };
+        let table = PairTable::Slots {
+            ids: &ids_buf.buffer,
+            at: 0,
+            slots: place.table,
+            slots_at: (layer * st.host.row) as u32,
+        };
+        let gpu_biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
+        let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &fused, gpu_biases, spec)?;
+        // Submitted now, so the GPU works while the CPU does; the flag says when it is done.
+        let gpu_done = Arc::new(AtomicBool::new(false));
+        {
+            let mut p = lock(&self.ctx.pending);
+            self.ctx.flush_locked(&mut p);
+            let flag = gpu_done.clone();
+            self.ctx.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        }
+        let t_submitted = Instant::now();
+
+        let mut cpu_out = vec![0f32; n * n_embd];
+        if !cpu.is_empty() {
+            let mode = tier.opts.cpu_matmul;
+            let one = |ex: &HostExpert<'_>| -> Result<Vec<f32>, OpError> {
+                let pairs: Vec<usize> = (0..nk).filter(|&p| ids[p] == ex.id).collect();
+                let rows: Vec<f32> =
+                    pairs.iter().flat_map(|&p| xs[(p / k) * n_embd..(p / k + 1) * n_embd].iter().copied()).collect();
+                let toks: Vec<(usize, f32)> = pairs.iter().map(|&p| (p / k, weights[p])).collect();
+                let mut out = vec![0f32; n * n_embd];
+                host_expert_ffn(mode, &rows, &toks, ex, &biases, spec, &mut out)?;
+                Ok(out)
+            };
+            tier.store.with_host_experts(layer, &cpu, &mut |group: &[HostExpert<'_>]| {
+                if n == 1 {
+                    // Every expert's products in two parallel regions (decode).
+                    let weighted: Vec<(HostExpert<'_>, f32)> = group
+                        .iter()
+                        .map(|ex| (*ex, ids.iter().position(|&i| i == ex.id).map_or(0.0, |p| weights[p])))
+                        .collect();
+                    return experts_one_token(mode, &xs, &weighted, biases.slices(), spec, &mut cpu_out);
+                }
+                // Experts at once (each product also splits its rows over the threads), summed in
+                // the group's order: the same bits whatever thread ran which.
+                let outs: Vec<Result<Vec<f32>, OpError>> = group.par_iter().map(one).collect();
+                for out in outs {
+                    cpu_out.iter_mut().zip(out?).for_each(|(o, v)| *o += v);
+                }
+                Ok(())
+            })?;
+        }
+        let t_cpu = Instant::now();
+        // A non-blocking poll runs the callback if the GPU is done.
+        self.ctx.device.poll(wgpu::PollType::Poll).map_err(|e| OpError::Unsupported {
+            op: "moe_ffn (split)",
+            backend: "wgpu",
+            why: format!("device lost: {e}"),
+        })?;
+        let gpu_first = gpu_done.load(Ordering::Acquire);
+        if fixed.is_none() && !misses.is_empty() {
+            let step = if gpu_first { -SHARE_STEP } else { SHARE_STEP };
+            st.split_share = (st.split_share + step).clamp(0.0, 1.0);
+        }
+        let y = if cpu.is_empty() { y } else { self.add(&y, &self.from_host(&cpu_out, &[n, n_embd])?)? };
+
+        let mut prof = lock(&tier.profile);
+        prof.calls += 1;
+        // The readback's submit and wait are counted by `read_back_tier_parts`.
+        prof.decide_secs += (t_decided - t_read).as_secs_f64();
+        prof.record_secs += (t_submitted - t_decided).as_secs_f64() + t_cpu.elapsed().as_secs_f64();
+        prof.cpu_secs += (t_cpu - t_submitted).as_secs_f64();
+        prof.store_secs += (t_cpu - t_submitted).as_secs_f64();
+        prof.split_layers += 1;
+        prof.split_gpu_first += gpu_first as u64;
+        prof.split_misses += misses.len() as u64;
+        prof.split_cpu_experts += n_cpu as u64;
+        Ok(y)
+    }
+
+    /// The layer's expert biases on the host, read back on its first split call.
+    fn split_host_biases(&self, st: &mut TierState, experts: &Experts<Self>) -> Result<Arc<HostBiases>, OpError> {
+        let layer = experts.layer;
+        if let Some(Some(b)) = st.split_biases.get(layer) {
+            return Ok(b.clone());
+        }
+        let bias = |b: &Option<WgpuTensor>| b.as_ref().map(|b| self.to_host(b)).transpose();
+        let b = Arc::new(HostBiases {
+            gate: bias(&experts.gate_bias)?,
+            up: bias(&experts.up_bias)?,
+            down: bias(&experts.down_bias)?,
+        });
+        if st.split_biases.len() <= layer {
+            st.split_biases.resize(layer + 1, None);
+        }
+        st.split_biases[layer] = Some(b.clone());
+        Ok(b)
+    }
+}
