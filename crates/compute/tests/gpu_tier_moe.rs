@@ -502,6 +502,59 @@ mod gpu {
         }
     }
 
+    /// Under the split miss mode the CPU's share is computed while the host records on: when
+    /// the store fails it (here: every read but the host copy's fill), the next readback returns
+    /// the store's error instead of a result missing those experts.
+    #[test]
+    fn a_failed_cpu_share_is_an_error_not_a_result() {
+        #[derive(Debug)]
+        struct FailingStore(FileStore);
+        impl ExpertStore for FailingStore {
+            fn with_host_experts(
+                &self,
+                layer: usize,
+                ids: &[u32],
+                compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+            ) -> Result<(), OpError> {
+                if ids.len() < self.0.n_expert {
+                    return Err(OpError::Unsupported {
+                        op: "test store",
+                        backend: "cpu",
+                        why: "disk unplugged".into(),
+                    });
+                }
+                self.0.with_host_experts(layer, ids, compute)
+            }
+        }
+        let Some(g0) = gpu("gpu_tier_moe") else { return };
+        let mut rng = StdRng::seed_from_u64(seed());
+        let c = CpuBackend::new(MatmulMode::QuantizedActivations);
+        let case = cases()[1];
+        let b = build(&c, &case, "failing", &mut rng);
+        let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
+        mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
+        let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
+        let store = Arc::new(FailingStore(FileStore {
+            gate: b.file.find("gate"),
+            up: b.file.find("up").unwrap(),
+            down: b.file.find("down").unwrap(),
+            n_expert: case.n_expert,
+        }));
+        let opts = ExpertTierOptions { miss: MissPolicy::Split, ..ExpertTierOptions::new(1, slot_bytes) };
+        let g = g0.with_matmul_mode(MatmulMode::QuantizedActivations).with_expert_store(store, opts).expect("tier");
+        let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+        let x = tensor(&mut rng, &[1, case.n_embd], 1.0);
+        let ids = random_ids(&mut rng, 1, case.k, case.n_expert);
+        let weights = tensor(&mut rng, &[1, case.k], 1.0);
+        // The pool is empty: every pick misses, and the CPU takes half of them.
+        let got = run_gpu(&g, &e, &x, &ids, &weights, case.k, &b.spec);
+        match got {
+            Err(e) => assert!(e.to_string().contains("disk unplugged"), "{e}"),
+            Ok(v) => panic!("a result ({} values) where the CPU's experts failed", v.len()),
+        }
+        assert!(g.expert_tier_total().unwrap().cpu_computed > 0, "the CPU was given a share");
+    }
+
     /// The router on the GPU against the CPU's, on every gating, with and without the
     /// selection bias and groups; with ids compared exactly.
     #[test]

@@ -228,6 +228,7 @@ struct TierProfile {
     split_gpu_first: u64,
     split_misses: u64,
     split_cpu_experts: u64,
+    split_joins: u64,
 }
 
 impl TierProfile {
@@ -262,11 +263,11 @@ impl TierProfile {
             },
         ) + &if self.split_layers > 0 {
             format!(
-                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU finished first in {:.1}% of {} layers\n",
+                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers\n",
                 100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
                 self.split_misses as f64 / self.steps.max(1) as f64,
-                100.0 * self.split_gpu_first as f64 / self.split_layers as f64,
-                self.split_layers,
+                100.0 * self.split_gpu_first as f64 / self.split_joins.max(1) as f64,
+                self.split_joins,
             )
         } else {
             String::new()
@@ -324,8 +325,6 @@ struct TierState {
     region_layers: Vec<usize>,
     /// The host tier ([`MissPolicy::Host`]) and its bookkeeping.
     host: HostTierState,
-    /// Under [`MissPolicy::Split`], the fraction of a layer's misses the CPU computes.
-    split_share: f64,
     /// Under [`MissPolicy::Split`], each layer's expert biases on the host (read once).
     split_biases: Vec<Option<Arc<HostBiases>>>,
 }
@@ -396,6 +395,10 @@ pub(super) struct ExpertTier {
     /// PCIe copy on the GPU's timeline, while a miss left in host memory is read over PCIe
     /// each time it is picked.
     refill_max: usize,
+    /// Under [`MissPolicy::Split`], the CPU's share and what its joins saw.
+    split: Arc<split::SplitShared>,
+    /// `DISKFORMER_SPLIT_SHARE`: a fixed share instead (for A/B runs).
+    split_fixed: Option<f64>,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it ([`HOST_REPLACE_MARGIN`];
     /// DISKFORMER_HOST_REPLACE_MARGIN for experiments).
@@ -751,6 +754,8 @@ impl WgpuBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(HOST_REPLACE_MARGIN),
+            split: Arc::default(),
+            split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -769,7 +774,6 @@ impl WgpuBackend {
                 region_layers: Vec::new(),
                 last_layer: None,
                 host: HostTierState::default(),
-                split_share: split::SHARE_START,
                 split_biases: Vec::new(),
             }),
         };

@@ -278,6 +278,29 @@ struct Pending {
     bind_groups: HashMap<BindKey, wgpu::BindGroup>,
     /// Early submits since the host last waited for a result ([`Ctx::submit_threshold`]).
     early_submits: u32,
+    /// CPU results the recorded commands read, still being computed (see [`Deferred`]).
+    deferred: Vec<Deferred>,
+}
+
+/// A buffer the recorded commands read whose contents the CPU is still computing: the host
+/// goes on recording while it does, and the next submit waits for the result and writes it
+/// first (`queue.write_buffer`, which takes effect before that submit's commands). The expert
+/// tier's split miss mode computes a layer's CPU experts this way while the model records the
+/// next layer.
+pub(crate) struct Deferred {
+    /// Where the result goes (`COPY_DST`), from byte 0.
+    pub(crate) buffer: wgpu::Buffer,
+    /// The result, or the error that replaces it.
+    pub(crate) result: std::sync::mpsc::Receiver<Result<Vec<f32>, OpError>>,
+    /// Called once the result is in, with whether the GPU had finished everything submitted
+    /// before it by then.
+    pub(crate) on_join: Box<dyn FnOnce(bool) + Send>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pending({} commands, {} deferred)", self.cmds.len(), self.deferred.len())
+    }
 }
 
 impl Pending {
@@ -343,6 +366,9 @@ struct Ctx {
     params_align: usize,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     pending: Mutex<Pending>,
+    /// The error of a [`Deferred`] computation, returned by the next readback (every result
+    /// the caller sees comes through one, so none is taken from a buffer the CPU failed to fill).
+    deferred_error: Mutex<Option<OpError>>,
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pooling: bool,
     dummy: wgpu::Buffer,
@@ -543,9 +569,33 @@ impl Ctx {
         pipe
     }
 
+    /// Waits for a [`Deferred`] result and writes it into its buffer (zeros after an error,
+    /// which the next readback returns).
+    fn join_deferred(&self, d: Deferred) {
+        let result = d.result.recv().unwrap_or_else(|_| {
+            Err(OpError::Unsupported {
+                op: "deferred cpu result",
+                backend: "wgpu",
+                why: "the computation ended without a result".into(),
+            })
+        });
+        match result {
+            Ok(values) => self.queue.write_buffer(&d.buffer, 0, bytemuck::cast_slice(&values)),
+            Err(e) => {
+                lock(&self.deferred_error).get_or_insert(e);
+            }
+        }
+        // Runs the callbacks of finished work, so the hook sees whether the GPU is done.
+        let gpu_done = self.device.poll(wgpu::PollType::Poll).is_ok_and(|s| s.is_queue_empty());
+        (d.on_join)(gpu_done);
+    }
+
     fn flush_locked(&self, pending: &mut Pending) {
         if pending.cmds.is_empty() {
             return;
+        }
+        for d in std::mem::take(&mut pending.deferred) {
+            self.join_deferred(d);
         }
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let n_cmds = pending.cmds.len() as u64;
@@ -790,6 +840,7 @@ impl WgpuBackend {
             params_align: (limits.min_uniform_buffer_offset_alignment as usize).max(16),
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending::default()),
+            deferred_error: Mutex::new(None),
             pool: Mutex::new(HashMap::new()),
             pooling: !env_flag("DISKFORMER_NO_POOL"),
             dummy,
@@ -1076,6 +1127,10 @@ impl WgpuBackend {
         }
         if state.load(std::sync::atomic::Ordering::Acquire) != MAPPED {
             return Err(failed("buffer mapping failed".into()));
+        }
+        if let Some(e) = lock(&self.ctx.deferred_error).take() {
+            buffer.unmap();
+            return Err(e);
         }
         let out = buffer
             .slice(..size)

@@ -21,9 +21,9 @@ use crate::backend::{Backend, Experts, HostExpert, Routing};
 use crate::cpu::experts_one_token;
 use crate::error::OpError;
 use crate::spec::MoeSpec;
-use crate::wgpu::{WgpuBackend, WgpuTensor};
+use crate::wgpu::{Deferred, WgpuBackend, WgpuTensor};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,6 +34,100 @@ pub(super) const SHARE_START: f64 = 0.5;
 /// each at 4 GB: one decode step moves the share by up to ~1, so it finds its level within the
 /// first steps, and a step of 0.02 is a third of one expert's worth of a layer.
 pub(super) const SHARE_STEP: f64 = 0.02;
+
+/// The split's state shared with the joins of its CPU work (which run inside a submit, where
+/// the tier's state may be locked).
+#[derive(Debug)]
+pub(super) struct SplitShared {
+    /// The CPU's share of a layer's misses, as `f64` bits.
+    share_bits: AtomicU64,
+    /// Joins, and those that found the GPU done.
+    pub(super) joins: Arc<AtomicU64>,
+    pub(super) gpu_first: Arc<AtomicU64>,
+    /// The CPU jobs' time, summed.
+    pub(super) cpu_nanos: Arc<AtomicU64>,
+}
+
+impl Default for SplitShared {
+    fn default() -> SplitShared {
+        SplitShared {
+            share_bits: AtomicU64::new(SHARE_START.to_bits()),
+            joins: Arc::default(),
+            gpu_first: Arc::default(),
+            cpu_nanos: Arc::default(),
+        }
+    }
+}
+
+impl SplitShared {
+    pub(super) fn share(&self) -> f64 {
+        f64::from_bits(self.share_bits.load(Ordering::Relaxed))
+    }
+
+    /// A CPU result was taken: the GPU done by then means the CPU was the longer of the two
+    /// (its share shrinks), else the GPU was (it grows); `adapt` false leaves it.
+    fn joined(&self, gpu_done: bool, adapt: bool) {
+        self.joins.fetch_add(1, Ordering::Relaxed);
+        self.gpu_first.fetch_add(gpu_done as u64, Ordering::Relaxed);
+        if adapt {
+            let step = if gpu_done { -SHARE_STEP } else { SHARE_STEP };
+            let share = (self.share() + step).clamp(0.0, 1.0);
+            self.share_bits.store(share.to_bits(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// The CPU's part of one split layer, owned, so that it runs while the caller goes on.
+struct CpuJob {
+    store: Arc<dyn crate::backend::ExpertStore>,
+    layer: usize,
+    /// The experts it computes (ascending), and the call's ids, weights and rows.
+    experts: Vec<u32>,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+    xs: Vec<f32>,
+    k: usize,
+    biases: Arc<HostBiases>,
+    spec: MoeSpec,
+    mode: crate::quant::MatmulMode,
+}
+
+impl CpuJob {
+    /// The sum of its experts' outputs, `[n, n_embd]`, each added in ascending id order.
+    fn run(&self) -> Result<Vec<f32>, OpError> {
+        let (k, nk) = (self.k, self.ids.len());
+        let n = nk / k.max(1);
+        let n_embd = self.xs.len() / n.max(1);
+        let mut sum = vec![0f32; n * n_embd];
+        let one = |ex: &HostExpert<'_>| -> Result<Vec<f32>, OpError> {
+            let pairs: Vec<usize> = (0..nk).filter(|&p| self.ids[p] == ex.id).collect();
+            let rows: Vec<f32> =
+                pairs.iter().flat_map(|&p| self.xs[(p / k) * n_embd..(p / k + 1) * n_embd].iter().copied()).collect();
+            let toks: Vec<(usize, f32)> = pairs.iter().map(|&p| (p / k, self.weights[p])).collect();
+            let mut out = vec![0f32; n * n_embd];
+            host_expert_ffn(self.mode, &rows, &toks, ex, &self.biases, &self.spec, &mut out)?;
+            Ok(out)
+        };
+        self.store.with_host_experts(self.layer, &self.experts, &mut |group: &[HostExpert<'_>]| {
+            if n == 1 {
+                // Every expert's products in two parallel regions (decode).
+                let weighted: Vec<(HostExpert<'_>, f32)> = group
+                    .iter()
+                    .map(|ex| (*ex, self.ids.iter().position(|&i| i == ex.id).map_or(0.0, |p| self.weights[p])))
+                    .collect();
+                return experts_one_token(self.mode, &self.xs, &weighted, self.biases.slices(), &self.spec, &mut sum);
+            }
+            // Experts at once (each product also splits its rows over the threads), summed in
+            // the group's order: the same bits whatever thread ran which.
+            let outs: Vec<Result<Vec<f32>, OpError>> = group.par_iter().map(one).collect();
+            for out in outs {
+                sum.iter_mut().zip(out?).for_each(|(o, v)| *o += v);
+            }
+            Ok(())
+        })?;
+        Ok(sum)
+    }
+}
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
@@ -96,8 +190,7 @@ impl WgpuBackend {
         used.sort_unstable();
         used.dedup();
         let misses: Vec<u32> = used.iter().copied().filter(|&e| st.slot_of[layer][e as usize] == NO_SLOT).collect();
-        let fixed = std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse::<f64>().ok());
-        let share = fixed.unwrap_or(st.split_share).clamp(0.0, 1.0);
+        let share = tier.split_fixed.unwrap_or_else(|| tier.split.share()).clamp(0.0, 1.0);
         let n_cpu = ((share * misses.len() as f64).round() as usize).min(misses.len());
         // A CPU expert's time grows with its tokens, a GPU pair's much less: the CPU takes the
         // misses with the fewest tokens (at decode every expert has one).
@@ -132,69 +225,59 @@ impl WgpuBackend {
         };
         let gpu_biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
         let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &fused, gpu_biases, spec)?;
-        // Submitted now, so the GPU works while the CPU does; the flag says when it is done.
-        let gpu_done = Arc::new(AtomicBool::new(false));
+        // Submitted now, so the GPU works while the CPU does.
         {
             let mut p = lock(&self.ctx.pending);
             self.ctx.flush_locked(&mut p);
-            let flag = gpu_done.clone();
-            self.ctx.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
         }
         let t_submitted = Instant::now();
-
-        let mut cpu_out = vec![0f32; n * n_embd];
-        if !cpu.is_empty() {
-            let mode = tier.opts.cpu_matmul;
-            let one = |ex: &HostExpert<'_>| -> Result<Vec<f32>, OpError> {
-                let pairs: Vec<usize> = (0..nk).filter(|&p| ids[p] == ex.id).collect();
-                let rows: Vec<f32> =
-                    pairs.iter().flat_map(|&p| xs[(p / k) * n_embd..(p / k + 1) * n_embd].iter().copied()).collect();
-                let toks: Vec<(usize, f32)> = pairs.iter().map(|&p| (p / k, weights[p])).collect();
-                let mut out = vec![0f32; n * n_embd];
-                host_expert_ffn(mode, &rows, &toks, ex, &biases, spec, &mut out)?;
-                Ok(out)
+        let y = if cpu.is_empty() {
+            y
+        } else {
+            // The CPU's sum goes into a buffer that the add reads; the model records the next
+            // layer meanwhile, and the next submit waits for the sum (`Deferred`).
+            let cpu_sum = self.alloc("moe cpu experts", &[n, n_embd])?;
+            let (send, result) = std::sync::mpsc::channel();
+            let job = CpuJob {
+                store: tier.store.clone(),
+                layer,
+                experts: cpu.clone(),
+                ids: ids.clone(),
+                weights,
+                xs,
+                k,
+                biases,
+                spec: *spec,
+                mode: tier.opts.cpu_matmul,
             };
-            tier.store.with_host_experts(layer, &cpu, &mut |group: &[HostExpert<'_>]| {
-                if n == 1 {
-                    // Every expert's products in two parallel regions (decode).
-                    let weighted: Vec<(HostExpert<'_>, f32)> = group
-                        .iter()
-                        .map(|ex| (*ex, ids.iter().position(|&i| i == ex.id).map_or(0.0, |p| weights[p])))
-                        .collect();
-                    return experts_one_token(mode, &xs, &weighted, biases.slices(), spec, &mut cpu_out);
-                }
-                // Experts at once (each product also splits its rows over the threads), summed in
-                // the group's order: the same bits whatever thread ran which.
-                let outs: Vec<Result<Vec<f32>, OpError>> = group.par_iter().map(one).collect();
-                for out in outs {
-                    cpu_out.iter_mut().zip(out?).for_each(|(o, v)| *o += v);
-                }
-                Ok(())
-            })?;
-        }
-        let t_cpu = Instant::now();
-        // A non-blocking poll runs the callback if the GPU is done.
-        self.ctx.device.poll(wgpu::PollType::Poll).map_err(|e| OpError::Unsupported {
-            op: "moe_ffn (split)",
-            backend: "wgpu",
-            why: format!("device lost: {e}"),
-        })?;
-        let gpu_first = gpu_done.load(Ordering::Acquire);
-        if fixed.is_none() && !misses.is_empty() {
-            let step = if gpu_first { -SHARE_STEP } else { SHARE_STEP };
-            st.split_share = (st.split_share + step).clamp(0.0, 1.0);
-        }
-        let y = if cpu.is_empty() { y } else { self.add(&y, &self.from_host(&cpu_out, &[n, n_embd])?)? };
+            let started = Instant::now();
+            let secs = tier.split.cpu_nanos.clone();
+            rayon::spawn(move || {
+                let out = job.run();
+                secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                // The receiver is gone only if the back end was dropped: nothing to tell.
+                let _ = send.send(out);
+            });
+            let shared = tier.split.clone();
+            let adapt = tier.split_fixed.is_none() && !misses.is_empty();
+            lock(&self.ctx.pending).deferred.push(Deferred {
+                buffer: cpu_sum.buf.buffer.clone(),
+                result,
+                on_join: Box::new(move |gpu_done| shared.joined(gpu_done, adapt)),
+            });
+            self.add(&y, &cpu_sum)?
+        };
 
         let mut prof = lock(&tier.profile);
         prof.calls += 1;
         // The readback's submit and wait are counted by `read_back_tier_parts`.
         prof.decide_secs += (t_decided - t_read).as_secs_f64();
-        prof.record_secs += (t_submitted - t_decided).as_secs_f64() + t_cpu.elapsed().as_secs_f64();
-        prof.cpu_secs += (t_cpu - t_submitted).as_secs_f64();
-        prof.store_secs += (t_cpu - t_submitted).as_secs_f64();
+        prof.record_secs += t_decided.elapsed().as_secs_f64();
+        prof.store_secs += (t_submitted - t_decided).as_secs_f64();
+        prof.cpu_secs = tier.split.cpu_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_layers += 1;
-        prof.split_gpu_first += gpu_first as u64;
+        prof.split_gpu_first = tier.split.gpu_first.load(Ordering::Relaxed);
+        prof.split_joins = tier.split.joins.load(Ordering::Relaxed);
         prof.split_misses += misses.len() as u64;
         prof.split_cpu_experts += n_cpu as u64;
         Ok(y)
