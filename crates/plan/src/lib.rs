@@ -65,8 +65,8 @@ pub use probe::{
     probe, CpuInfo, DiskInfo, GpuInfo, Machine, MemoryInfo, ProbeOptions, Source, BANDWIDTH_TABLE, HOST_READ_TABLE,
 };
 pub use session::{
-    load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions, Primed,
-    Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
+    load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions,
+    PagingOptions, Primed, Progress, ProgressFn, Session, SessionInfo, Stage, StopReason, CHUNK_BUFFER,
 };
 #[cfg(feature = "gpu")]
 pub use tier::{gpu_tier, GpuTier};

@@ -75,8 +75,31 @@ pub struct LoadOptions {
     /// Run on the GPU expert tier with these options (`plan::gpu_tier` with the `gpu` feature;
     /// its `matmul` and `gpu_index` are taken from these options and `plan`); the planner's
     /// choice and `expert_store` do not apply. `None` and the planner choosing the tier: it
-    /// starts with the planned budget and the tier's defaults.
+    /// starts with the planned budget and `paging`.
     pub gpu_tier: Option<crate::GpuTierOptions>,
+    /// How the experts are served when the plan pages them by itself (the GPU expert tier, or
+    /// a RAM cache for a model larger than the RAM), without `gpu_tier` or `expert_store`.
+    pub paging: PagingOptions,
+}
+
+/// How a planned paging serves experts (`serve --moe-miss`, `--cache-policy`, `--prefetch`,
+/// `--direct-io` apply to it as to an explicit budget).
+#[derive(Clone, Copy, Debug)]
+pub struct PagingOptions {
+    /// The GPU tier's miss mode; `None`: its default for the host's RAM.
+    pub miss: Option<crate::TierMiss>,
+    /// Which slot or cached expert a miss replaces.
+    pub cache_policy: pager::CachePolicy,
+    /// RAM cache: read the next layer's likely experts in the background.
+    pub prefetch: bool,
+    /// RAM cache: read experts with `O_DIRECT`.
+    pub direct_io: bool,
+}
+
+impl Default for PagingOptions {
+    fn default() -> Self {
+        PagingOptions { miss: None, cache_policy: pager::CachePolicy::Lfu, prefetch: false, direct_io: false }
+    }
 }
 
 impl Default for LoadOptions {
@@ -91,6 +114,7 @@ impl Default for LoadOptions {
             progress: None,
             expert_store: None,
             gpu_tier: None,
+            paging: PagingOptions::default(),
         }
     }
 }
@@ -412,7 +436,12 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
     let mut expert_cache_bytes = None;
     if picked == BackendKind::Cpu && opts.expert_store.is_none() {
         if let Some(cache) = plan.backend(BackendKind::Cpu).estimate.as_ref().and_then(|e| e.expert_cache_bytes) {
-            let p = pager::Pager::open(&file, &pager::PagerOptions::new(cache, pager::CachePolicy::Lfu))?;
+            let popts = pager::PagerOptions {
+                prefetch: opts.paging.prefetch,
+                direct_io: opts.paging.direct_io,
+                ..pager::PagerOptions::new(cache, opts.paging.cache_policy)
+            };
+            let p = pager::Pager::open(&file, &popts)?;
             opts.expert_store = Some(Arc::new(p));
             expert_cache_bytes = Some(cache);
         }
@@ -435,10 +464,10 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
         opts.gpu_tier = Some(crate::GpuTierOptions {
             budget_bytes: plan.gpu_tier_budget().unwrap_or(0),
             ram_budget_bytes: opts.plan.ram_budget_bytes,
-            miss: None,
-            cache_policy: pager::CachePolicy::Lfu,
-            prefetch: false,
-            direct_io: false,
+            miss: opts.paging.miss,
+            cache_policy: opts.paging.cache_policy,
+            prefetch: opts.paging.prefetch,
+            direct_io: opts.paging.direct_io,
             gpu_index: opts.plan.gpu_index,
             matmul: opts.matmul,
         });

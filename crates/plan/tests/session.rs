@@ -424,6 +424,23 @@ fn a_gpu_tier_session_generates_like_the_resident_gpu_and_counts_its_experts() {
     assert_eq!(named.info().backend, BackendKind::GpuPaged);
     assert!(named.info().gpu_tier.is_some(), "the tier's placement line");
     assert_eq!(ids(&named), ids(&resident), "the planned tier changed the greedy ids");
+    drop(named);
+    // The paging options apply to the planned tier (as `serve --moe-miss split --cache-policy
+    // lru` do): before, it took the tier's defaults whatever they said.
+    let with_prefs = LoadOptions {
+        backend: Some(BackendKind::GpuPaged),
+        plan: PlanOptions { n_ctx: 128, budget_bytes: Some(need), ..PlanOptions::default() },
+        paging: plan::PagingOptions {
+            miss: Some(plan::TierMiss::Split),
+            cache_policy: pager::CachePolicy::Lru,
+            ..plan::PagingOptions::default()
+        },
+        ..cpu_options()
+    };
+    let split = load(&path, with_prefs).expect("gpu_paged with paging options");
+    assert_eq!(ids(&split), ids(&resident), "the split tier changed the greedy ids");
+    let stats = split.expert_tier_stats().expect("a tier session has statistics");
+    assert!(stats.contains("Lru, misses Split"), "{stats}");
 }
 
 /// A RAM budget below the model's weights (as a machine smaller than the model gives the plan):

@@ -297,6 +297,12 @@ impl Loaded {
                     gpu_index: None,
                     matmul: plan::MatmulMode::QuantizedActivations,
                 }),
+                paging: plan::PagingOptions {
+                    miss: opts.moe_miss,
+                    cache_policy: opts.cache_policy,
+                    prefetch: opts.prefetch,
+                    direct_io: opts.direct_io,
+                },
                 ..Default::default()
             };
             let session = plan::load(path, lo)?;

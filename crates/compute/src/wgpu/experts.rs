@@ -399,6 +399,9 @@ pub(super) struct ExpertTier {
     split: Arc<split::SplitShared>,
     /// `DISKFORMER_SPLIT_SHARE`: a fixed share instead (for A/B runs).
     split_fixed: Option<f64>,
+    /// `DISKFORMER_SPLIT_SYNC=1`: wait for the CPU's share within its layer instead of while
+    /// the next layer is recorded (for A/B runs).
+    split_sync: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it ([`HOST_REPLACE_MARGIN`];
     /// DISKFORMER_HOST_REPLACE_MARGIN for experiments).
@@ -756,6 +759,7 @@ impl WgpuBackend {
                 .unwrap_or(HOST_REPLACE_MARGIN),
             split: Arc::default(),
             split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
+            split_sync: super::env_flag("DISKFORMER_SPLIT_SYNC"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())

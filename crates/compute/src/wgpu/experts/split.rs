@@ -265,7 +265,13 @@ impl WgpuBackend {
                 result,
                 on_join: Box::new(move |gpu_done| shared.joined(gpu_done, adapt)),
             });
-            self.add(&y, &cpu_sum)?
+            let y = self.add(&y, &cpu_sum)?;
+            if tier.split_sync {
+                // Wait for the CPU here (before the next layer is recorded), for comparison.
+                let mut p = lock(&self.ctx.pending);
+                self.ctx.flush_locked(&mut p);
+            }
+            y
         };
 
         let mut prof = lock(&tier.profile);
