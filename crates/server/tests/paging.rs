@@ -219,14 +219,19 @@ fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
     let served = tier_metric("host_reads") + tier_metric("cpu_experts") + tier_metric("uploads");
     assert!(served >= misses, "{misses} misses, {served} served: {m}");
     assert!(!m.contains("diskformer_gpu_tier_selections_total{model=\"resident\"}"), "{m}");
-    // `moe-miss = cpu`: the misses are computed on the CPU (the GPU and CPU products round
-    // differently, so the text is not compared).
+    // `moe-miss = cpu`: the misses are computed on the CPU once the pool's free slots are
+    // filled, and nothing is evicted (the GPU and CPU products round differently, so the text
+    // is not compared).
     let (status, body) = complete("tier-cpu");
     assert_eq!(status, 200, "{body}");
     let (_, m) = request(addr, "GET", "/metrics", None);
-    let cpu = metric(&m, "diskformer_gpu_tier_cpu_experts_total{model=\"tier-cpu\"}").expect("the tier-cpu model");
-    let misses = metric(&m, "diskformer_gpu_tier_misses_total{model=\"tier-cpu\"}").unwrap();
-    assert!(cpu > 0 && cpu <= misses, "{cpu} CPU experts of {misses} misses: {m}");
+    let cpu_metric = |what: &str| {
+        metric(&m, &format!("diskformer_gpu_tier_{what}_total{{model=\"tier-cpu\"}}"))
+            .unwrap_or_else(|| panic!("{what} of the tier-cpu model: {m}"))
+    };
+    let (cpu, uploads, misses) = (cpu_metric("cpu_experts"), cpu_metric("uploads"), cpu_metric("misses"));
+    assert_eq!(cpu + uploads, misses, "{cpu} CPU experts and {uploads} uploads of {misses} misses: {m}");
+    assert_eq!(cpu_metric("evictions"), 0, "{m}");
     // The planner's choice (here asked for by name): the tier with the budget it planned, one
     // session whatever `parallel` says, the same greedy completion.
     let planned = text(complete("planned"));

@@ -30,7 +30,7 @@ pub enum CachePolicyFlag {
 pub enum MoeMissFlag {
     /// Upload it into a slot (evicting another) and compute it there.
     Upload,
-    /// Compute it on the CPU from the host copy.
+    /// Compute it on the CPU from the host copy (free GPU slots are still filled, never evicted).
     Cpu,
     /// Whichever is cheaper by measured costs (upload bandwidth, CPU time per expert).
     Auto,

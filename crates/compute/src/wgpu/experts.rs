@@ -55,7 +55,8 @@ mod split;
 pub enum MissPolicy {
     /// Upload it into a slot (evicting another) and compute it there.
     Upload,
-    /// Compute it on the CPU from the host copy; the GPU pool then never changes.
+    /// Compute it on the CPU from the host copy. The pool's free slots are filled (uploads
+    /// that evict nothing); once full, it never changes.
     Cpu,
     /// Whichever is cheaper by measured costs (upload bandwidth, CPU time per expert and token).
     Auto,
@@ -1249,7 +1250,7 @@ impl WgpuBackend {
             s.hits += hits.len() as u64;
             s.misses += misses.len() as u64;
         }
-        let on_cpu = self.choose_cpu_misses(tier, st, &misses, by_expert, spec.n_expert);
+        let on_cpu = self.choose_cpu_misses(tier, st, &misses, by_expert, spec.n_expert, &range);
         let n_gpu = hits.len() + misses.iter().filter(|&&e| !on_cpu[e as usize]).count();
         let pairs = moe::pairs_fit(n, routing.k, n_embd, spec.n_ff) && n_gpu <= range.len();
         // The grouped path adds each expert into `out` as it goes; the per-pair kernels write
@@ -1438,6 +1439,7 @@ impl WgpuBackend {
         misses: &[u32],
         by_expert: &[Vec<(u32, u32)>],
         n_expert: usize,
+        range: &std::ops::Range<usize>,
     ) -> Vec<bool> {
         let mut on_cpu = vec![false; n_expert];
         let upload_secs = tier.opts.slot_bytes as f64 / tier.upload_bytes_per_s.max(1.0);
@@ -1447,7 +1449,16 @@ impl WgpuBackend {
         match tier.opts.miss {
             MissPolicy::Upload | MissPolicy::Host | MissPolicy::Split => return on_cpu,
             MissPolicy::Cpu => {
-                misses.iter().for_each(|&e| on_cpu[e as usize] = true);
+                // Free slots are filled all the same (an upload that evicts nothing): a pool
+                // left empty would make the budget's GPU memory serve no hit at all.
+                let mut free = range.clone().filter(|&s| st.owner[s].is_none()).count();
+                for &e in misses {
+                    if free > 0 {
+                        free -= 1;
+                    } else {
+                        on_cpu[e as usize] = true;
+                    }
+                }
                 return on_cpu;
             }
             MissPolicy::Auto => {}
