@@ -49,10 +49,12 @@
 
 mod error;
 pub mod placement;
+mod read_rate;
 mod slab;
 
 pub use error::PagerError;
 pub use placement::{DeviceSizes, GpuPlacement, StoredSizes, MIN_SLOTS_PER_TOP_K};
+pub use read_rate::{measure_read_rate, ReadRateOptions};
 
 use compute::{ExpertStore, HostExpert, HostMatrix, OpError};
 use gguf::{GgmlType, GgufModel};

@@ -123,6 +123,10 @@ pub struct Estimate {
     /// `null` when the weights are used in place.
     #[serde(default)]
     pub expert_cache_bytes: Option<u64>,
+    /// The disk's read rate in bytes per second ([`crate::DiskInfo::read_bytes_per_s`]) for a
+    /// plan that reads experts from disk (`disk_bytes` > 0); the speed counts those reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_read_bytes_per_s: Option<f64>,
     /// Estimated generation speed; `None` when no bandwidth is known for the device.
     pub tok_per_sec: Option<f64>,
     /// The bandwidth used, in bytes per second.
@@ -455,6 +459,12 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// The disk read rate the probe measured (the first disk with one: the model's, as
+    /// `plan` and `run` probe only its folder).
+    fn disk_read_rate(&self) -> Option<f64> {
+        self.machine.disks.iter().find_map(|d| d.read_bytes_per_s)
+    }
+
     fn judge_cpu(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let ram = w.tensor_bytes + n.kv_bytes + n.scratch_bytes + HOST_OVERHEAD_BYTES;
         if let Some(refusal) = self.check_ram(BackendKind::Cpu, &device, ram, "weights, KV cache and scratch") {
@@ -473,6 +483,7 @@ impl<'a> Ctx<'a> {
                 host_bytes_per_token: 0,
                 host_read_bytes_per_s: None,
                 expert_cache_bytes: None,
+                disk_read_bytes_per_s: None,
                 tok_per_sec: speed(bpt, mem.bandwidth_bytes_per_s),
                 bandwidth_bytes_per_s: mem.bandwidth_bytes_per_s,
                 bandwidth_source: mem.bandwidth_source,
@@ -487,7 +498,8 @@ impl<'a> Ctx<'a> {
     /// own layers evict each other), the rest of the budget the cache's. `None` for a dense model
     /// or a description without the cache's sizes (the caller's refusal stands); a refusal with
     /// the paged need (far below the whole model's) when even that does not fit. Misses are read
-    /// from disk under uniform routing; the probe has no disk rate, so no speed.
+    /// from disk under uniform routing; the speed adds their time at the disk's measured rate
+    /// to the memory's (none without a measured disk rate).
     fn judge_cpu_paged(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> Option<BackendPlan> {
         let (index, slot) = (w.ram_cache_index_bytes?, w.ram_slot_bytes?);
         let budget = self.ram_budget?;
@@ -519,6 +531,16 @@ impl<'a> Ctx<'a> {
         let active = w.expert_bytes * w.expert_used_count as u64 / w.expert_count as u64;
         let disk_per_token = (active as f64 * (1.0 - slots as f64 / n_total as f64)) as u64;
         let mem = &self.machine.memory;
+        let bpt = bytes_per_token(w, w.tensor_bytes, w.expert_bytes, self.n_ctx);
+        let disk_rate = self.disk_read_rate();
+        // The pager reads a layer's misses before it computes them (no overlap without
+        // `--prefetch`): the memory's time and the disk's add up.
+        let tok_per_sec = match (mem.bandwidth_bytes_per_s, disk_rate) {
+            (Some(bw), Some(disk)) if bw > 0.0 && disk > 0.0 => {
+                Some(1.0 / (bpt as f64 / bw + disk_per_token as f64 / disk))
+            }
+            _ => None,
+        };
         Some(BackendPlan {
             backend: kind,
             device,
@@ -526,11 +548,12 @@ impl<'a> Ctx<'a> {
                 gpu_bytes: 0,
                 ram_bytes: fixed + cache,
                 disk_bytes: disk_per_token,
-                bytes_per_token: bytes_per_token(w, w.tensor_bytes, w.expert_bytes, self.n_ctx),
+                bytes_per_token: bpt,
                 host_bytes_per_token: 0,
                 host_read_bytes_per_s: None,
                 expert_cache_bytes: Some(cache),
-                tok_per_sec: None,
+                disk_read_bytes_per_s: disk_rate,
+                tok_per_sec,
                 bandwidth_bytes_per_s: mem.bandwidth_bytes_per_s,
                 bandwidth_source: mem.bandwidth_source,
             }),
@@ -570,8 +593,9 @@ impl<'a> Ctx<'a> {
     /// its missed experts from host memory (the default miss mode's kernels read the host copy
     /// over the link), so `1 / tok/s = (bytes - missed) / GPU bandwidth + missed / host read
     /// rate`, with routing taken as uniform (the hardest case for a cache: a selection hits with
-    /// the pool's share of the experts). Without a host read rate, or when misses come from disk
-    /// (a RAM budget below the host copy; the probe has no disk rate), no speed.
+    /// the pool's share of the experts). Misses from disk (a RAM budget below the host copy) add
+    /// their time at the disk's measured rate. Without a host read rate, or disk reads without a
+    /// disk rate, no speed.
     fn judge_gpu_paged(&self, w: &WeightFacts, n: &Needs, device: Option<String>) -> BackendPlan {
         let kind = BackendKind::GpuPaged;
         let (gpu, weights, experts) = match self.gpu_and_bytes(w) {
@@ -621,9 +645,15 @@ impl<'a> Ctx<'a> {
         let active = experts * w.expert_used_count as u64 / w.expert_count.max(1) as u64;
         let hit = slots as f64 / n_slots_total as f64;
         let missed = (active as f64 * (1.0 - hit)) as u64;
-        let tok_per_sec = match (gpu.bandwidth_bytes_per_s, gpu.host_read_bytes_per_s) {
-            (Some(device), Some(host)) if disk_per_token == 0 && device > 0.0 && host > 0.0 => {
-                Some(1.0 / ((bpt - missed) as f64 / device + missed as f64 / host))
+        let disk_rate = self.disk_read_rate().filter(|_| disk_per_token > 0);
+        let tok_per_sec = match (gpu.bandwidth_bytes_per_s, gpu.host_read_bytes_per_s, disk_rate) {
+            (Some(device), Some(host), disk) if device > 0.0 && host > 0.0 => {
+                let gpu_secs = (bpt - missed) as f64 / device + missed as f64 / host;
+                match disk {
+                    _ if disk_per_token == 0 => Some(1.0 / gpu_secs),
+                    Some(d) if d > 0.0 => Some(1.0 / (gpu_secs + disk_per_token as f64 / d)),
+                    _ => None,
+                }
             }
             _ => None,
         };
@@ -638,6 +668,7 @@ impl<'a> Ctx<'a> {
                 host_bytes_per_token: missed,
                 host_read_bytes_per_s: gpu.host_read_bytes_per_s,
                 expert_cache_bytes: None,
+                disk_read_bytes_per_s: disk_rate,
                 tok_per_sec,
                 bandwidth_bytes_per_s: gpu.bandwidth_bytes_per_s,
                 bandwidth_source: gpu.bandwidth_source,
@@ -686,6 +717,7 @@ impl<'a> Ctx<'a> {
                 host_bytes_per_token: 0,
                 host_read_bytes_per_s: None,
                 expert_cache_bytes: None,
+                disk_read_bytes_per_s: None,
                 tok_per_sec: speed(bpt, gpu.bandwidth_bytes_per_s),
                 bandwidth_bytes_per_s: gpu.bandwidth_bytes_per_s,
                 bandwidth_source: gpu.bandwidth_source,

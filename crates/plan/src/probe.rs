@@ -96,7 +96,7 @@ pub struct MemoryInfo {
     pub bandwidth_source: Option<Source>,
 }
 
-/// Free space of the file system holding a path.
+/// Free space of the file system holding a path, and how fast it reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DiskInfo {
     /// The path asked about.
@@ -105,6 +105,33 @@ pub struct DiskInfo {
     pub free_bytes: u64,
     /// Size of the file system.
     pub total_bytes: u64,
+    /// Bytes per second of the pager's kind of reads (`O_DIRECT`, 2 MiB at random offsets,
+    /// eight in flight: `pager::measure_read_rate`) from the largest file of at least
+    /// [`READ_RATE_MIN_FILE_BYTES`] at the path (the path itself when it is a file), when the
+    /// probe measures; `None` when it does not, no such file is there, or the file system
+    /// refuses `O_DIRECT`. The planner's speed for plans that read experts from disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bytes_per_s: Option<f64>,
+}
+
+/// Smallest file the disk read rate is measured on: random reads over a smaller one stay in
+/// the device's own cache.
+pub const READ_RATE_MIN_FILE_BYTES: u64 = 256 << 20;
+
+/// The largest regular file of at least [`READ_RATE_MIN_FILE_BYTES`] at `path` (itself, or
+/// directly inside it).
+fn largest_file(path: &Path) -> Option<PathBuf> {
+    let size = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.is_file()).map(|m| m.len());
+    if size(path).is_some() {
+        return size(path).filter(|&n| n >= READ_RATE_MIN_FILE_BYTES).map(|_| path.to_path_buf());
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| size(&p).map(|n| (n, p)))
+        .filter(|(n, _)| *n >= READ_RATE_MIN_FILE_BYTES)
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, p)| p)
 }
 
 /// What [`probe`] reports. The JSON form is documented in docs/PLAN.md and stable.
@@ -127,8 +154,9 @@ pub struct Machine {
 pub struct ProbeOptions {
     /// Paths whose file systems' free space to report (model folders, the store).
     pub disk_paths: Vec<PathBuf>,
-    /// Measure RAM and GPU read bandwidths (about a second in all); otherwise take them from
-    /// [`BANDWIDTH_TABLE`] when the device is listed there.
+    /// Measure RAM and GPU read bandwidths and the disks' read rates (about a second in all);
+    /// otherwise take the bandwidths from [`BANDWIDTH_TABLE`] when the device is listed there
+    /// (disks have no table: no rate).
     pub measure_bandwidth: bool,
 }
 
@@ -177,7 +205,13 @@ pub fn probe(opts: &ProbeOptions) -> Machine {
         .disk_paths
         .iter()
         .filter_map(|p| {
-            disk_space(p).map(|(free_bytes, total_bytes)| DiskInfo { path: p.clone(), free_bytes, total_bytes })
+            let (free_bytes, total_bytes) = disk_space(p)?;
+            let read_bytes_per_s = opts
+                .measure_bandwidth
+                .then(|| largest_file(p))
+                .flatten()
+                .and_then(|f| pager::measure_read_rate(&f, &pager::ReadRateOptions::default()).ok());
+            Some(DiskInfo { path: p.clone(), free_bytes, total_bytes, read_bytes_per_s })
         })
         .collect();
     Machine { gpus, gpu_compiled: cfg!(feature = "gpu"), cpu, memory, disks }

@@ -255,6 +255,18 @@ fn the_gpu_expert_tier_fits_a_budget_from_its_floor_up() {
     let small_ram = with(need, Some(w.gpu_expert_bytes.unwrap() / 2));
     let e = small_ram.backend(BackendKind::GpuPaged).estimate.clone().expect("still fits the GPU");
     assert!(e.disk_bytes > 0);
+    // With the link's and the disk's rates known, the disk's reads add their time.
+    let mut m = m.clone();
+    m.gpus[0].host_read_bytes_per_s = Some(40e9);
+    m.disks = vec![plan::DiskInfo { path: ".".into(), free_bytes: 1, total_bytes: 1, read_bytes_per_s: Some(1e9) }];
+    let opts =
+        PlanOptions { budget_bytes: Some(need), ram_budget_bytes: Some(w.gpu_expert_bytes.unwrap() / 2), ..opts(256) };
+    let e = plan_with(&d, &m, &opts).backend(BackendKind::GpuPaged).estimate.clone().unwrap();
+    let gpu_secs = (e.bytes_per_token - e.host_bytes_per_token) as f64 / 500e9 + e.host_bytes_per_token as f64 / 40e9;
+    let want = 1.0 / (gpu_secs + e.disk_bytes as f64 / 1e9);
+    let got = e.tok_per_sec.expect("a speed with every rate known");
+    assert!((got - want).abs() <= 1e-9 * want, "{got} tok/s, want {want}");
+    assert_eq!(e.disk_read_bytes_per_s, Some(1e9));
 }
 
 #[cfg(feature = "gpu")]
@@ -533,4 +545,20 @@ fn a_moe_model_larger_than_the_ram_pages_its_experts_on_the_cpu() {
     assert_eq!(pager.n_slots(), 3 * w.expert_used_count, "the planned cache is the floor's");
     assert!(pager.accounted_bytes() <= cache);
     assert_eq!(at(need - 1).backend(BackendKind::Cpu).refusal.as_ref().map(|r| r.code), Some(Code::Ram));
+    // Speed: none without a disk rate; with one, each token's memory time (20 GB/s) plus its
+    // misses' disk time (1 GB/s), below the speed of the same bytes from memory alone.
+    assert_eq!((e.tok_per_sec, e.disk_read_bytes_per_s), (None, None));
+    let mut m = machine(need, 20e9, None);
+    m.disks = vec![plan::DiskInfo {
+        path: ".".into(),
+        free_bytes: 1 << 40,
+        total_bytes: 1 << 40,
+        read_bytes_per_s: Some(1e9),
+    }];
+    let e = plan_with(&d, &m, &opts(256)).backend(BackendKind::Cpu).estimate.clone().unwrap();
+    let want = 1.0 / (e.bytes_per_token as f64 / 20e9 + e.disk_bytes as f64 / 1e9);
+    let got = e.tok_per_sec.expect("a speed with the disk's rate");
+    assert!((got - want).abs() <= 1e-9 * want, "{got} tok/s, want {want}");
+    assert!(got < 20e9 / e.bytes_per_token as f64, "{got}");
+    assert_eq!(e.disk_read_bytes_per_s, Some(1e9));
 }

@@ -97,10 +97,12 @@ pub fn print_table(p: &Plan) {
                     (None, _) => String::new(),
                 } + &e.expert_cache_bytes.map_or(String::new(), |c| {
                     format!(
-                        "; experts paged from disk through a {} cache (--ram-budget {}M), {} per token read",
+                        "; experts paged from disk through a {} cache (--ram-budget {}M), {} per token read{}",
                         format_bytes(c),
                         c >> 20,
-                        format_bytes(e.disk_bytes)
+                        format_bytes(e.disk_bytes),
+                        e.disk_read_bytes_per_s
+                            .map_or(" (no disk rate: no speed)".to_string(), |r| format!(" at {:.2} GB/s", r / 1e9))
                     )
                 }),
             ),

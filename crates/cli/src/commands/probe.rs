@@ -47,10 +47,12 @@ pub fn print_text(m: &Machine) {
     );
     for d in &m.disks {
         println!(
-            "disk    {}: {} free of {}",
+            "disk    {}: {} free of {}{}",
             d.path.display(),
             format_bytes(d.free_bytes),
-            format_bytes(d.total_bytes)
+            format_bytes(d.total_bytes),
+            d.read_bytes_per_s
+                .map_or(String::new(), |r| format!(", reads {:.2} GB/s (O_DIRECT, 2 MiB at random)", r / 1e9))
         );
     }
     if !m.gpu_compiled {
