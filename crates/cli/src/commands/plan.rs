@@ -95,6 +95,15 @@ pub fn print_table(p: &Plan) {
                     ),
                     (Some(s), _) => format!(" (bandwidth {})", s.as_str()),
                     (None, _) => String::new(),
+                } + &match (e.expert_cache_bytes, e.disk_bytes) {
+                    // The GPU tier with a RAM budget below its host copy: the rest from disk.
+                    (None, d) if d > 0 => format!(
+                        "; {} per token from disk{}",
+                        format_bytes(d),
+                        e.disk_read_bytes_per_s
+                            .map_or(" (no disk rate: no speed)".to_string(), |r| format!(" at {:.2} GB/s", r / 1e9))
+                    ),
+                    _ => String::new(),
                 } + &e.expert_cache_bytes.map_or(String::new(), |c| {
                     format!(
                         "; experts paged from disk through a {} cache (--ram-budget {}M), {} per token read{}",
