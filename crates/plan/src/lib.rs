@@ -63,6 +63,7 @@ pub use plan::{
 };
 pub use probe::{
     probe, CpuInfo, DiskInfo, GpuInfo, Machine, MemoryInfo, ProbeOptions, Source, BANDWIDTH_TABLE, HOST_READ_TABLE,
+    READ_RATE_MIN_FILE_BYTES,
 };
 pub use session::{
     load, AbortHandle, Chunk, ChunkKind, Completion, Finish, GenerateOptions, Generation, Input, LoadOptions,

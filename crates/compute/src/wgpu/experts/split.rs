@@ -4,16 +4,25 @@
 //!
 //! Why: under uniform routing a 4 GB pool of Qwen3-30B-A3B misses ~80% of its selections, and
 //! the GPU reads misses over the link at ~35-39 GB/s of its ~50 (measured on the H200), so that
-//! decode is bound by the link, while the CPU reads its own memory at a similar rate (llama.cpp
-//! with its experts on the CPU decodes that model faster than the link allows). Both at once add
-//! the two rates. The price is one round trip per layer (the ids and the hidden state read back,
-//! ~60-70 us on the H200, the GPU idle meanwhile), paid by a layer whose experts all hit too.
+//! decode is bound by the link, while the CPU reads its own memory at a similar rate. Both at
+//! once could add the two rates. The price is one round trip per layer (the ids and the hidden
+//! state read back, the GPU idle until the host has them), paid by a layer whose experts all hit
+//! too. Measured on the H200 (twelfth session, docs/PAGING.md) it loses to `Host` at every share:
+//! the two sides share the host's DRAM, and a layer's GPU section between two host waits costs
+//! ~150-230 us of wall time on wgpu. It stays an option for hosts whose link is slow against
+//! their memory and cores.
 //!
-//! How the share is found: when the CPU has computed its experts, the host polls whether the GPU
-//! has finished its part (a flag set by `on_submitted_work_done`). If it had, the CPU was the
-//! longer of the two and its share shrinks, otherwise it grows, by [`SHARE_STEP`]: the share
-//! settles where both finish together, whatever the two memories' rates and the hit rate are,
-//! with no cost model to calibrate. `DISKFORMER_SPLIT_SHARE` fixes it (for A/B runs).
+//! How it runs: the GPU's per-pair kernels get the ids with the CPU's pairs replaced by `SKIP`
+//! and are submitted at once; the CPU's experts run as a rayon job while the model records the
+//! next layer, and the add of their sum reads a buffer the next submit fills first
+//! ([`Deferred`]; a failed job's error comes back from the next readback). `DISKFORMER_SPLIT_SYNC=1`
+//! waits for the CPU within the layer instead (A/B).
+//!
+//! How the share is found: when the CPU's sum is taken, the host polls whether the GPU's queue
+//! is empty. If it is, the CPU was the longer of the two and its share shrinks, otherwise it
+//! grows, by [`SHARE_STEP`]: the share settles where both finish together, whatever the two
+//! memories' rates and the hit rate are, with no cost model to calibrate.
+//! `DISKFORMER_SPLIT_SHARE` fixes it (A/B).
 
 use super::super::moe::{self, PairTable, SKIP};
 use super::{host_expert_ffn, lock, ExpertTier, HostBiases, SlotMats, TierState, NO_SLOT};
