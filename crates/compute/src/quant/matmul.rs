@@ -418,20 +418,29 @@ fn run_claims(n_rows: usize, row_bytes: usize, work: usize, f: impl Fn(usize, us
 /// One token through several tiled matrices in one parallel region: their rows one after the
 /// other form one range, shared out by [`run_claims`].
 fn decode_tiled(parts: &[DecodePart<'_>], nb: usize, x: ActRow<'_>, k: usize) {
+    decode_parts(parts, nb, k, |_| x);
+}
+
+/// [`decode_tiled`] with part `i` multiplying the activations `x_of(i)` (all of `nb` blocks).
+fn decode_parts<'x>(parts: &[DecodePart<'_>], nb: usize, k: usize, x_of: impl Fn(usize) -> ActRow<'x> + Sync) {
     // Each part's rows start at a multiple of eight in the joint range, so a share in whole
     // groups of eight never splits one of the kernel's groups.
-    let mut starts = [0usize; MAX_FUSED + 1];
-    for (i, p) in parts.iter().enumerate() {
-        starts[i + 1] = starts[i] + p.n_out.next_multiple_of(8);
-    }
-    let n_rows = starts[parts.len()];
+    let span = |p: &DecodePart<'_>| p.n_out.next_multiple_of(8);
+    let n_rows = parts.iter().map(span).sum();
     let work = parts.iter().map(|p| p.n_out * k).sum();
     let row_bytes = parts.iter().map(|p| p.row_bytes).max().unwrap_or(1);
     run_claims(n_rows, row_bytes, work, |start, end| {
+        // A walk over the parts (a decode product has a few, a MoE layer tens): no allocation
+        // on the decode path.
+        let mut at = 0;
         for (i, p) in parts.iter().enumerate() {
-            let (lo, hi) = (start.max(starts[i]), end.min(starts[i + 1]));
+            let (lo, hi) = (start.max(at), end.min(at + span(p)));
             if lo < hi {
-                p.run(lo - starts[i], hi - starts[i], nb, x);
+                p.run(lo - at, hi - at, nb, x_of(i));
+            }
+            at += span(p);
+            if at >= end {
+                break;
             }
         }
     });
@@ -558,30 +567,8 @@ pub fn matmul_each(
         act.quantize(kind, x, k);
         acts.push(act);
     }
-    let rows: Vec<ActRow<'_>> = acts.iter().map(|a| a.row(kind, 0, k)).collect();
     let nb = k / kind.block_elems();
-    // As in `decode_tiled`: each part's rows start at a multiple of eight in the joint range.
-    let starts: Vec<usize> = std::iter::once(0)
-        .chain(parts.iter().scan(0, |at, p| {
-            *at += p.n_out.next_multiple_of(8);
-            Some(*at)
-        }))
-        .collect();
-    let work = parts.iter().map(|p| p.n_out * k).sum();
-    let row_bytes = parts.iter().map(|p| p.row_bytes).max().unwrap_or(1);
-    run_claims(starts[parts.len()], row_bytes, work, |start, end| {
-        // The parts overlapping this share: the first is found by search, the share is short.
-        let first = starts.partition_point(|&s| s <= start).saturating_sub(1);
-        for i in first..parts.len() {
-            if starts[i] >= end {
-                break;
-            }
-            let (lo, hi) = (start.max(starts[i]), end.min(starts[i + 1]));
-            if lo < hi {
-                parts[i].run(lo - starts[i], hi - starts[i], nb, rows[i]);
-            }
-        }
-    });
+    decode_parts(&parts, nb, k, |i| acts[i].row(kind, 0, k));
     Ok(())
 }
 
