@@ -1675,6 +1675,30 @@ mod gpu_ops {
         );
     }
 
+    /// The GPU's reads of host memory by size: a window of a 1 GiB host buffer per dispatch, a
+    /// different window each time, from one expert of Qwen3-30B-A3B Q4_K (2.66 MB) to 256 MiB.
+    /// Whether the host tier's MoE kernels (~35-39 GB/s over a link the 256 MiB stream reads at
+    /// ~50) lose to the size of a layer's misses or to their own code.
+    #[test]
+    #[ignore = "measurement, not a check: run on a real GPU"]
+    fn perf_host_windows() {
+        let Some(g) = gpu("perf_host_windows") else { return };
+        let total = (1u64 << 30).min(g.max_binding_bytes()) & !0xffff;
+        for window in [2_662_400u64, 5_324_800, 11_182_080, 16_773_120, 67_108_864, 268_435_456] {
+            let w = window & !15;
+            match g.perf_stream_host_windows(total, w, 20) {
+                Ok(secs) => println!(
+                    "host read window {:.2} MB of {} MiB: {:.1} us, {:.1} GB/s",
+                    w as f64 / 1e6,
+                    total >> 20,
+                    secs * 1e6,
+                    w as f64 / secs / 1e9
+                ),
+                Err(e) => println!("host read window {w}: {e}"),
+            }
+        }
+    }
+
     /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s, and
     /// the per-dispatch costs of `perf_dispatch`.
     #[test]

@@ -2234,6 +2234,42 @@ impl WgpuBackend {
     }
 }
 
+impl WgpuBackend {
+    /// Seconds per streaming read of a `window` of `bytes` out of a host-memory buffer of `total`
+    /// bytes (placed as the host tier's), each repetition a different window in a scattered
+    /// order: the size of a MoE layer's misses (a few MB) read over the link in one dispatch, where
+    /// [`Self::perf_stream_host`] reads 256 MiB. Windows start at multiples of `window`.
+    ///
+    /// # Errors
+    /// As [`Self::perf_stream_host`]; `window` larger than `total` is refused.
+    #[doc(hidden)]
+    pub fn perf_stream_host_windows(&self, total: u64, window: u64, reps: usize) -> Result<f64, OpError> {
+        let bad = |why: String| OpError::Unsupported { op: "perf_stream_host_windows", backend: "wgpu", why };
+        if !self.ctx.device.features().contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS) {
+            return Err(bad(format!("{} cannot bind host memory as storage", self.ctx.adapter.name)));
+        }
+        let n_vec4 = total / 16;
+        let w_vec4 = window / 16;
+        if n_vec4 * 16 > self.max_binding_bytes() || w_vec4 == 0 || w_vec4 > n_vec4 {
+            return Err(bad(format!("a window of {window} bytes in {total} (binding limit {})", self.max_binding_bytes())));
+        }
+        let src = host_tier_buffer(&self.ctx.device, n_vec4 * 16);
+        let n_groups = 132 * 16;
+        let out = self.alloc_bytes("stream out", n_groups as u64 * 4)?;
+        let pipe = self.plain(super::shaders::Plain::Stream);
+        let n_windows = (n_vec4 / w_vec4) as usize;
+        let next = std::cell::Cell::new(0usize);
+        self.time_reps(reps, || {
+            // A stride coprime with most window counts, so consecutive reads are far apart.
+            let i = next.get();
+            next.set(i + 1);
+            let at = ((i * 7919) % n_windows) as u64 * w_vec4;
+            self.dispatch(pipe.clone(), &[&src, &out.buffer], &[w_vec4 as u32, at as u32, 0, 0], [n_groups, 1, 1]);
+            Ok(())
+        })
+    }
+}
+
 /// A buffer of `bytes` in host memory that kernels may read (over PCIe on a discrete GPU).
 /// wgpu has no memory-location hint, but its Vulkan back end places a buffer by its map
 /// usage: `MAP_READ` asks gpu-allocator for `HOST_VISIBLE | HOST_COHERENT | HOST_CACHED`

@@ -1,8 +1,9 @@
 // Bandwidth baseline for --perf: every invocation reads 16-byte words in a grid-stride loop and
-// folds them, and each workgroup writes one word so the reads cannot be optimised away.
+// folds them, and each workgroup writes one word so the reads cannot be optimised away. `at` is
+// the first word read (windows of a larger buffer; 0 for the whole).
 struct Params {
     n_vec4: u32,
-    _p0: u32,
+    at: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -18,7 +19,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let stride = nwg.x * 256u;
     var acc = vec4<u32>(0u);
     for (var i = gid.x; i < P.n_vec4; i += stride) {
-        acc ^= A[i];
+        acc ^= A[P.at + i];
     }
     red[lid] = acc.x ^ acc.y ^ acc.z ^ acc.w;
     workgroupBarrier();
