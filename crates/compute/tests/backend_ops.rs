@@ -1697,6 +1697,19 @@ mod gpu_ops {
                 Err(e) => println!("host read window {w}: {e}"),
             }
         }
+        // The same window every time: whether the GPU's L2 (50 MB on the H200) keeps host memory
+        // it has read, so a second read of a layer's bytes would not cross the link again.
+        for window in [5_324_800u64, 16_773_120] {
+            match g.perf_stream_host_windows(window, window, 20) {
+                Ok(secs) => println!(
+                    "host read of the same {:.2} MB each time: {:.1} us, {:.1} GB/s",
+                    window as f64 / 1e6,
+                    secs * 1e6,
+                    window as f64 / secs / 1e9
+                ),
+                Err(e) => println!("host read of the same {window} bytes: {e}"),
+            }
+        }
     }
 
     /// Decode matrix-vector bandwidth against a streaming read of the same size, in GB/s, and
