@@ -2251,7 +2251,10 @@ impl WgpuBackend {
         let n_vec4 = total / 16;
         let w_vec4 = window / 16;
         if n_vec4 * 16 > self.max_binding_bytes() || w_vec4 == 0 || w_vec4 > n_vec4 {
-            return Err(bad(format!("a window of {window} bytes in {total} (binding limit {})", self.max_binding_bytes())));
+            return Err(bad(format!(
+                "a window of {window} bytes in {total} (binding limit {})",
+                self.max_binding_bytes()
+            )));
         }
         let src = host_tier_buffer(&self.ctx.device, n_vec4 * 16);
         let n_groups = 132 * 16;
