@@ -81,6 +81,21 @@ pub use tokenizer::ChatMessage;
 pub fn plan(path: &std::path::Path, opts: &PlanOptions) -> Result<Plan> {
     let desc = describe(path)?;
     let dir = desc.gguf.as_deref().and_then(|g| g.parent()).unwrap_or(path).to_path_buf();
-    let machine = probe(&ProbeOptions { disk_paths: vec![dir], measure_bandwidth: true });
+    let machine = probe(&ProbeOptions {
+        disk_paths: vec![dir],
+        measure_bandwidth: true,
+        disk_rate_beyond_ram: disk_rate_beyond_ram(&desc, opts),
+    });
     Ok(plan_with(&desc, &machine, opts))
+}
+
+/// What [`ProbeOptions::disk_rate_beyond_ram`] should say for planning `desc`: its weights'
+/// bytes (the disk's rate matters only if they exceed the RAM), or `None` (always measure)
+/// when a RAM budget below them is given, so the model will be paged whatever the RAM says.
+pub fn disk_rate_beyond_ram(desc: &ModelDescription, opts: &PlanOptions) -> Option<u64> {
+    let bytes = desc.weights.as_ref().map_or(0, |w| w.tensor_bytes);
+    match opts.ram_budget_bytes {
+        Some(budget) if budget < bytes => None,
+        _ => Some(bytes),
+    }
 }

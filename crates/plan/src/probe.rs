@@ -114,6 +114,12 @@ pub struct DiskInfo {
     pub read_bytes_per_s: Option<f64>,
 }
 
+/// Whether a measuring probe also times the disks ([`ProbeOptions::disk_rate_beyond_ram`]): a
+/// model larger than the RAM available (or of unknown size, or with the RAM unknown) may be paged.
+fn wants_disk_rate(beyond_ram: Option<u64>, available_ram: Option<u64>) -> bool {
+    beyond_ram.is_none_or(|bytes| available_ram.is_none_or(|ram| bytes > ram))
+}
+
 /// Smallest file the disk read rate is measured on: random reads over a smaller one stay in
 /// the device's own cache.
 pub const READ_RATE_MIN_FILE_BYTES: u64 = 256 << 20;
@@ -158,6 +164,10 @@ pub struct ProbeOptions {
     /// otherwise take the bandwidths from [`BANDWIDTH_TABLE`] when the device is listed there
     /// (disks have no table: no rate).
     pub measure_bandwidth: bool,
+    /// When measuring: measure the disks' read rate only if this many bytes (the model being
+    /// planned) exceed the RAM available, so a model that fits (and is never paged) does not
+    /// wait for it; `None`: always. Callers with a RAM budget below the model pass `None`.
+    pub disk_rate_beyond_ram: Option<u64>,
 }
 
 /// Read bandwidths measured on known devices with this crate's own measurement (the one
@@ -201,13 +211,13 @@ pub fn probe(opts: &ProbeOptions) -> Machine {
     }
     cpu.simd.sort();
     let gpus = gpus(&memory, opts.measure_bandwidth);
+    let wants_disk_rate = wants_disk_rate(opts.disk_rate_beyond_ram, memory.available_bytes);
     let disks = opts
         .disk_paths
         .iter()
         .filter_map(|p| {
             let (free_bytes, total_bytes) = disk_space(p)?;
-            let read_bytes_per_s = opts
-                .measure_bandwidth
+            let read_bytes_per_s = (opts.measure_bandwidth && wants_disk_rate)
                 .then(|| largest_file(p))
                 .flatten()
                 .and_then(|f| pager::measure_read_rate(&f, &pager::ReadRateOptions::default()).ok());
@@ -484,6 +494,16 @@ fn measure_gpu_host_read(index: usize) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    /// The disk is timed only for a model the RAM cannot hold (or when asked unconditionally):
+    /// a model that fits is never paged, and `run` should not wait for the measurement.
+    #[test]
+    fn the_disk_is_timed_only_for_a_model_beyond_the_ram() {
+        assert!(wants_disk_rate(None, Some(1 << 30)), "no model given: always");
+        assert!(wants_disk_rate(Some(2 << 30), Some(1 << 30)), "larger than the RAM");
+        assert!(!wants_disk_rate(Some(1 << 29), Some(1 << 30)), "fits");
+        assert!(wants_disk_rate(Some(1 << 29), None), "RAM unknown");
+    }
+
     use super::*;
 
     #[test]
@@ -496,7 +516,11 @@ mod tests {
 
     #[test]
     fn probe_reports_this_machine() {
-        let m = probe(&ProbeOptions { disk_paths: vec![PathBuf::from(".")], measure_bandwidth: false });
+        let m = probe(&ProbeOptions {
+            disk_paths: vec![PathBuf::from(".")],
+            measure_bandwidth: false,
+            ..Default::default()
+        });
         assert!(m.cpu.cores_logical >= 1);
         assert_eq!(m.cpu.arch, std::env::consts::ARCH);
         #[cfg(target_os = "linux")]

@@ -413,6 +413,7 @@ pub fn load(path: &Path, mut opts: LoadOptions) -> Result<Session> {
     let machine = probe(&ProbeOptions {
         disk_paths: vec![dir],
         measure_bandwidth: opts.measure_bandwidth && opts.backend.is_none(),
+        disk_rate_beyond_ram: crate::disk_rate_beyond_ram(&desc, &opts.plan),
     });
     let plan = plan_with(&desc, &machine, &opts.plan);
     let picked = match (&opts.expert_store, opts.backend) {

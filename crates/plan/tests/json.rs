@@ -82,7 +82,11 @@ fn describe_json_has_the_documented_fields() {
 
 #[test]
 fn probe_json_has_the_documented_fields() {
-    let m = plan::probe(&plan::ProbeOptions { disk_paths: vec![".".into()], measure_bandwidth: false });
+    let m = plan::probe(&plan::ProbeOptions {
+        disk_paths: vec![".".into()],
+        measure_bandwidth: false,
+        ..Default::default()
+    });
     let v = serde_json::to_value(&m).unwrap();
     assert_eq!(keys(&v), sorted(&["gpus", "gpu_compiled", "cpu", "memory", "disks"]));
     assert_eq!(keys(&v["cpu"]), sorted(&["model", "arch", "simd", "cores_logical", "cores_physical"]));
@@ -188,7 +192,11 @@ fn plan_json_has_the_documented_fields() {
 #[test]
 #[ignore = "measures bandwidths for about a second; run with --ignored to print this machine"]
 fn print_this_machine_measured() {
-    let m = plan::probe(&plan::ProbeOptions { disk_paths: vec![".".into()], measure_bandwidth: true });
+    let m = plan::probe(&plan::ProbeOptions {
+        disk_paths: vec![".".into()],
+        measure_bandwidth: true,
+        ..Default::default()
+    });
     println!("{}", serde_json::to_string_pretty(&m).unwrap());
     assert!(m.memory.bandwidth_bytes_per_s.is_some_and(|b| b > 0.0));
 }
@@ -205,7 +213,11 @@ fn print_smollm2_description_and_plan() {
     };
     let d = plan::describe(&model).unwrap();
     println!("{}", serde_json::to_string_pretty(&d).unwrap());
-    let m = plan::probe(&plan::ProbeOptions { disk_paths: vec![".".into()], measure_bandwidth: true });
+    let m = plan::probe(&plan::ProbeOptions {
+        disk_paths: vec![".".into()],
+        measure_bandwidth: true,
+        ..Default::default()
+    });
     let p = plan::plan_with(&d, &m, &plan::PlanOptions { budget_bytes: Some(64 << 20), ..Default::default() });
     println!("{}", serde_json::to_string_pretty(&p).unwrap());
     println!("{}", p.summary_line());

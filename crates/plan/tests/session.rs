@@ -386,7 +386,7 @@ fn a_gpu_tier_session_generates_like_the_resident_gpu_and_counts_its_experts() {
     };
     let tiny = plan::plan_with(
         &plan::describe(&path).unwrap(),
-        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false }),
+        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false, ..Default::default() }),
         &PlanOptions { n_ctx: 128, budget_bytes: Some(1), ..PlanOptions::default() },
     );
     let need = tiny.backend(BackendKind::GpuPaged).refusal.as_ref().and_then(|r| r.need_bytes).expect("refused");
@@ -452,7 +452,7 @@ fn a_ram_budget_below_the_weights_pages_the_experts_like_the_mapped_model() {
     let path = common::fixture("qwen3_moe");
     let tiny = plan::plan_with(
         &plan::describe(&path).unwrap(),
-        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false }),
+        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false, ..Default::default() }),
         &PlanOptions { n_ctx: 128, ram_budget_bytes: Some(1 << 20), ..PlanOptions::default() },
     );
     let need = tiny.backend(BackendKind::Cpu).refusal.as_ref().and_then(|r| r.need_bytes).expect("refused");

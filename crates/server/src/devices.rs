@@ -65,7 +65,8 @@ pub struct OsDevices {
 impl OsDevices {
     /// Lists the adapters once (enumerating them is slow; memory is read at each snapshot).
     pub fn new() -> OsDevices {
-        let machine = plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false });
+        let machine =
+            plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false, ..Default::default() });
         let adapters = machine
             .gpus
             .into_iter()

@@ -195,7 +195,8 @@ fn estimate(
 ) -> Result<(Vec<DeviceBytes>, Vec<DeviceBytes>), String> {
     let desc = plan::describe(path).map_err(|e| e.to_string())?;
     let w = desc.weights.as_ref().ok_or("no weight facts in the description")?;
-    let machine = plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false });
+    let machine =
+        plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false, ..Default::default() });
     // Experts paged for the CPU (a RAM budget without a GPU budget); the GPU expert tier's
     // estimate has its own host side.
     let paged = engine.ram_budget_bytes.filter(|_| engine.gpu_budget_bytes.is_none());

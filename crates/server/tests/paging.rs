@@ -165,7 +165,7 @@ fn a_gpu_budget_serves_on_the_expert_tier_like_the_resident_gpu() {
     let desc = plan::describe(&path).unwrap();
     let tiny = plan::plan_with(
         &desc,
-        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false }),
+        &plan::probe(&plan::ProbeOptions { disk_paths: vec![], measure_bandwidth: false, ..Default::default() }),
         &plan::PlanOptions { n_ctx: 128, budget_bytes: Some(1), ..Default::default() },
     );
     let Some(need) = tiny.backend(plan::BackendKind::GpuPaged).refusal.as_ref().and_then(|r| r.need_bytes) else {

@@ -157,7 +157,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             serde_json::from_str(&text)
                 .with_context(|| format!("{}: not the JSON of `diskformer probe --json`", file.display()))?
         }
-        None => plan::probe(&ProbeOptions { disk_paths: vec![dir], measure_bandwidth: !args.no_measure }),
+        None => plan::probe(&ProbeOptions {
+            disk_paths: vec![dir],
+            measure_bandwidth: !args.no_measure,
+            disk_rate_beyond_ram: plan::disk_rate_beyond_ram(&desc, &opts),
+        }),
     };
     let p = plan::plan_with(&desc, &machine, &opts);
     if args.json {

@@ -88,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.disks
     };
-    let m = plan::probe(&ProbeOptions { disk_paths, measure_bandwidth: !args.no_measure });
+    let m = plan::probe(&ProbeOptions { disk_paths, measure_bandwidth: !args.no_measure, ..Default::default() });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&m)?);
     } else {
