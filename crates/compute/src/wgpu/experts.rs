@@ -1281,15 +1281,12 @@ impl WgpuBackend {
         let any_cpu = misses.iter().any(|&e| on_cpu[e as usize]);
         let mut host = if any_cpu {
             // One wait for both (each readback is a round trip of the whole queue).
-            let f32s = |b: &[u8]| -> Vec<f32> {
-                b.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-            };
             let parts = self.read_back_tier_parts(
                 tier,
                 &[(&x.buf.buffer, 4 * x.len() as u64), (&routing.weights.buf.buffer, 4 * routing.weights.len() as u64)],
                 false,
             )?;
-            let (x_host, w_host) = (f32s(&parts[0]), f32s(&parts[1]));
+            let (x_host, w_host) = (super::le_f32s(&parts[0]), super::le_f32s(&parts[1]));
             let bias = |b: &Option<WgpuTensor>| b.as_ref().map(|b| self.to_host(b)).transpose();
             let biases = HostBiases {
                 gate: bias(&experts.gate_bias)?,
@@ -1979,8 +1976,7 @@ impl WgpuBackend {
         let t1 = Instant::now();
         let used = st.host.log_used;
         let bytes = self.read_mapped("route", &log, log.size(), used, true)?;
-        // A `Vec<u8>` need not be 4-aligned: no cast.
-        let words: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let words = super::le_u32s(&bytes);
         for (layer, n_ids, at) in std::mem::take(&mut st.host.log_entries) {
             let w0 = (at / 4) as usize;
             let ids = words[w0..w0 + n_ids].to_vec();

@@ -312,6 +312,16 @@ impl Pending {
     }
 }
 
+/// Little-endian f32 words of bytes read back (a `Vec<u8>` need not be 4-aligned: no cast).
+fn le_f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// Little-endian u32 words of bytes read back.
+fn le_u32s(bytes: &[u8]) -> Vec<u32> {
+    bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
 /// A bind group is reusable when the pipeline, the buffers and the parameter slot repeat.
 #[derive(PartialEq, Eq, Hash)]
 struct BindKey {
@@ -1538,7 +1548,7 @@ impl Backend for WgpuBackend {
 
     fn to_host(&self, t: &WgpuTensor) -> Result<Vec<f32>, OpError> {
         let bytes = self.read_back(&t.buf.buffer, 4 * t.len() as u64)?;
-        Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(le_f32s(&bytes))
     }
 
     fn shape<'a>(&self, t: &'a WgpuTensor) -> &'a [usize] {
@@ -1979,7 +1989,7 @@ impl Backend for WgpuBackend {
             grid(rows),
         );
         let bytes = self.read_back(&y.buffer, 4 * rows as u64)?;
-        Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(le_u32s(&bytes))
     }
 
     fn matmul_per_head(&self, x: &WgpuTensor, w: &WgpuWeight) -> Result<WgpuTensor, OpError> {

@@ -959,7 +959,7 @@ impl WgpuBackend {
             Some(tier) => self.read_back_tier(tier, &r.weights.buf.buffer, 8 * nk as u64)?,
             None => self.read_back(&r.weights.buf.buffer, 8 * nk as u64)?,
         };
-        Ok(bytes[4 * nk..].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(super::le_u32s(&bytes[4 * nk..]))
     }
 }
 

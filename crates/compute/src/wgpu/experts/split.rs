@@ -30,7 +30,7 @@ use crate::backend::{Backend, Experts, HostExpert, Routing};
 use crate::cpu::experts_one_token;
 use crate::error::OpError;
 use crate::spec::MoeSpec;
-use crate::wgpu::{Deferred, WgpuBackend, WgpuTensor};
+use crate::wgpu::{le_f32s, le_u32s, Deferred, WgpuBackend, WgpuTensor};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -138,14 +138,6 @@ impl CpuJob {
     }
 }
 
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-}
-
-fn u32s(bytes: &[u8]) -> Vec<u32> {
-    bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-}
-
 /// Where a layer's experts are for the per-pair kernels: the pool region's buffer, the layer's
 /// host copy and its matrices' layout, the slot table.
 pub(super) struct LayerPlace<'a> {
@@ -182,9 +174,9 @@ impl WgpuBackend {
             &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)],
             true,
         )?;
-        let weights = f32s(&parts[0][..4 * nk]);
-        let ids = if gpu_routed { u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
-        let xs = f32s(&parts[1]);
+        let weights = le_f32s(&parts[0][..4 * nk]);
+        let ids = if gpu_routed { le_u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
+        let xs = le_f32s(&parts[1]);
         if let Some(&bad) = ids.iter().find(|&&e| e as usize >= spec.n_expert) {
             return Err(OpError::ShapeMismatch {
                 op: "moe_ffn (split)",
