@@ -1728,7 +1728,10 @@ mod gpu_ops {
             stream_bytes as f64 / t_stream / 1e9
         );
         let mut rng = StdRng::seed_from_u64(7);
-        let (n_out, k) = (32768usize, 8192usize);
+        // DISKFORMER_PERF_ROWS: another row count (229376 rows make a ~1.06 GB Q4_0 or Q4_K
+        // matrix, the size of the 1 GiB stream, where neither kernel's start and tail count).
+        let n_out = std::env::var("DISKFORMER_PERF_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(32768usize);
+        let k = 8192usize;
         // Q6_K: the output matrix (and some FFN matrices) of every Q4_K_M file.
         // DISKFORMER_PERF_TYPES=q4_0,q4_k: only these types' matrix-vector lines.
         let only: Option<Vec<String>> =
@@ -1746,6 +1749,17 @@ mod gpu_ops {
             let w = g.weight(&file.get(&tensors[0].0)).expect("upload");
             let x = g.from_host(&rand_vec(&mut rng, k, 1.0), &[1, k]).unwrap();
             let stored = (n_out * k / t.block_elems() * t.block_bytes()) as f64;
+            // The stream read of the same bytes: a dispatch's start and tail weigh more on the
+            // 151 MB of a Q4_0 matrix than on the 1 GiB baseline, so both shares are printed.
+            let same_bytes = (stored as u64).div_ceil(16) * 16;
+            let t_same = g.perf_stream(same_bytes, 50).expect("stream");
+            println!(
+                "stream read {:.1} MB (the {} matrix's bytes): {:.3} ms, {:.1} GB/s",
+                same_bytes as f64 / 1e6,
+                type_name(t),
+                t_same * 1e3,
+                same_bytes as f64 / t_same / 1e9
+            );
             let mut shapes: Vec<Option<MatvecShape>> = vec![None];
             for rows in [1, 2, 4, 8] {
                 for wg in [64, 128, 256] {
@@ -1773,12 +1787,13 @@ mod gpu_ops {
             }
             for (kernel, secs) in timings {
                 println!(
-                    "matvec {} {n_out}x{k} [{kernel}]: {:.3} ms, {:.1} GB/s of GGUF bytes ({:.1} GB/s of repacked bytes, {:.0}% of the stream read)",
+                    "matvec {} {n_out}x{k} [{kernel}]: {:.3} ms, {:.1} GB/s of GGUF bytes ({:.1} GB/s of repacked bytes, {:.0}% of the stream read, {:.0}% of its bytes' stream)",
                     type_name(t),
                     secs * 1e3,
                     stored / secs / 1e9,
                     w.size_bytes() as f64 / secs / 1e9,
-                    100.0 * stored / secs / (stream_bytes as f64 / t_stream)
+                    100.0 * stored / secs / (stream_bytes as f64 / t_stream),
+                    100.0 * t_same / secs
                 );
             }
         }
@@ -1897,8 +1912,9 @@ mod gpu_ops {
     /// unrolled loops, pairs of adjacent blocks per invocation (`p`), 16-byte loads for Q4_K/Q5_K
     /// and grouped Q4_0 and Q4_K: `v` is the same kernel as without it for the other types).
     /// The last ones are for the grouped layouts' short loops (an 8192-value row is 256 blocks,
-    /// 4 per invocation of a 64-wide row): 32-wide rows, a 64-wide row slot of 256.
-    const Q8_PERF_SHAPES: [&str; 51] = [
+    /// 4 per invocation of a 64-wide row): 32-wide rows, a 64-wide row slot of 256; then the
+    /// persistent subgroup row slots (`s`).
+    const Q8_PERF_SHAPES: [&str; 59] = [
         "1x64",
         "2x64",
         "4x64",
@@ -1950,6 +1966,14 @@ mod gpu_ops {
         "1x128v",
         "1x256t64v",
         "1x256t32v",
+        "1x256sv",
+        "1x256u2sv",
+        "1x256u4sv",
+        "2x256u2sv",
+        "4x256u2sv",
+        "1x128u2sv",
+        "1x64u4sv",
+        "2x64u2sv",
     ];
 
     /// The perf test would stop at the first shape that does not parse, on the device.

@@ -161,7 +161,17 @@ mod int8 {
         // Every shape for the benchmarks' types, a classic and a row-slot one for the others (each
         // shape is a pipeline per type, and lavapipe compiles each in LLVM).
         let all_shapes = [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K].contains(&t);
-        let shapes = if all_shapes { Q8Shape::TESTED.to_vec() } else { vec![Q8Shape::TESTED[1], Q8Shape::TESTED[3]] };
+        let mut shapes = if all_shapes {
+            Q8Shape::TESTED.to_vec()
+        } else {
+            vec![Q8Shape::TESTED[1], Q8Shape::TESTED[3], Q8Shape::TESTED[8]]
+        };
+        // Persistent shapes need subgroups; a device without them must refuse them.
+        shapes.retain(|s| !s.persistent || g.uses_subgroups());
+        if !g.uses_subgroups() {
+            let refused = g.matvec_q8_with_shape(&gx, &gw[0], Q8Shape::TESTED[8]).is_err();
+            r.exact(&format!("matvec_q8({tn}, persistent) refused without subgroups"), Ok(refused), &true);
+        }
         for shape in shapes {
             let case = format!("matvec_q8({tn}, {}x{k}, {shape})", rows[0]);
             match g.matvec_q8_with_shape(&gx, &gw[0], shape).and_then(|y| g.to_host(&y)) {
@@ -193,6 +203,13 @@ mod int8 {
                 }
             }
             for (gn, glu) in glus {
+                if shape.persistent {
+                    // The GLU kernel has no persistent form: its epilogue quantizes whole blocks.
+                    let case = format!("matmul_glu_q8({tn}, {gn}, {shape}) refused");
+                    let refused = g.matmul_glu_q8_with_shape(&gx, &gw[3], &gw[4], glu, shape).is_err();
+                    r.exact(&case, Ok(refused), &true);
+                    continue;
+                }
                 let want = glu_ref(c, &xr, &cw[3], &cw[4], glu);
                 let case = format!("matmul_glu_q8({tn}, {gn}, {}x{k}, {shape})", rows[2]);
                 let got = g.matmul_glu_q8_with_shape(&gx, &gw[3], &gw[4], glu, shape).and_then(|h| g.to_host(&h));
@@ -292,7 +309,7 @@ mod int8 {
             }
             Err(e) => r.check("matmul_many(mixed types)", Err(e), &[], 0.0),
         }
-        for shape in Q8Shape::TESTED {
+        for shape in Q8Shape::TESTED.into_iter().filter(|s| !s.persistent || g.uses_subgroups()) {
             match g.matmul_many_q8_with_shape(&gx, &[&gk, &gq, &gv], shape) {
                 Ok(ys) => {
                     for ((y, want), name) in ys.iter().zip([&wants[1], &wants[0], &wants[2]]).zip(["k", "q", "v"]) {

@@ -131,6 +131,9 @@ pub(super) struct Q8Config {
     /// The plain products of rows at least [`WIDE_K`] long (an FFN's down projection), when
     /// `DISKFORMER_MATVEC_Q8_WIDE` sets a shape of their own (for comparisons on the device).
     pub(super) wide: Option<Q8Shape>,
+    /// The multi-weight products' shape (q/k/v), when `DISKFORMER_MANY_Q8` sets one (else
+    /// `DISKFORMER_MATVEC_Q8`'s, else the layouts' own).
+    pub(super) many: Option<Q8Shape>,
     /// Whether `DISKFORMER_MATVEC_Q8` / `DISKFORMER_GLU_Q8` set `plain` / `glu` (then every
     /// layout takes them).
     plain_set: bool,
@@ -156,7 +159,7 @@ mod default_shape {
     use super::Q8Shape;
 
     const fn shape(rows: u32, wg: u32, tpr: u32, unroll: u32, vec4: bool) -> Q8Shape {
-        Q8Shape { rows, wg, tpr, unroll, pairs: false, vec4 }
+        Q8Shape::classic(rows, wg, tpr, unroll, false, vec4)
     }
     pub(super) const PLAIN: Q8Shape = shape(2, 64, 64, 1, false);
     pub(super) const PLAIN_V4: Q8Shape = shape(1, 64, 64, 1, true);
@@ -180,6 +183,9 @@ impl Q8Config {
 
     /// The multi-weight kernel's shape for weights of layouts `ls` (q/k/v).
     pub(super) fn many_for(&self, ls: &[TypeLayout]) -> Q8Shape {
+        if let Some(many) = self.many {
+            return many;
+        }
         if self.plain_set {
             return self.plain;
         }
@@ -207,13 +213,17 @@ impl Q8Config {
 }
 
 /// [`Q8Config`] from the environment; layouts take their own shapes where it sets none.
-pub(super) fn default_q8_config() -> Q8Config {
-    let env = |name: &str| std::env::var(name).ok().and_then(|v| Q8Shape::parse(&v));
-    let (plain, glu) = (env("DISKFORMER_MATVEC_Q8"), env("DISKFORMER_GLU_Q8"));
+/// A persistent shape is taken only with `subgroups`, and never for the GLU kernel.
+pub(super) fn default_q8_config(subgroups: bool) -> Q8Config {
+    let env =
+        |name: &str| std::env::var(name).ok().and_then(|v| Q8Shape::parse(&v)).filter(|s| !s.persistent || subgroups);
+    let (plain, glu) = (env("DISKFORMER_MATVEC_Q8"), env("DISKFORMER_GLU_Q8").filter(|s| !s.persistent));
+    let many = env("DISKFORMER_MANY_Q8");
     Q8Config {
         plain: plain.unwrap_or(default_shape::PLAIN),
         glu: glu.unwrap_or(default_shape::GLU),
         wide: env("DISKFORMER_MATVEC_Q8_WIDE"),
+        many,
         plain_set: plain.is_some(),
         glu_set: glu.is_some(),
     }
@@ -520,7 +530,8 @@ impl WgpuBackend {
                 out_col0: (y_col0 + lo - w_row0) as u32,
                 ..Q8Params::default()
             };
-            self.dispatch(pipe.clone(), &[qs, ds, &c.buffer, &y.buf.buffer], &p.words(), grid(n_groups));
+            let n_dispatch = shape.dispatch_groups(n_groups);
+            self.dispatch(pipe.clone(), &[qs, ds, &c.buffer, &y.buf.buffer], &p.words(), grid(n_dispatch));
         }
     }
 
@@ -583,7 +594,7 @@ impl WgpuBackend {
             buffers.push(&y.buf.buffer);
         }
         let pipe = self.q8_pipeline_types(ws, shape, Q8Kind::Weights(ws.len() as u32));
-        self.dispatch(pipe, &buffers, &p.words(), grid(end));
+        self.dispatch(pipe, &buffers, &p.words(), grid(shape.dispatch_groups(end)));
         Ok(Some(ys))
     }
 
@@ -600,7 +611,7 @@ impl WgpuBackend {
         glu: Glu,
         shape: Q8Shape,
     ) -> Result<Option<WgpuTensor>, OpError> {
-        if gate.n_rows != up.n_rows || !self.int8_group_applies(x, &[gate, up]) {
+        if gate.n_rows != up.n_rows || shape.persistent || !self.int8_group_applies(x, &[gate, up]) {
             return Ok(None);
         }
         // One type for both (the kernel pairs each gate row with the up row of the same index).
@@ -653,17 +664,17 @@ impl WgpuBackend {
         crate::Backend::glu(self, &g, &u, glu)
     }
 
-    fn check_q8_shape(shape: Q8Shape) -> Result<(), OpError> {
-        if shape.is_valid() {
+    fn check_q8_shape(&self, shape: Q8Shape) -> Result<(), OpError> {
+        let why = if !shape.is_valid() {
+            format!(
+                "workgroup shape {shape:?}: rows 1..=8, wg a power of two in 32..=256, tpr a power of two up to wg, unroll 1, 2 or 4, not persistent with pairs"
+            )
+        } else if shape.persistent && !self.ctx.subgroups {
+            format!("workgroup shape {shape}: a persistent shape needs subgroups, which this device does not offer")
+        } else {
             return Ok(());
-        }
-        Err(OpError::Unsupported {
-            op: "matvec_q8",
-            backend: "wgpu",
-            why: format!(
-                "workgroup shape {shape:?}: rows 1..=8, wg a power of two in 32..=256, tpr a power of two up to wg, unroll 1, 2 or 4"
-            ),
-        })
+        };
+        Err(OpError::Unsupported { op: "matvec_q8", backend: "wgpu", why })
     }
 
     /// One token's `x · Wᵀ` through the int8 kernel with `shape` (tests compare every shape with
@@ -677,7 +688,7 @@ impl WgpuBackend {
     ) -> Result<WgpuTensor, OpError> {
         let shape = shape.into();
         expect_width("matvec_q8", x, w.k)?;
-        Self::check_q8_shape(shape)?;
+        self.check_q8_shape(shape)?;
         if x.rows() != 1 || !w.k.is_multiple_of(BLOCK) || shaders::dot32_source(w.layout.dtype).is_none() {
             return Err(OpError::ShapeMismatch {
                 op: "matvec_q8",
@@ -700,7 +711,7 @@ impl WgpuBackend {
         ws: &[&WgpuWeight],
         shape: Q8Shape,
     ) -> Result<Vec<WgpuTensor>, OpError> {
-        Self::check_q8_shape(shape)?;
+        self.check_q8_shape(shape)?;
         self.matmul_many_q8_shape(x, ws, shape)?.ok_or_else(|| OpError::Unsupported {
             op: "matmul_many_q8",
             backend: "wgpu",
@@ -719,7 +730,7 @@ impl WgpuBackend {
         glu: Glu,
         shape: Q8Shape,
     ) -> Result<WgpuTensor, OpError> {
-        Self::check_q8_shape(shape)?;
+        self.check_q8_shape(shape)?;
         self.matmul_glu_q8(x, gate, up, glu, shape)?.ok_or(OpError::Unsupported {
             op: "matmul_glu_q8",
             backend: "wgpu",
@@ -740,7 +751,7 @@ impl WgpuBackend {
         if shaders::dot32_source(w.layout.dtype).is_none() || !w.k.is_multiple_of(BLOCK) {
             return Ok(None);
         }
-        Self::check_q8_shape(shape)?;
+        self.check_q8_shape(shape)?;
         let q = self.quantize_q8(x)?;
         let y = self.alloc("perf", &[x.rows(), w.n_rows])?;
         self.time_reps(reps, || {
@@ -808,6 +819,7 @@ mod tests {
             plain: default_shape::PLAIN,
             glu: default_shape::GLU,
             wide: None,
+            many: None,
             plain_set: false,
             glu_set: false,
         };

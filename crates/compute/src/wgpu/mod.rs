@@ -842,7 +842,7 @@ impl WgpuBackend {
             unroll: !env_flag("DISKFORMER_NO_UNROLL"),
             tiled: !env_flag("DISKFORMER_NO_TILED"),
             matvec: (!env_flag("DISKFORMER_NO_MATVEC")).then(default_matvec_shape),
-            matvec_q8: int8::default_q8_config(),
+            matvec_q8: int8::default_q8_config(subgroups),
             force_f32_act: env_flag("DISKFORMER_GPU_F32_ACT"),
             q8_cache: Mutex::new(int8::Q8Cache::default()),
             max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) & !255,

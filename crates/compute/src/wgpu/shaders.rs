@@ -319,12 +319,37 @@ pub struct Q8Shape {
     /// 16-byte weight loads (`quant/i8/*_v4.wgsl`) for the layouts whose repacked blocks start on
     /// 16-byte boundaries (Q4_K, Q5_K, grouped Q4_0); others ignore it.
     pub vec4: bool,
+    /// Row slots are the device's subgroups (`tpr` is ignored), reduced by `subgroupAdd` with no
+    /// barrier, and the grid is capped ([`Q8Shape::dispatch_groups`]): each subgroup loops over
+    /// row slots on its own until the rows run out. Why: the classic shapes end every workgroup
+    /// with a barrier and a reduction through workgroup memory, and launch one workgroup per
+    /// 1-4 rows (32768 for the benchmark's matrix), so an SM's subgroups start and stop
+    /// together instead of keeping loads in flight. Plain and multi-weight products only (the
+    /// GLU's epilogue quantizes whole 32-row blocks per workgroup); needs subgroups.
+    pub persistent: bool,
 }
 
 impl Q8Shape {
-    /// Rows a workgroup covers.
+    /// Rows a grid unit covers: a workgroup's rows, or for a persistent shape one row slot's
+    /// (the parameters' group counts are then counted in row slots).
     pub fn rows_per_group(self) -> u32 {
-        self.rows * (self.wg / self.tpr)
+        if self.persistent {
+            self.rows
+        } else {
+            self.rows * (self.wg / self.tpr)
+        }
+    }
+
+    /// Workgroups to dispatch for `units` grid units ([`rows_per_group`](Self::rows_per_group)
+    /// rows each): one per unit, or for a persistent shape enough for one row slot per subgroup
+    /// (counted with 32 invocations each) up to [`PERSISTENT_GROUPS`] workgroups; every
+    /// subgroup loops over the rest.
+    pub fn dispatch_groups(self, units: usize) -> usize {
+        if self.persistent {
+            units.div_ceil((self.wg / 32).max(1) as usize).clamp(1, persistent_groups())
+        } else {
+            units
+        }
     }
 
     /// Whether the kernel can be built with this shape.
@@ -335,13 +360,18 @@ impl Q8Shape {
             && self.tpr.is_power_of_two()
             && self.tpr <= self.wg
             && matches!(self.unroll, 1 | 2 | 4)
+            && !(self.persistent && self.pairs)
     }
 
-    /// `ROWSxWG[tTPR][uUNROLL][p][v]`, e.g. `2x64` (every invocation on the same rows, one block
-    /// per iteration) or `1x256t8u2pv` (`p`: pairs of adjacent blocks); `None` when malformed or
-    /// invalid.
+    /// `ROWSxWG[tTPR][uUNROLL][p][s][v]`, e.g. `2x64` (every invocation on the same rows, one
+    /// block per iteration), `1x256t8u2pv` (`p`: pairs of adjacent blocks) or `1x256u2sv` (`s`:
+    /// persistent subgroup row slots); `None` when malformed or invalid.
     pub fn parse(s: &str) -> Option<Q8Shape> {
         let (s, vec4) = match s.strip_suffix('v') {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
+        let (s, persistent) = match s.strip_suffix('s') {
             Some(rest) => (rest, true),
             None => (s, false),
         };
@@ -358,27 +388,34 @@ impl Q8Shape {
             Some((w, t)) => (w.parse().ok()?, Some(t.parse().ok()?)),
             None => (rest.parse().ok()?, None),
         };
-        let shape = Q8Shape { rows: rows.parse().ok()?, wg, tpr: tpr.unwrap_or(wg), unroll, pairs, vec4 };
+        let shape = Q8Shape { rows: rows.parse().ok()?, wg, tpr: tpr.unwrap_or(wg), unroll, pairs, vec4, persistent };
         shape.is_valid().then_some(shape)
     }
 
     /// The shapes the int8 kernel is compiled for in tests (every one must parse and agree with
     /// the CPU): the classic ones and the row-slot ones with and without unrolling.
-    pub const TESTED: [Q8Shape; 8] = [
-        Q8Shape { rows: 1, wg: 64, tpr: 64, unroll: 1, pairs: false, vec4: false },
-        Q8Shape { rows: 2, wg: 128, tpr: 128, unroll: 2, pairs: false, vec4: true },
-        Q8Shape { rows: 4, wg: 64, tpr: 64, unroll: 4, pairs: false, vec4: false },
-        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, pairs: false, vec4: true },
-        Q8Shape { rows: 2, wg: 128, tpr: 16, unroll: 2, pairs: false, vec4: false },
-        Q8Shape { rows: 1, wg: 32, tpr: 4, unroll: 4, pairs: false, vec4: true },
-        Q8Shape { rows: 2, wg: 64, tpr: 64, unroll: 2, pairs: true, vec4: true },
-        Q8Shape { rows: 1, wg: 256, tpr: 8, unroll: 1, pairs: true, vec4: false },
+    pub const TESTED: [Q8Shape; 10] = [
+        Q8Shape::classic(1, 64, 64, 1, false, false),
+        Q8Shape::classic(2, 128, 128, 2, false, true),
+        Q8Shape::classic(4, 64, 64, 4, false, false),
+        Q8Shape::classic(1, 256, 8, 1, false, true),
+        Q8Shape::classic(2, 128, 16, 2, false, false),
+        Q8Shape::classic(1, 32, 4, 4, false, true),
+        Q8Shape::classic(2, 64, 64, 2, true, true),
+        Q8Shape::classic(1, 256, 8, 1, true, false),
+        Q8Shape { persistent: true, ..Q8Shape::classic(1, 256, 256, 2, false, true) },
+        Q8Shape { persistent: true, ..Q8Shape::classic(2, 64, 64, 1, false, false) },
     ];
+
+    /// A shape that is not persistent.
+    pub const fn classic(rows: u32, wg: u32, tpr: u32, unroll: u32, pairs: bool, vec4: bool) -> Q8Shape {
+        Q8Shape { rows, wg, tpr, unroll, pairs, vec4, persistent: false }
+    }
 }
 
 impl From<MatvecShape> for Q8Shape {
     fn from(s: MatvecShape) -> Q8Shape {
-        Q8Shape { rows: s.rows, wg: s.wg, tpr: s.wg, unroll: 1, pairs: false, vec4: false }
+        Q8Shape::classic(s.rows, s.wg, s.wg, 1, false, false)
     }
 }
 
@@ -394,11 +431,28 @@ impl std::fmt::Display for Q8Shape {
         if self.pairs {
             write!(f, "p")?;
         }
+        if self.persistent {
+            write!(f, "s")?;
+        }
         if self.vec4 {
             write!(f, "v")?;
         }
         Ok(())
     }
+}
+
+/// The most workgroups a persistent int8 kernel launches (`DISKFORMER_Q8_PERSIST_GROUPS`, for
+/// comparisons on the device; default 1056, 8 per SM of an H200's 132, as many subgroups of 256
+/// invocations as it keeps resident).
+pub fn persistent_groups() -> usize {
+    static GROUPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *GROUPS.get_or_init(|| {
+        std::env::var("DISKFORMER_Q8_PERSIST_GROUPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(1056)
+    })
 }
 
 /// What one int8 kernel computes.
@@ -500,6 +554,21 @@ fn q8_weight_body(shape: Q8Shape, subgroups: bool) -> String {
         "            for (var r = 0u; r < ROWS; r++) {\n                acc[r] += {DOT}(rb[r] + bo{S}, j{S}, x0{S}, x1{S}, xd{S});\n            }\n",
     );
     let store = Q8_STORE;
+    if shape.persistent {
+        // The slot is this subgroup: its sum is final, lane 0 writes it; no barrier.
+        s += &format!(
+            "        for (var r = 0u; r < ROWS; r++) {{
+            let s = subgroupAdd(acc[r]);
+            if (sg_lane == 0u && row0 + r < n_rows) {{
+                let o = {{OC}} + row0 + r;
+                {store}
+            }}
+        }}
+"
+        );
+        // The blocks of a row are strided over the subgroup's lanes.
+        return s.replace("TPR", "sg_size");
+    }
     if shape.tpr != shape.wg {
         // Row slots: every slot's partial sums side by side, one invocation per row adds its TPR.
         s += &format!(
@@ -682,6 +751,9 @@ fn without_fn(src: &str, name: &str) -> String {
 /// result only with whole 32-row blocks per workgroup. 16-byte loads (`shape.vec4`) apply when
 /// every weight is of one type that has them.
 pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, subgroups: bool) -> Option<String> {
+    if shape.persistent && (!subgroups || kind == Q8Kind::Glu) {
+        return None;
+    }
     let n_w = match kind {
         Q8Kind::Weights(n) => n.clamp(1, 3),
         Q8Kind::Glu => 2,
@@ -759,11 +831,41 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
     };
     bind("var<uniform> P: Params;".into());
     let sg_wide = subgroups && shape.tpr == shape.wg && kind != Q8Kind::Glu;
-    let sg_args = if sg_wide {
+    let sg_args = if shape.persistent {
+        "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,\n    @builtin(subgroup_size) sg_size: u32,"
+    } else if sg_wide {
         "@builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(num_subgroups) n_sg: u32,"
     } else {
         ""
     };
+    let entry = if shape.persistent {
+        format!(
+            "    // A grid unit is a row slot, served by one subgroup at a time; nothing below waits for
+    // another subgroup, so each leaves when its slots run out.
+    let n_blocks = P.k / 32u;
+    let slot = 0u;
+    let lane = sg_lane;
+    let n_slots = nwg.x * nwg.y * n_sg;
+    for (var g = (wid.x + wid.y * nwg.x) * n_sg + sg_id; g < P.groups_end; g += n_slots) {{
+{}    }}
+",
+            body.lines().map(|l| format!("    {l}\n")).collect::<String>()
+        )
+    } else {
+        format!(
+            "    // Uniform per workgroup, so the barriers below are reached by all or none.
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= P.groups_end) {{
+        return;
+    }}
+    let n_blocks = P.k / 32u;
+    let slot = lid / TPR;
+    let lane = lid % TPR;
+{body}"
+        )
+    };
+    // A persistent kernel's slot is one subgroup: one slot per workgroup as the template counts.
+    let tpr = if shape.persistent { shape.wg } else { shape.tpr };
     let n_red = if kind == Q8Kind::Glu { 2 } else { 1 };
     let act = if kind == Q8Kind::Glu { format!("{ACT}\n{Q8_ROWS}") } else { String::new() };
     Some(
@@ -772,11 +874,11 @@ pub fn matvec_q8_types(layouts: &[TypeLayout], shape: Q8Shape, kind: Q8Kind, sub
             .replace("{{QUANT}}", &format!("{quant_src}\n{dots}"))
             .replace("{{ACT}}", &act)
             .replace("{{WG}}", &shape.wg.to_string())
-            .replace("{{TPR}}", &shape.tpr.to_string())
+            .replace("{{TPR}}", &tpr.to_string())
             .replace("{{ROWS}}", &shape.rows.to_string())
             .replace("{{RED_LEN}}", &(n_red * shape.rows * shape.wg).max(32).to_string())
             .replace("{{SG_ARGS}}", sg_args)
-            .replace("{{BODY}}", &body),
+            .replace("{{ENTRY}}", &entry),
     )
 }
 
@@ -1105,15 +1207,22 @@ pub(super) mod tests {
 
     #[test]
     fn q8_shapes_parse() {
-        let p = |rows, wg, tpr, unroll, pairs, vec4| Some(Q8Shape { rows, wg, tpr, unroll, pairs, vec4 });
+        let p = |rows, wg, tpr, unroll, pairs, vec4| Some(Q8Shape::classic(rows, wg, tpr, unroll, pairs, vec4));
         assert_eq!(Q8Shape::parse("2x64"), p(2, 64, 64, 1, false, false));
         assert_eq!(Q8Shape::parse("2x64u2pv"), p(2, 64, 64, 2, true, true));
         assert_eq!(Q8Shape::parse("1x256t8p"), p(1, 256, 8, 1, true, false));
         assert_eq!(Q8Shape::parse("1x256t8u2"), p(1, 256, 8, 2, false, false));
         assert_eq!(Q8Shape::parse("4x128u4v"), p(4, 128, 128, 4, false, true));
-        for bad in
-            ["", "2", "2x", "2x63", "0x64", "1x64t128", "1x64u3", "1x64t3", "9x64", "2x64vp", "2x64pp", "2x64pu2"]
-        {
+        let persistent = Q8Shape::parse("1x256u2sv").unwrap();
+        assert!(persistent.persistent && persistent.vec4 && persistent.unroll == 2);
+        assert_eq!(persistent.rows_per_group(), 1);
+        assert_eq!(persistent.dispatch_groups(4), 1);
+        assert_eq!(persistent.dispatch_groups(32768), persistent_groups());
+        assert_eq!(Q8Shape::parse("1x64t8").unwrap().dispatch_groups(32768), 32768);
+        for bad in [
+            "", "2", "2x", "2x63", "0x64", "1x64t128", "1x64u3", "1x64t3", "9x64", "2x64vp", "2x64pp", "2x64pu2",
+            "2x64ps", "2x64vs",
+        ] {
             assert_eq!(Q8Shape::parse(bad), None, "{bad}");
         }
         for s in Q8Shape::TESTED {

@@ -21,10 +21,12 @@
 // Workgroup shape: WG invocations in SLOTS = WG / TPR row slots of TPR invocations each; a slot
 // holds ROWS rows in registers (they share the activation loads), so a workgroup covers
 // RPW = SLOTS * ROWS rows. TPR = WG is the classic shape (every invocation on the same rows). The
-// loop takes UNROLL blocks per iteration (more loads in flight).
+// loop takes UNROLL blocks per iteration (more loads in flight). A persistent shape makes each
+// subgroup a row slot that loops over grid units (Q8Shape::persistent in shaders.rs).
 // Template parameters (see shaders.rs): QUANT (weight 0's type code, and dot32, dot32_1, dot32_2
 // from quant/i8/ for the weights' types reading W, W1, W2, with their block sizes QBV0.. in values
-// and QBW0.. in words), BINDINGS, ACT, WG, TPR, ROWS, RED_LEN, SG_ARGS, BODY.
+// and QBW0.. in words), BINDINGS, ACT, WG, TPR, ROWS, RED_LEN, SG_ARGS, ENTRY (the grid unit and
+// the body).
 // Needs k and x_col0 multiples of 32 (the caller falls back to matvec.wgsl).
 struct Params {
     // Values per row (a whole number of every weight's blocks: row words are k / QBV * QBW).
@@ -79,13 +81,4 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
     {{SG_ARGS}}
 ) {
-    // Uniform per workgroup, so the barriers below are reached by all or none.
-    let g = wid.x + wid.y * nwg.x;
-    if (g >= P.groups_end) {
-        return;
-    }
-    let n_blocks = P.k / 32u;
-    let slot = lid / TPR;
-    let lane = lid % TPR;
-{{BODY}}
-}
+{{ENTRY}}}
