@@ -613,12 +613,12 @@ impl HostBiases {
     }
 }
 
-/// One expert's FFN on the CPU over the rows `xs` of tokens `toks` (token, routing weight),
-/// added into `out` (`[n, n_embd]`) scaled by each token's weight: the CPU back end's
-/// arithmetic.
+/// One expert's FFN on the CPU over tokens `toks` (token, routing weight) of the layer input `x`
+/// (`[n, n_embd]`), added into `out` (`[n, n_embd]`) scaled by each token's weight: the CPU back
+/// end's arithmetic.
 fn host_expert_ffn(
     mode: MatmulMode,
-    xs: &[f32],
+    x: &[f32],
     toks: &[(usize, f32)],
     ex: &HostExpert<'_>,
     biases: &HostBiases,
@@ -627,6 +627,9 @@ fn host_expert_ffn(
 ) -> Result<(), OpError> {
     let (m, e, ff) = (toks.len(), ex.id as usize, spec.n_ff);
     let n_embd = ex.down.n_out;
+    // The expert's tokens' rows, one after another: its products' input.
+    let xs: Vec<f32> = toks.iter().flat_map(|&(t, _)| x[t * n_embd..(t + 1) * n_embd].iter().copied()).collect();
+    let xs = xs.as_slice();
     let mm = |x: &[f32], w: &HostMatrix<'_>, y: &mut [f32]| {
         quant::matmul(w.dtype, w.bytes, w.n_out, w.k, x, y, mode)
             .map_err(|source| OpError::Quant { op: "moe_ffn (cpu expert)", source })
@@ -1343,13 +1346,9 @@ impl WgpuBackend {
                 let mut per_token = Vec::with_capacity(cpu_group.len());
                 for ex in &cpu_group {
                     let toks = &by_expert[ex.id as usize];
-                    let rows: Vec<f32> = toks
-                        .iter()
-                        .flat_map(|&(t, _)| x_host[t as usize * n_embd..(t as usize + 1) * n_embd].iter().copied())
-                        .collect();
                     let tw: Vec<(usize, f32)> = toks.iter().map(|&(t, w)| (t as usize, w_host[w as usize])).collect();
                     let t0 = Instant::now();
-                    host_expert_ffn(matmul_mode, &rows, &tw, ex, biases, spec, cpu_out)?;
+                    host_expert_ffn(matmul_mode, x_host, &tw, ex, biases, spec, cpu_out)?;
                     per_token.push(t0.elapsed().as_secs_f64() / toks.len().max(1) as f64);
                 }
                 Ok(per_token)

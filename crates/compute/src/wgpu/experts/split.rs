@@ -109,12 +109,10 @@ impl CpuJob {
         let n_embd = self.xs.len() / n.max(1);
         let mut sum = vec![0f32; n * n_embd];
         let one = |ex: &HostExpert<'_>| -> Result<Vec<f32>, OpError> {
-            let pairs: Vec<usize> = (0..nk).filter(|&p| self.ids[p] == ex.id).collect();
-            let rows: Vec<f32> =
-                pairs.iter().flat_map(|&p| self.xs[(p / k) * n_embd..(p / k + 1) * n_embd].iter().copied()).collect();
-            let toks: Vec<(usize, f32)> = pairs.iter().map(|&p| (p / k, self.weights[p])).collect();
+            let toks: Vec<(usize, f32)> =
+                (0..nk).filter(|&p| self.ids[p] == ex.id).map(|p| (p / k, self.weights[p])).collect();
             let mut out = vec![0f32; n * n_embd];
-            host_expert_ffn(self.mode, &rows, &toks, ex, &self.biases, &self.spec, &mut out)?;
+            host_expert_ffn(self.mode, &self.xs, &toks, ex, &self.biases, &self.spec, &mut out)?;
             Ok(out)
         };
         self.store.with_host_experts(self.layer, &self.experts, &mut |group: &[HostExpert<'_>]| {
