@@ -158,11 +158,11 @@ pub(super) const WIDE_K: usize = 8192;
 /// - gate/up with the GLU (2 x 14336 x 4096): grouped Q4_0 `1x256t8u2` 41.2 us against 44.4 for
 ///   1x256t8, Q4_K `1x256t8v` 47.2 against 60.2; others 1x256t8.
 ///
-/// Thirteenth session (H200, /work/results/s13): Q4_K's plain products take `2x64v` (2598
-/// against 2525 GB/s for 1x64v on the 151 MB matrix, 3087 against 2978 on a 1.06 GB one), and
-/// grouped Q4_0's q/k/v the persistent `1x256sv` where the device has subgroups (13.7 against
-/// 14.4 us per 8B layer, profiled; the 8B Q4_0 decode ahead of the old defaults in all six
-/// pairs of two calls, with it for q/k/v or for every product, each pair's default run first).
+/// Thirteenth session (H200, /work/results/s13): grouped Q4_0's q/k/v take the persistent
+/// `1x256sv` where the device has subgroups (13.7 against 14.4 us per 8B layer, profiled; the 8B
+/// Q4_0 decode ahead of the old defaults in all six pairs of two calls, with it for q/k/v or for
+/// every product, each pair's default run first). Q4_K's plain products stay `1x64v`: `2x64v`
+/// read 3% more in two calls and 6% less in a third.
 mod default_shape {
     use super::Q8Shape;
 
@@ -173,7 +173,6 @@ mod default_shape {
     pub(super) const PLAIN_V4: Q8Shape = shape(1, 64, 64, 1, true);
     pub(super) const MANY_Q4_0G: Q8Shape = shape(2, 64, 64, 2, true);
     pub(super) const MANY_Q4_0G_PERSISTENT: Q8Shape = Q8Shape { persistent: true, ..shape(1, 256, 256, 1, true) };
-    pub(super) const PLAIN_Q4_K: Q8Shape = shape(2, 64, 64, 1, true);
     pub(super) const MANY_Q4_K: Q8Shape = shape(1, 64, 64, 1, false);
     pub(super) const GLU: Q8Shape = shape(1, 256, 8, 1, false);
     pub(super) const GLU_Q4_0G: Q8Shape = shape(1, 256, 8, 2, false);
@@ -186,7 +185,6 @@ impl Q8Config {
         match self.wide {
             Some(wide) if k >= WIDE_K => wide,
             _ if self.plain_set => self.plain,
-            _ if l.dtype == GgmlType::Q4_K && !l.regrouped => default_shape::PLAIN_Q4_K,
             _ if shaders::dot32_v4_source(l).is_some() => default_shape::PLAIN_V4,
             _ => default_shape::PLAIN,
         }
@@ -842,7 +840,7 @@ mod tests {
             (TypeLayout::q4_0_grouped(), of(GgmlType::Q4_0), of(GgmlType::Q4_K), of(GgmlType::Q6_K));
         let named = |s: Q8Shape| s.to_string();
         assert_eq!(named(cfg.plain_for(&q4_0g, 4096)), "1x64v");
-        assert_eq!(named(cfg.plain_for(&q4_k, 14336)), "2x64v");
+        assert_eq!(named(cfg.plain_for(&q4_k, 14336)), "1x64v");
         assert_eq!(named(cfg.plain_for(&of(GgmlType::Q5_K), 4096)), "1x64v");
         assert_eq!(named(cfg.plain_for(&q4_0, 4096 + 32)), "2x64");
         assert_eq!(named(cfg.plain_for(&q6_k, 4096)), "2x64");
