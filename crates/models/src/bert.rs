@@ -155,7 +155,7 @@ impl<B: Backend> Architecture<B> for Bert<B> {
 
     /// An encoder keeps no state between calls: no layer has a cache.
     fn new_state(&self, _b: &B, n_ctx: usize) -> Result<State<B>> {
-        Ok(State { layers: Vec::new(), n_past: 0, n_ctx: n_ctx.min(self.n_pos) })
+        Ok(State::new(Vec::new(), n_ctx.min(self.n_pos)))
     }
 
     fn forward(&self, _b: &B, _state: &mut State<B>, _ids: &[u32], _outputs: Outputs) -> Result<B::Tensor> {

@@ -113,15 +113,7 @@ impl<B: Backend> Architecture<B> for Gemma3<B> {
     }
 
     fn new_state(&self, b: &B, n_ctx: usize) -> Result<State<B>> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                let (kw, vw) = l.attn.cache_widths();
-                Ok(LayerState::Attention(b.new_cache(n_ctx, kw, vw)?))
-            })
-            .collect::<Result<_>>()?;
-        Ok(State { layers, n_past: 0, n_ctx })
+        State::kv_caches(b, n_ctx, self.layers.iter().map(|l| l.attn.cache_widths()))
     }
 
     fn forward(&self, b: &B, state: &mut State<B>, ids: &[u32], outputs: Outputs) -> Result<B::Tensor> {

@@ -301,14 +301,11 @@ impl<B: Backend> Architecture<B> for Granite<B> {
             .layers
             .iter()
             .map(|l| match &l.mixer {
-                Mixer::Attention(a) => {
-                    let (kw, vw) = a.cache_widths();
-                    Ok(LayerState::Attention(b.new_cache(n_ctx, kw, vw)?))
-                }
+                Mixer::Attention(a) => LayerState::kv_cache(b, n_ctx, a.cache_widths()),
                 Mixer::Mamba(m) => Ok(LayerState::Recurrent(m.new_state(b)?)),
             })
             .collect::<Result<_>>()?;
-        Ok(State { layers, n_past: 0, n_ctx })
+        Ok(State::new(layers, n_ctx))
     }
 
     fn forward(&self, b: &B, state: &mut State<B>, ids: &[u32], outputs: Outputs) -> Result<B::Tensor> {

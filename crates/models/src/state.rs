@@ -68,7 +68,32 @@ impl Checkpoint {
     }
 }
 
+impl<B: Backend> LayerState<B> {
+    /// An attention layer's empty KV cache of `n_ctx` positions, keys and values `widths` wide.
+    ///
+    /// # Errors
+    /// The back end cannot allocate it.
+    pub fn kv_cache(b: &B, n_ctx: usize, widths: (usize, usize)) -> Result<Self> {
+        Ok(LayerState::Attention(b.new_cache(n_ctx, widths.0, widths.1)?))
+    }
+}
+
 impl<B: Backend> State<B> {
+    /// A fresh state of `n_ctx` positions for `layers`, each its own state.
+    pub fn new(layers: Vec<LayerState<B>>, n_ctx: usize) -> Self {
+        State { layers, n_past: 0, n_ctx }
+    }
+
+    /// A fresh state of `n_ctx` positions for a decoder whose every layer attends: one KV cache a
+    /// layer, keys and values of the given widths.
+    ///
+    /// # Errors
+    /// The back end cannot allocate a cache.
+    pub fn kv_caches(b: &B, n_ctx: usize, widths: impl IntoIterator<Item = (usize, usize)>) -> Result<Self> {
+        let layers = widths.into_iter().map(|w| LayerState::kv_cache(b, n_ctx, w)).collect::<Result<_>>()?;
+        Ok(State::new(layers, n_ctx))
+    }
+
     /// Copies the recurrent tensors and notes the position. The caller stamps it with
     /// `WriteLog::stamp`, as `Session` does.
     ///
