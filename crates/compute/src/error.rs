@@ -58,3 +58,15 @@ pub enum OpError {
         why: String,
     },
 }
+
+impl OpError {
+    /// `from_host`'s check, the same on every back end: `data` holds exactly the values `shape`
+    /// counts.
+    pub(crate) fn check_host_values(data: &[f32], shape: &[usize]) -> Result<(), OpError> {
+        let want = shape.iter().product::<usize>();
+        if want == data.len() {
+            return Ok(());
+        }
+        Err(OpError::ShapeMismatch { op: "from_host", expected: format!("{want} values"), got: vec![data.len()] })
+    }
+}

@@ -411,13 +411,7 @@ impl Backend for CpuBackend {
     }
 
     fn from_host(&self, data: &[f32], shape: &[usize]) -> Result<CpuTensor, OpError> {
-        if shape.iter().product::<usize>() != data.len() {
-            return Err(OpError::ShapeMismatch {
-                op: "from_host",
-                expected: format!("{} values", shape.iter().product::<usize>()),
-                got: vec![data.len()],
-            });
-        }
+        OpError::check_host_values(data, shape)?;
         Ok(CpuTensor::pooled(shape, pool::copy_of(data)))
     }
 

@@ -1536,13 +1536,7 @@ impl Backend for WgpuBackend {
     }
 
     fn from_host(&self, data: &[f32], shape: &[usize]) -> Result<WgpuTensor, OpError> {
-        if shape.iter().product::<usize>() != data.len() {
-            return Err(OpError::ShapeMismatch {
-                op: "from_host",
-                expected: format!("{} values", shape.iter().product::<usize>()),
-                got: vec![data.len()],
-            });
-        }
+        OpError::check_host_values(data, shape)?;
         Ok(WgpuTensor { buf: self.upload("from_host", bytemuck::cast_slice(data))?, shape: shape.to_vec() })
     }
 
