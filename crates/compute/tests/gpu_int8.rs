@@ -127,6 +127,67 @@ mod int8 {
         r.finish();
     }
 
+    /// Prefill products (from `TILED_MIN_TOKENS` tokens) with int8 activations: the int8 tiled
+    /// kernel for grouped Q4_0 and Q4_K (`matmul_tiled_q8.wgsl`), the f32 tiled kernel for the
+    /// others (Q6_K here); token and row counts past a tile, the accumulating product, and the
+    /// per-head products (a column window of x per head), against the CPU product of x rounded as
+    /// the GPU rounds it (of x itself for the f32 kernel).
+    #[test]
+    fn prefill_products_match_cpu() {
+        let Some(g) = gpu("gpu_int8") else { return };
+        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+        if !g8.uses_int8_activations() {
+            println!("gpu_int8: not run: DISKFORMER_GPU_F32_ACT=1 keeps f32 activations");
+            return;
+        }
+        let seed = seed();
+        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        for (t, rows, k, n_tok) in [
+            (GgmlType::Q4_0, 100, 512, 37),
+            (GgmlType::Q4_0, 64, 256, 70),
+            (GgmlType::Q4_K, 100, 768, 37),
+            (GgmlType::Q4_K, 130, 256, 9),
+            (GgmlType::Q6_K, 70, 256, 37),
+        ] {
+            let tn = type_name(t);
+            let file = weight_file(&format!("prefill-{tn}-{rows}-{k}"), &mut rng, &[(format!("w_{tn}"), t, [rows, k])]);
+            let (cw, gw) = (file.get(&format!("w_{tn}")), g8.weight(&file.get(&format!("w_{tn}"))).expect("upload"));
+            let x = tensor(&mut rng, &[n_tok, k], 1.0);
+            // The f32 tiled kernel (Q6_K) reads x as it is.
+            let xr = if t == GgmlType::Q6_K { x.clone() } else { q8_rounded(&x) };
+            let gx = up(&g8, &x);
+            let want = c.matmul(&xr, &cw).expect("cpu");
+            let case = format!("prefill matmul({tn}, {rows}x{k}, {n_tok} tokens)");
+            r.check(&case, g8.matmul(&gx, &gw).and_then(|y| g8.to_host(&y)), &want.data, ROUNDED_MAX_NMSE);
+            let res = tensor(&mut rng, &[n_tok, rows], 1.0);
+            let want_add: Vec<f32> = res.data.iter().zip(&want.data).map(|(a, b)| a + b).collect();
+            let got = g8.matmul_add(&gx, &gw, up(&g8, &res)).and_then(|y| g8.to_host(&y));
+            r.check(&format!("{case} + residual"), got, &want_add, ROUNDED_MAX_NMSE);
+        }
+        // Per-head products: x [n, 2 * k], w [2, n_out, k] (DeepSeek's absorbed MLA).
+        for t in [GgmlType::Q4_0, GgmlType::Q4_K] {
+            let tn = type_name(t);
+            let (n_head, n_out, k, n_tok) = (2usize, 40usize, 256usize, 21usize);
+            let specs =
+                vec![(format!("h_{tn}"), t, vec![n_head, n_out, k], rand_vec(&mut rng, n_head * n_out * k, 1.0))];
+            let file = WeightFile::new(&format!("gpu-int8-prefill-heads-{tn}"), &specs);
+            let (cw, gw) = (file.get(&specs[0].0), g8.weight(&file.get(&specs[0].0)).expect("upload"));
+            let x = tensor(&mut rng, &[n_tok, n_head * k], 1.0);
+            let want = c.matmul_per_head(&q8_rounded(&x), &cw).expect("cpu");
+            let got = g8.matmul_per_head(&up(&g8, &x), &gw).and_then(|y| g8.to_host(&y));
+            r.check(
+                &format!("prefill matmul_per_head({tn}, {n_head}x{n_out}x{k}, {n_tok} tokens)"),
+                got,
+                &want.data,
+                ROUNDED_MAX_NMSE,
+            );
+        }
+        r.finish();
+    }
+
     /// One type: the multi-weight kernel for 2 and 3 weights and the GLU kernel with every
     /// tested shape, then the `Backend` entries with their dispatch counts.
     fn type_cases(

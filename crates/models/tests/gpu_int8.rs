@@ -1,8 +1,9 @@
 //! The fixture models on the wgpu back end with int8 activations (`MatmulMode::QuantizedActivations`,
 //! what `diskformer run` and `bench` use): decode steps take the int8 kernel for Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights. The reference is the CPU back end in the same mode (llama.cpp's
+//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights, a prefill of the whole prompt the int8 tiled
+//! kernel for grouped Q4_0 and Q4_K (rows of whole 256-value groups), checked the same way. The reference is the CPU back end in the same mode (llama.cpp's
 //! scheme: Q8_0 activation blocks of 32 with f16 scales for the 32-value types, Q8_K blocks of 256
-//! for k-quants) and in exact mode: the logits of the first prompt tokens, fed one at a time, must
+//! for k-quants) and in exact mode: the logits of the first prompt tokens, fed one at a time (and of the whole prompt's last position), must
 //! depart from the exact ones by no more than 1.5 times what the CPU's llama.cpp scheme does. Both are within the
 //! activation rounding error of the exact result (rel-L2 1-5% on these random models, as the
 //! fixtures README reports for llama.cpp); the GPU's blocks of 32 with f32 scales round no
@@ -109,38 +110,51 @@ mod on_gpu {
                 .collect();
             let model = Arc::new(gguf::GgufModel::open(&file).expect("fixture opens"));
             let mut moe = false;
-            let mut run = |mode: MatmulMode, on_gpu: bool| -> Result<(Vec<f32>, Vec<u32>), String> {
+            // Per run: the first 4 prompt tokens one at a time, so that every step is a one-token
+            // product on both back ends, with the same inputs whatever the argmax; then the
+            // whole prompt in one batch (24 tokens: the GPU's int8 tiled prefill kernel for the
+            // layouts that have one, whose rows are whole 256-value groups), its last logits.
+            let mut run = |mode: MatmulMode, on_gpu: bool| -> Result<[(Vec<f32>, Vec<u32>); 2], String> {
                 let opts = LoadOptions { matmul: mode, ..LoadOptions::default() };
-                let mut m = if on_gpu { load_on(gpu.clone(), &model, &opts) } else { load(&model, &opts) }
-                    .map_err(|e| e.to_string())?;
+                let load_one = || if on_gpu { load_on(gpu.clone(), &model, &opts) } else { load(&model, &opts) };
+                let mut m = load_one().map_err(|e| e.to_string())?;
                 moe = m.hparams().expert_count > 0;
-                // The prompt one token at a time, so that every step is a one-token product on
-                // both back ends (the CPU quantizes prefill activations too; the GPU's int8
-                // kernel is for decode only), with the same inputs whatever the argmax.
-                one_token_steps(m.as_mut(), &prompt, 4)
+                let steps = one_token_steps(m.as_mut(), &prompt, 4)?;
+                let mut m = load_one().map_err(|e| e.to_string())?;
+                let n_vocab = m.hparams().n_vocab;
+                let logits = m.eval(&prompt, Outputs::Last).map_err(|e| e.to_string())?;
+                let last = logits[logits.len() - n_vocab..].to_vec();
+                let argmax = (0..n_vocab).fold(0, |best, i| if last[i] > last[best] { i } else { best }) as u32;
+                Ok([steps, (last, vec![argmax])])
             };
-            let row = match (
+            let runs = (
                 run(MatmulMode::QuantizedActivations, true),
                 run(MatmulMode::QuantizedActivations, false),
                 run(MatmulMode::Exact, false),
-            ) {
-                (Ok((gl, gi)), Ok((ql, qi)), Ok((el, ei))) => {
-                    let el: Vec<f64> = el.iter().map(|&v| v as f64).collect();
-                    let (_, gpu_rel) = compare(&gl, &el);
-                    let (_, cpu_rel) = compare(&ql, &el);
-                    let ok = gpu_rel <= MAX_RATIO_TO_CPU_Q8 * cpu_rel || (moe && gpu_rel <= MOE_MAX_REL_L2);
-                    format!(
-                        "| {arch} | {variant} | rel_l2 to exact: wgpu int8 {gpu_rel:.1e}, cpu q8 {cpu_rel:.1e} | argmax wgpu {gi:?} cpu q8 {qi:?} exact {ei:?} | {} |",
-                        if ok { "ok" } else { "FAIL" }
-                    )
-                }
-                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                    format!("| {arch} | {variant} | ERROR {e} | FAIL |")
-                }
+            );
+            let rows: Vec<String> = match runs {
+                (Ok(g), Ok(q), Ok(e)) => ["decode", "prefill"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, what)| {
+                        let ((gl, gi), (ql, qi), (el, ei)) = (&g[i], &q[i], &e[i]);
+                        let el: Vec<f64> = el.iter().map(|&v| v as f64).collect();
+                        let (_, gpu_rel) = compare(gl, &el);
+                        let (_, cpu_rel) = compare(ql, &el);
+                        let ok = gpu_rel <= MAX_RATIO_TO_CPU_Q8 * cpu_rel || (moe && gpu_rel <= MOE_MAX_REL_L2);
+                        format!(
+                            "| {arch} | {variant} | {what} | rel_l2 to exact: wgpu int8 {gpu_rel:.1e}, cpu q8 {cpu_rel:.1e} | argmax wgpu {gi:?} cpu q8 {qi:?} exact {ei:?} | {} |",
+                            if ok { "ok" } else { "FAIL" }
+                        )
+                    })
+                    .collect(),
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => vec![format!("| {arch} | {variant} | ERROR {e} | FAIL |")],
             };
-            println!("{row}");
-            if row.ends_with("FAIL |") {
-                failures.push(row);
+            for row in rows {
+                println!("{row}");
+                if row.ends_with("FAIL |") {
+                    failures.push(row);
+                }
             }
         }
         println!("{ran} cases ran on wgpu with int8 activations");

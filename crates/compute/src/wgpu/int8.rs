@@ -240,6 +240,13 @@ pub(super) fn default_q8_config(subgroups: bool) -> Q8Config {
     }
 }
 
+/// Whether prefill products may take the int8 tiled kernel (`DISKFORMER_NO_INT8_PREFILL=1` keeps
+/// the f32 one, for comparisons).
+fn int8_prefill_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var("DISKFORMER_NO_INT8_PREFILL").map_or(true, |v| v.is_empty() || v == "0"))
+}
+
 /// Words of the int8 kernels' parameters (matvec_q8.wgsl's `Params`).
 #[derive(Default)]
 struct Q8Params {
@@ -399,6 +406,71 @@ impl WgpuBackend {
         let (qs, ds) = self.q8_blocks(x);
         let shape = self.ctx.matvec_q8.plain_for(&w.layout, w.k);
         self.matvec_q8_span(&qs, &ds, x.width(), w, y, r, shape, accumulate);
+        Ok(true)
+    }
+
+    /// `y[:, cols] (+)= x · Wᵀ` for a prefill batch (from `shaders::TILED_MIN_TOKENS` tokens)
+    /// through the int8 tiled kernel (`matmul_tiled_q8.wgsl`), `x` quantized to int8 blocks in
+    /// pool buffers (not the decode's cache, whose buffers would keep a long prompt's size); `false`
+    /// when it does not apply: int8 activations or the
+    /// tiled kernel off, fewer tokens, widths or a column window that are not whole blocks, or a
+    /// weight layout without a `sub_block` (those keep the f32 tiled kernel).
+    pub(super) fn try_int8_prefill(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        y: &WgpuTensor,
+        r: Span,
+        accumulate: bool,
+    ) -> Result<bool, OpError> {
+        let applies = self.int8_act
+            && self.ctx.tiled
+            && int8_prefill_allowed()
+            && x.rows() >= shaders::TILED_MIN_TOKENS
+            && x.width().is_multiple_of(BLOCK)
+            && r.x_col0.is_multiple_of(BLOCK)
+            && w.k.is_multiple_of(BLOCK)
+            && shaders::sub_block_source(&w.layout).is_some();
+        if !applies {
+            return Ok(false);
+        }
+        let q = self.quantize_q8(x)?;
+        let l = w.layout;
+        let key = format!("matmul_tiled_q8 {}", l.name);
+        // Every tile element is written before the barrier after which it is read
+        // (matmul_tiled_q8.wgsl): no zeroing.
+        let pipe =
+            self.ctx.pipeline_with(&key, || shaders::matmul_tiled_q8(&l).expect("the layout has a sub_block"), true);
+        let Span { x_col0, w_row0, n_rows, y_col0 } = r;
+        let n_tok = x.rows();
+        for c in &w.chunks {
+            let lo = w_row0.max(c.row0);
+            let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);
+            if lo >= hi {
+                continue;
+            }
+            let mut g = grid((hi - lo).div_ceil(shaders::TILE_ROWS));
+            g[2] = n_tok.div_ceil(shaders::TILE_TOKENS) as u32;
+            self.dispatch(
+                pipe.clone(),
+                &[&c.buffer, &q.qs.buffer, &q.ds.buffer, &y.buf.buffer],
+                &[
+                    w.k as u32,
+                    (hi - lo) as u32,
+                    n_tok as u32,
+                    l.row_words(w.k) as u32,
+                    (lo - c.row0) as u32,
+                    y.width() as u32,
+                    (y_col0 + lo - w_row0) as u32,
+                    x.width() as u32,
+                    x_col0 as u32,
+                    accumulate as u32,
+                    0,
+                    0,
+                ],
+                g,
+            );
+        }
         Ok(true)
     }
 

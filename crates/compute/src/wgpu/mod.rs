@@ -1217,7 +1217,7 @@ impl WgpuBackend {
         r: Span,
         accumulate: bool,
     ) -> Result<(), OpError> {
-        if self.try_int8_product(x, w, y, r, accumulate)? {
+        if self.try_int8_product(x, w, y, r, accumulate)? || self.try_int8_prefill(x, w, y, r, accumulate)? {
             return Ok(());
         }
         self.product_f32(x, w, y, r, accumulate)

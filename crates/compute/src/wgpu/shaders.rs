@@ -12,6 +12,7 @@ const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATVEC_Q8: &str = include_str!("shaders/matvec_q8.wgsl");
 const MATMUL_TILED: &str = include_str!("shaders/matmul_tiled.wgsl");
+const MATMUL_TILED_Q8: &str = include_str!("shaders/matmul_tiled_q8.wgsl");
 const MATMUL_PARAMS: &str = include_str!("shaders/matmul_params.wgsl");
 const GET_ROWS: &str = include_str!("shaders/get_rows.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
@@ -192,6 +193,24 @@ pub fn matmul_tiled(layout: &TypeLayout, guard_x: bool) -> String {
     let guard =
         if guard_x { "    if (c < P.k) {\n        return X[i];\n    }\n    return 0.0;" } else { "    return X[i];" };
     MATMUL_TILED.replace("{{PARAMS}}", MATMUL_PARAMS).replace("{{QUANT}}", &quant(layout)).replace("{{X_GUARD}}", guard)
+}
+
+/// The int8 tiled prefill kernel's `sub_block` (`shaders/quant/i8t/`) for weights of layout `l`:
+/// grouped Q4_0 and ggml's Q4_K, the benchmarks' types; `None` for the others, which keep the
+/// f32 tiled kernel.
+pub fn sub_block_source(l: &TypeLayout) -> Option<&'static str> {
+    match (l.dtype, l.regrouped) {
+        (GgmlType::Q4_0, true) => Some(include_str!("shaders/quant/i8t/q4_0g.wgsl")),
+        (GgmlType::Q4_K, false) => Some(include_str!("shaders/quant/i8t/q4_k.wgsl")),
+        _ => None,
+    }
+}
+
+/// The int8 tiled prefill kernel (`matmul_tiled_q8.wgsl`) for weights of layout `l`; `None`
+/// without a [`sub_block_source`].
+pub fn matmul_tiled_q8(l: &TypeLayout) -> Option<String> {
+    let sub = sub_block_source(l)?;
+    Some(MATMUL_TILED_Q8.replace("{{PARAMS}}", MATMUL_PARAMS).replace("{{SUB_BLOCK}}", sub))
 }
 
 /// Rows and invocations of one workgroup of the decode matrix-vector product (`matvec`).
@@ -1127,6 +1146,9 @@ pub(super) mod tests {
             }
             for guard in [false, true] {
                 parse(&format!("matmul_tiled {} guard {guard}", l.name), &matmul_tiled(&l, guard));
+            }
+            if let Some(src) = matmul_tiled_q8(&l) {
+                parse(&format!("matmul_tiled_q8 {}", l.name), &src);
             }
             parse(&format!("get_rows {}", l.name), &get_rows(&l));
         }
