@@ -40,6 +40,9 @@ mod on_gpu {
     /// bound for llama.cpp against its dequantized file on such models, rel-L2 up to about 20%.
     const MOE_MAX_REL_L2: f64 = 0.2;
 
+    /// Logits of some steps, concatenated, and the argmax of each.
+    type Steps = (Vec<f32>, Vec<u32>);
+
     fn gpu() -> Option<WgpuBackend> {
         let index = std::env::var("DISKFORMER_GPU").ok().and_then(|v| v.parse().ok());
         match WgpuBackend::new(WgpuOptions { adapter_index: index, prefer_discrete: true }) {
@@ -54,7 +57,7 @@ mod on_gpu {
 
     /// The logits of the first `n` prompt tokens fed one at a time (every product a one-token
     /// decode step), concatenated, and the argmax of each step.
-    fn one_token_steps(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> Result<(Vec<f32>, Vec<u32>), String> {
+    fn one_token_steps(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> Result<Steps, String> {
         let n_vocab = runner.hparams().n_vocab;
         let mut all = Vec::new();
         let mut ids = Vec::new();
@@ -114,7 +117,7 @@ mod on_gpu {
             // product on both back ends, with the same inputs whatever the argmax; then the
             // whole prompt in one batch (24 tokens: the GPU's int8 tiled prefill kernel for the
             // layouts that have one, whose rows are whole 256-value groups), its last logits.
-            let mut run = |mode: MatmulMode, on_gpu: bool| -> Result<[(Vec<f32>, Vec<u32>); 2], String> {
+            let mut run = |mode: MatmulMode, on_gpu: bool| -> Result<[Steps; 2], String> {
                 let opts = LoadOptions { matmul: mode, ..LoadOptions::default() };
                 let load_one = || if on_gpu { load_on(gpu.clone(), &model, &opts) } else { load(&model, &opts) };
                 let mut m = load_one().map_err(|e| e.to_string())?;
