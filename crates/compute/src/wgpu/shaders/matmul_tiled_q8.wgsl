@@ -80,9 +80,14 @@ fn main(
             if (j < n_sub) {
                 sbk = sub_block(rb, j);
             }
-            for (var w = 0u; w < 8u; w++) {
-                wq[slot + w * 16u][lane] = sbk.q[w];
-            }
+            wq[slot][lane] = sbk.q[0];
+            wq[slot + 16u][lane] = sbk.q[1];
+            wq[slot + 32u][lane] = sbk.q[2];
+            wq[slot + 48u][lane] = sbk.q[3];
+            wq[slot + 64u][lane] = sbk.q[4];
+            wq[slot + 80u][lane] = sbk.q[5];
+            wq[slot + 96u][lane] = sbk.q[6];
+            wq[slot + 112u][lane] = sbk.q[7];
             wd[ls * 16u + lr / 4u][lane] = sbk.dm.x;
             wm[ls * 16u + lr / 4u][lane] = sbk.dm.y;
         } else {
@@ -94,35 +99,41 @@ fn main(
                 c = XQ[2u * (xb + j) + 1u];
                 d = XD[xb + j];
             }
-            for (var w = 0u; w < 4u; w++) {
-                xq[slot + w * 16u][lane] = a[w];
-                xq[slot + (w + 4u) * 16u][lane] = c[w];
-            }
+            xq[slot][lane] = a.x;
+            xq[slot + 16u][lane] = a.y;
+            xq[slot + 32u][lane] = a.z;
+            xq[slot + 48u][lane] = a.w;
+            xq[slot + 64u][lane] = c.x;
+            xq[slot + 80u][lane] = c.y;
+            xq[slot + 96u][lane] = c.z;
+            xq[slot + 112u][lane] = c.w;
             xd[ls * 16u + lr / 4u][lane] = d.x;
             xs[ls * 16u + lr / 4u][lane] = d.y;
         }
         workgroupBarrier();
         for (var s = 0u; s < SB; s++) {
-            var isum: array<vec4<i32>, 4>;
+            // Written out per token (no index into a private array or a vector's component by a
+            // loop variable), so the sums stay in registers, as the f32 kernel's accumulators.
+            var i0 = vec4<i32>(0);
+            var i1 = vec4<i32>(0);
+            var i2 = vec4<i32>(0);
+            var i3 = vec4<i32>(0);
             for (var w = 0u; w < 8u; w++) {
                 let a = wq[(s * 8u + w) * 16u + cr];
                 let b = xq[(s * 8u + w) * 16u + ct];
-                for (var i = 0u; i < 4u; i++) {
-                    isum[i] += vec4<i32>(
-                        dot4I8Packed(a.x, b[i]),
-                        dot4I8Packed(a.y, b[i]),
-                        dot4I8Packed(a.z, b[i]),
-                        dot4I8Packed(a.w, b[i]),
-                    );
-                }
+                i0 += vec4<i32>(dot4I8Packed(a.x, b.x), dot4I8Packed(a.y, b.x), dot4I8Packed(a.z, b.x), dot4I8Packed(a.w, b.x));
+                i1 += vec4<i32>(dot4I8Packed(a.x, b.y), dot4I8Packed(a.y, b.y), dot4I8Packed(a.z, b.y), dot4I8Packed(a.w, b.y));
+                i2 += vec4<i32>(dot4I8Packed(a.x, b.z), dot4I8Packed(a.y, b.z), dot4I8Packed(a.z, b.z), dot4I8Packed(a.w, b.z));
+                i3 += vec4<i32>(dot4I8Packed(a.x, b.w), dot4I8Packed(a.y, b.w), dot4I8Packed(a.z, b.w), dot4I8Packed(a.w, b.w));
             }
             let dw = wd[s * 16u + cr];
             let mw = wm[s * 16u + cr];
             let dx = xd[s * 16u + ct];
             let sx = xs[s * 16u + ct];
-            for (var i = 0u; i < 4u; i++) {
-                acc[i] += dw * dx[i] * vec4<f32>(isum[i]) - mw * sx[i];
-            }
+            acc[0] += dw * dx.x * vec4<f32>(i0) - mw * sx.x;
+            acc[1] += dw * dx.y * vec4<f32>(i1) - mw * sx.y;
+            acc[2] += dw * dx.z * vec4<f32>(i2) - mw * sx.z;
+            acc[3] += dw * dx.w * vec4<f32>(i3) - mw * sx.w;
         }
         workgroupBarrier();
     }
