@@ -1064,7 +1064,7 @@ pub fn attention_decode(k: &AttnDecodeKernel) -> String {
             "let lane = lid % LANES;\n    let gsize = LANES;\n    let grp = lid / LANES;\n    let ngrp = WG / LANES;",
         ),
     };
-    include_str!("shaders/attention_decode.wgsl")
+    let src = include_str!("shaders/attention_decode.wgsl")
         .replace("{{GROUP_SUM}}", &group_sum)
         .replace("{{GROUP_ARGS}}", args)
         .replace("{{GROUP_IDS}}", ids)
@@ -1078,7 +1078,101 @@ pub fn attention_decode(k: &AttnDecodeKernel) -> String {
         .replace("{{CV}}", &k.cv().to_string())
         .replace("{{UNROLL}}", &k.unroll.to_string())
         .replace("{{MAXG}}", &k.max_groups().to_string())
-        .replace("{{HDV_BLOCKS}}", &(k.hdv / 32).max(1).to_string())
+        .replace("{{HDV_BLOCKS}}", &(k.hdv / 32).max(1).to_string());
+    if !attn_unroll_allowed() {
+        return src;
+    }
+    let (rows, ck, cv) = (k.rows, k.ck(), k.cv());
+    let bounds = [
+        ("ROWS", rows),
+        ("UNROLL", k.unroll),
+        ("CK", ck),
+        ("CV", cv),
+        ("ROWS * CK", rows * ck),
+        ("ROWS * CV", rows * cv),
+    ];
+    unroll_const_loops(&src, &bounds, 4 * src.len())
+}
+
+/// Whether the decode attention's loops over its template constants are written out
+/// (`DISKFORMER_ATTN_UNROLL=0` keeps them as loops, for comparisons).
+fn attn_unroll_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var("DISKFORMER_ATTN_UNROLL").map_or(true, |v| v != "0"))
+}
+
+/// `src` with every loop `for (var X = 0u; X < BOUND; X++) { BODY }` whose BOUND is one of
+/// `bounds` (a template constant and its value) written out as that many blocks `{ let X = 0u;
+/// BODY }`, ... Why: a private array indexed by a loop variable stays out of registers on the
+/// NVIDIA driver unless it unrolls the loop itself, which it does not always do (the int8
+/// prefill kernel ran 4x slower so, thirteenth session); written out, every index is a constant.
+/// A loop whose body assigns its variable, breaks or continues is kept; so is everything when
+/// the result would pass `max_len` bytes (the shader's compile time grows with it).
+pub(crate) fn unroll_const_loops(src: &str, bounds: &[(&str, u32)], max_len: usize) -> String {
+    let mut out = src.to_string();
+    let mut from = 0;
+    while let Some(at) = out[from..].find("for (var ").map(|i| from + i) {
+        let header_end = match out[at..].find('{') {
+            Some(i) => at + i,
+            None => break,
+        };
+        let header = &out[at..header_end];
+        let parsed = (|| {
+            let rest = header.strip_prefix("for (var ")?;
+            let (var, rest) = rest.split_once(" = 0u; ")?;
+            let (cond, rest) = rest.split_once("; ")?;
+            let bound = cond.strip_prefix(&format!("{var} < "))?;
+            (rest.trim_end() == format!("{var}++)")).then_some(())?;
+            let n = bounds.iter().find(|(b, _)| *b == bound)?.1;
+            Some((var.to_string(), n))
+        })();
+        // The body: from the brace after the header to its match.
+        let mut depth = 0usize;
+        let mut close = None;
+        for (i, c) in out[header_end..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(header_end + i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let (Some((var, n)), Some(close)) = (parsed, close) else {
+            from = header_end;
+            continue;
+        };
+        let body = &out[header_end + 1..close];
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        // `var` written (`var =`, `var +=`, `var++`, ...) as a whole word.
+        let writes_var = body.match_indices(var.as_str()).any(|(i, _)| {
+            let before = body[..i].chars().next_back().is_some_and(ident);
+            let after = body[i + var.len()..].trim_start();
+            !before
+                && !after.starts_with(ident)
+                && (after.starts_with("++")
+                    || after.starts_with("--")
+                    || (after.starts_with('=') && !after.starts_with("=="))
+                    || ["+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>="]
+                        .iter()
+                        .any(|op| after.starts_with(op)))
+        });
+        if writes_var || body.contains("break") || body.contains("continue") {
+            from = header_end;
+            continue;
+        }
+        let copies: String = (0..n).map(|k| format!("{{\nlet {var} = {k}u;{body}}}")).collect::<Vec<_>>().join(" ");
+        out = format!("{}{}{}", &out[..at], copies, &out[close + 1..]);
+        if out.len() > max_len {
+            return src.to_string();
+        }
+        from = at;
+    }
+    out
 }
 
 /// The combine pass of a split decode attention for value heads of `hdv` dims.
@@ -1161,6 +1255,45 @@ pub(super) mod tests {
         for hdv in [24, 128, 512] {
             parse(&format!("attention_combine hdv {hdv}"), &attention_combine(hdv));
         }
+    }
+
+    #[test]
+    fn const_loops_are_written_out() {
+        let b = [("N", 3), ("M", 2)];
+        let src = "fn f() {\n    for (var i = 0u; i < N; i++) {\n        a[i] += 1.0;\n        for (var j = 0u; j < M; j++) {\n            c[i * M + j] = 0.0;\n        }\n    }\n}";
+        let out = unroll_const_loops(src, &b, 10_000);
+        assert!(!out.contains("for (var"), "{out}");
+        assert_eq!(out.matches("a[i] += 1.0").count(), 3);
+        assert_eq!(out.matches("c[i * M + j] = 0.0").count(), 6);
+        assert!(out.contains("let i = 2u;") && out.contains("let j = 1u;"));
+        parse(
+            "written-out loops",
+            &format!("var<private> a: array<f32, 3>;\nvar<private> c: array<f32, 6>;\nconst M: u32 = 2u;\n{out}"),
+        );
+        // Kept: a loop that writes its variable, breaks or continues; an unknown bound; and
+        // everything past the length cap.
+        for kept in [
+            "for (var i = 0u; i < N; i++) {\n    i = 2u;\n}",
+            "for (var i = 0u; i < N; i++) {\n    i += 1u;\n}",
+            "for (var i = 0u; i < N; i++) {\n    if (a[i] > 0.0) { break; }\n}",
+            "for (var i = 0u; i < K; i++) {\n    a[i] = 0.0;\n}",
+        ] {
+            assert_eq!(unroll_const_loops(kept, &b, 10_000), kept);
+        }
+        // A name that ends in the variable is not a write of it.
+        assert!(!unroll_const_loops("for (var r = 0u; r < N; r++) {\n    corr = a[r];\n}", &b, 10_000).contains("for"));
+        assert_eq!(unroll_const_loops(src, &b, src.len()), src);
+    }
+
+    /// The default 8B decode shape's kernel has no loop left over its template constants.
+    #[test]
+    fn decode_attention_loops_are_written_out() {
+        let k = AttnDecodeKernel { wg: 128, rows: 1, hdk: 128, hdv: 128, unroll: 4, subgroup_min: Some(32) };
+        let src = attention_decode(&k);
+        for bound in ["ROWS;", "UNROLL;", "CK;", "CV;"] {
+            assert!(!src.contains(&format!("< {bound}")), "a loop over {bound} is left");
+        }
+        parse("attention_decode written out", &src);
     }
 
     #[test]
