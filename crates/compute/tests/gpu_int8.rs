@@ -104,19 +104,24 @@ mod int8 {
         (out, g.commands_submitted() - before)
     }
 
-    #[test]
-    fn multi_weight_and_glu_kernels_match_cpu() {
-        let Some(g) = gpu("gpu_int8") else { return };
-        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
+    /// The GPU with int8 activations, the exact CPU, a seeded generator (printed) and a report;
+    /// `None` (said why) when there is no adapter the tests may skip or int8 activations are off.
+    fn setup() -> Option<(WgpuBackend, CpuBackend, StdRng, Report)> {
+        let g = gpu("gpu_int8")?;
+        let g8 = g.with_matmul_mode(MatmulMode::QuantizedActivations);
         if !g8.uses_int8_activations() {
             println!("gpu_int8: not run: DISKFORMER_GPU_F32_ACT=1 keeps f32 activations");
-            return;
+            return None;
         }
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
-        let mut rng = StdRng::seed_from_u64(seed);
         let c = CpuBackend::new(MatmulMode::Exact);
-        let mut r = Report { failures: Vec::new(), ran: 0 };
+        Some((g8, c, StdRng::seed_from_u64(seed), Report { failures: Vec::new(), ran: 0 }))
+    }
+
+    #[test]
+    fn multi_weight_and_glu_kernels_match_cpu() {
+        let Some((g8, c, mut rng, mut r)) = setup() else { return };
         for t in INT8_TYPES {
             type_cases(&g8, &c, t, shapes(t), &mut rng, &mut r);
         }
@@ -134,17 +139,7 @@ mod int8 {
     /// the GPU rounds it (of x itself for the f32 kernel).
     #[test]
     fn prefill_products_match_cpu() {
-        let Some(g) = gpu("gpu_int8") else { return };
-        let g8 = g.clone().with_matmul_mode(MatmulMode::QuantizedActivations);
-        if !g8.uses_int8_activations() {
-            println!("gpu_int8: not run: DISKFORMER_GPU_F32_ACT=1 keeps f32 activations");
-            return;
-        }
-        let seed = seed();
-        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
-        let mut rng = StdRng::seed_from_u64(seed);
-        let c = CpuBackend::new(MatmulMode::Exact);
-        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let Some((g8, c, mut rng, mut r)) = setup() else { return };
         for (t, rows, k, n_tok) in [
             (GgmlType::Q4_0, 100, 512, 37),
             (GgmlType::Q4_0, 64, 256, 70),

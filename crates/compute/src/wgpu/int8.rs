@@ -441,36 +441,8 @@ impl WgpuBackend {
         // (matmul_tiled_q8.wgsl): no zeroing.
         let pipe =
             self.ctx.pipeline_with(&key, || shaders::matmul_tiled_q8(&l).expect("the layout has a sub_block"), true);
-        let Span { x_col0, w_row0, n_rows, y_col0 } = r;
-        let n_tok = x.rows();
-        for c in &w.chunks {
-            let lo = w_row0.max(c.row0);
-            let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);
-            if lo >= hi {
-                continue;
-            }
-            let mut g = grid((hi - lo).div_ceil(shaders::TILE_ROWS));
-            g[2] = n_tok.div_ceil(shaders::TILE_TOKENS) as u32;
-            self.dispatch(
-                pipe.clone(),
-                &[&c.buffer, &q.qs.buffer, &q.ds.buffer, &y.buf.buffer],
-                &[
-                    w.k as u32,
-                    (hi - lo) as u32,
-                    n_tok as u32,
-                    l.row_words(w.k) as u32,
-                    (lo - c.row0) as u32,
-                    y.width() as u32,
-                    (y_col0 + lo - w_row0) as u32,
-                    x.width() as u32,
-                    x_col0 as u32,
-                    accumulate as u32,
-                    0,
-                    0,
-                ],
-                g,
-            );
-        }
+        let tile = (shaders::TILE_ROWS, shaders::TILE_TOKENS);
+        self.dispatch_per_chunk(pipe, w, r, tile, &[&q.qs.buffer, &q.ds.buffer], x.rows(), x.width(), y, accumulate);
         Ok(true)
     }
 

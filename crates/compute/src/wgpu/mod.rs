@@ -1324,12 +1324,9 @@ impl WgpuBackend {
     /// dequantized once into workgroup memory for all its tokens); else `matmul.wgsl` (one
     /// workgroup per row and 8-token tile, or per row for one token).
     fn matmul_kernel(&self, x: &WgpuTensor, w: &WgpuWeight, y: &WgpuTensor, r: Span, accumulate: bool, tiled: bool) {
-        let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         let n_tok = x.rows();
-        let k = w.k;
-        let guard = !k.is_multiple_of(8);
+        let guard = !w.k.is_multiple_of(8);
         let l = w.layout;
-        let row_words = l.row_words(k);
         let (pipe, rows_per_group, tok) = if tiled {
             let key = format!("matmul_tiled {} guard{guard}", l.name);
             let pipe = self.ctx.pipeline(&key, || shaders::matmul_tiled(&l, guard));
@@ -1341,26 +1338,49 @@ impl WgpuBackend {
             let key = format!("matmul {} tok{tok} guard{guard} sg{sg} unroll{unroll}", l.name);
             (self.ctx.pipeline(&key, || shaders::matmul(&l, tok, guard, sg, unroll)), 1, tok as usize)
         };
+        self.dispatch_per_chunk(pipe, w, r, (rows_per_group, tok), &[&x.buf.buffer], n_tok, x.width(), y, accumulate);
+    }
+
+    /// Records `pipe` over the rows of span `r` in each of `w`'s chunks (binding windows): a grid
+    /// of `tile.0` rows by `tile.1` tokens per workgroup, bound to the chunk, then `inputs`, then
+    /// `y`, with `matmul_params.wgsl`'s words (x `x_width` values wide, `n_tok` tokens).
+    #[allow(clippy::too_many_arguments)] // the product's operands, its span and its tile
+    fn dispatch_per_chunk(
+        &self,
+        pipe: Arc<wgpu::ComputePipeline>,
+        w: &WgpuWeight,
+        r: Span,
+        tile: (usize, usize),
+        inputs: &[&wgpu::Buffer],
+        n_tok: usize,
+        x_width: usize,
+        y: &WgpuTensor,
+        accumulate: bool,
+    ) {
+        let Span { x_col0, w_row0, n_rows, y_col0 } = r;
         for c in &w.chunks {
             let lo = w_row0.max(c.row0);
             let hi = (w_row0 + n_rows).min(c.row0 + c.n_rows);
             if lo >= hi {
                 continue;
             }
-            let mut g = grid((hi - lo).div_ceil(rows_per_group));
-            g[2] = n_tok.div_ceil(tok) as u32;
+            let mut g = grid((hi - lo).div_ceil(tile.0));
+            g[2] = n_tok.div_ceil(tile.1) as u32;
+            let mut buffers = vec![&c.buffer];
+            buffers.extend_from_slice(inputs);
+            buffers.push(&y.buf.buffer);
             self.dispatch(
                 pipe.clone(),
-                &[&c.buffer, &x.buf.buffer, &y.buf.buffer],
+                &buffers,
                 &[
-                    k as u32,
+                    w.k as u32,
                     (hi - lo) as u32,
                     n_tok as u32,
-                    row_words as u32,
+                    w.layout.row_words(w.k) as u32,
                     (lo - c.row0) as u32,
                     y.width() as u32,
                     (y_col0 + lo - w_row0) as u32,
-                    x.width() as u32,
+                    x_width as u32,
                     x_col0 as u32,
                     accumulate as u32,
                     0,
