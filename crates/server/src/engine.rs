@@ -533,9 +533,15 @@ impl Loaded {
         let this = Arc::clone(self);
         metrics.requests.fetch_add(1, Ordering::Relaxed);
         tokio::task::spawn_blocking(move || {
-            relay(generation, &opts.stop, &tx, &metrics);
+            let last = relay(generation, &opts.stop, &tx, &metrics);
+            // The slot, the admission permit and this handle on the model go before the last
+            // event: a client that sends its next request as soon as it has the answer finds a
+            // permit free and the model idle (the router may unload it for another), where
+            // releasing them after raced with that request.
             this.active[slot].fetch_sub(1, Ordering::Relaxed);
             drop::<OwnedSemaphorePermit>(permit);
+            drop(this);
+            let _ = tx.blocking_send(last);
         });
         Ok(Running { rx, guard })
     }
@@ -560,9 +566,10 @@ fn find_stop<'a>(text: &str, stops: &'a [String]) -> Option<(usize, &'a String)>
     stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str()).map(|i| (i, s))).min_by_key(|p| p.0)
 }
 
-/// Reads the engine's chunks (blocking) and sends events; ends the generation early on a stop
-/// string or when the receiver is gone.
-fn relay(mut generation: plan::Generation, stops: &[String], tx: &mpsc::Sender<Event>, metrics: &Metrics) {
+/// Reads the engine's chunks (blocking) and sends the text and reasoning events; ends the
+/// generation early on a stop string or when the receiver is gone. Returns the last event
+/// (`Done` or `Failed`), which the caller sends once it has released what the request held.
+fn relay(mut generation: plan::Generation, stops: &[String], tx: &mpsc::Sender<Event>, metrics: &Metrics) -> Event {
     let abort = generation.abort_handle();
     let mut pending = String::new();
     let mut stop_hit: Option<String> = None;
@@ -608,17 +615,15 @@ fn relay(mut generation: plan::Generation, stops: &[String], tx: &mpsc::Sender<E
             if reason == FinishReason::Cancelled {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
             }
-            let _ = tx.blocking_send(Event::Done(Outcome {
+            Event::Done(Outcome {
                 reason,
                 stop_sequence: stop_hit,
                 n_prompt: f.n_prompt_tokens,
                 n_cached: f.n_cached_tokens,
                 n_generated: f.n_generated,
-            }));
+            })
         }
-        Err(e) => {
-            let _ = tx.blocking_send(Event::Failed(e.into()));
-        }
+        Err(e) => Event::Failed(e.into()),
     }
 }
 

@@ -464,6 +464,14 @@ fn the_router_unloads_the_idle_model_first() {
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
     assert!(seen.contains("\"model\":\"a\""), "{seen}");
+    // A request holds nothing once its answer is out: the permit, the session slot and the
+    // handle on the model (the router's idleness test) are released before the last event
+    // reaches the handler, so a client's next request can never find them taken.
+    for _ in 0..5 {
+        assert_eq!(chat("b").0, 200);
+        let v: Value = serde_json::from_str(&request(s.addr, "GET", "/models", &[], None).2).unwrap();
+        assert_eq!(v["data"][1]["in_flight"], 0, "{v}");
+    }
     let v: Value = serde_json::from_str(&request(s.addr, "GET", "/models", &[], None).2).unwrap();
     let state = |i: usize| v["data"][i]["status"]["value"].as_str().unwrap().to_string();
     assert_eq!((state(0), state(1)), ("unloaded".to_string(), "loaded".to_string()), "{v}");
