@@ -133,8 +133,8 @@ mod int8 {
     }
 
     /// Prefill products (from `TILED_MIN_TOKENS` tokens) with int8 activations: the int8 tiled
-    /// kernel for grouped Q4_0 and Q4_K (`matmul_tiled_q8.wgsl`), the f32 tiled kernel for the
-    /// others (Q6_K here); token and row counts past a tile, the accumulating product, and the
+    /// kernel for grouped Q4_0 and ggml's Q4_K layouts (`matmul_tiled_q8.wgsl`), the f32 tiled
+    /// kernel for the others (Q6_K here, and the layouts scripts/test.sh's second pass selects); token and row counts past a tile, the accumulating product, and the
     /// per-head products (a column window of x per head), against the CPU product of x rounded as
     /// the GPU rounds it (of x itself for the f32 kernel).
     #[test]
@@ -151,8 +151,23 @@ mod int8 {
             let file = weight_file(&format!("prefill-{tn}-{rows}-{k}"), &mut rng, &[(format!("w_{tn}"), t, [rows, k])]);
             let (cw, gw) = (file.get(&format!("w_{tn}")), g8.weight(&file.get(&format!("w_{tn}"))).expect("upload"));
             let x = tensor(&mut rng, &[n_tok, k], 1.0);
-            // The f32 tiled kernel (Q6_K) reads x as it is.
-            let xr = if t == GgmlType::Q6_K { x.clone() } else { q8_rounded(&x) };
+            // The f32 tiled kernel (Q6_K, and the other layouts DISKFORMER_Q4_0_LAYOUT /
+            // DISKFORMER_Q4_K_LAYOUT select) reads x as it is.
+            let xr = if g8.takes_int8_prefill(&gw) { q8_rounded(&x) } else { x.clone() };
+            // With the default layouts (and nothing switching the kernel off) Q4_0 and Q4_K must
+            // take the int8 kernel, Q6_K never.
+            let defaults = [
+                "DISKFORMER_Q4_0_LAYOUT",
+                "DISKFORMER_Q4_K_LAYOUT",
+                "DISKFORMER_NO_INT8_PREFILL",
+                "DISKFORMER_NO_TILED",
+            ]
+            .iter()
+            .all(|v| std::env::var(v).is_err());
+            if defaults || t == GgmlType::Q6_K {
+                let case = format!("prefill {tn}: the int8 tiled kernel applies");
+                r.exact(&case, Ok(g8.takes_int8_prefill(&gw)), &(t != GgmlType::Q6_K));
+            }
             let gx = up(&g8, &x);
             let want = c.matmul(&xr, &cw).expect("cpu");
             let case = format!("prefill matmul({tn}, {rows}x{k}, {n_tok} tokens)");
@@ -171,7 +186,8 @@ mod int8 {
             let file = WeightFile::new(&format!("gpu-int8-prefill-heads-{tn}"), &specs);
             let (cw, gw) = (file.get(&specs[0].0), g8.weight(&file.get(&specs[0].0)).expect("upload"));
             let x = tensor(&mut rng, &[n_tok, n_head * k], 1.0);
-            let want = c.matmul_per_head(&q8_rounded(&x), &cw).expect("cpu");
+            let xr = if g8.takes_int8_prefill(&gw) { q8_rounded(&x) } else { x.clone() };
+            let want = c.matmul_per_head(&xr, &cw).expect("cpu");
             let got = g8.matmul_per_head(&up(&g8, &x), &gw).and_then(|y| g8.to_host(&y));
             r.check(
                 &format!("prefill matmul_per_head({tn}, {n_head}x{n_out}x{k}, {n_tok} tokens)"),

@@ -409,6 +409,18 @@ impl WgpuBackend {
         Ok(true)
     }
 
+    /// Whether prefill products of `w` take the int8 tiled kernel (int8 activations and the tiled
+    /// kernel on, a layout with a `sub_block`, whole 32-value blocks); tests choose their
+    /// reference by it (the layout depends on `DISKFORMER_Q4_0_LAYOUT` / `DISKFORMER_Q4_K_LAYOUT`).
+    #[doc(hidden)]
+    pub fn takes_int8_prefill(&self, w: &WgpuWeight) -> bool {
+        self.int8_act
+            && self.ctx.tiled
+            && int8_prefill_allowed()
+            && w.k.is_multiple_of(BLOCK)
+            && shaders::sub_block_source(&w.layout).is_some()
+    }
+
     /// `y[:, cols] (+)= x · Wᵀ` for a prefill batch (from `shaders::TILED_MIN_TOKENS` tokens)
     /// through the int8 tiled kernel (`matmul_tiled_q8.wgsl`), `x` quantized to int8 blocks in
     /// pool buffers (not the decode's cache, whose buffers would keep a long prompt's size); `false`
@@ -423,14 +435,10 @@ impl WgpuBackend {
         r: Span,
         accumulate: bool,
     ) -> Result<bool, OpError> {
-        let applies = self.int8_act
-            && self.ctx.tiled
-            && int8_prefill_allowed()
+        let applies = self.takes_int8_prefill(w)
             && x.rows() >= shaders::TILED_MIN_TOKENS
             && x.width().is_multiple_of(BLOCK)
-            && r.x_col0.is_multiple_of(BLOCK)
-            && w.k.is_multiple_of(BLOCK)
-            && shaders::sub_block_source(&w.layout).is_some();
+            && r.x_col0.is_multiple_of(BLOCK);
         if !applies {
             return Ok(false);
         }
