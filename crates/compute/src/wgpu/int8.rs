@@ -423,10 +423,9 @@ impl WgpuBackend {
 
     /// `y[:, cols] (+)= x · Wᵀ` for a prefill batch (from `shaders::TILED_MIN_TOKENS` tokens)
     /// through the int8 tiled kernel (`matmul_tiled_q8.wgsl`), `x` quantized to int8 blocks in
-    /// pool buffers (not the decode's cache, whose buffers would keep a long prompt's size); `false`
-    /// when it does not apply: int8 activations or the
-    /// tiled kernel off, fewer tokens, widths or a column window that are not whole blocks, or a
-    /// weight layout without a `sub_block` (those keep the f32 tiled kernel).
+    /// pool buffers (not the decode's cache, whose buffers would keep a long prompt's size);
+    /// `false` when it does not apply ([`takes_int8_prefill`](Self::takes_int8_prefill) says no,
+    /// fewer tokens, or a width or column window that is not whole blocks): the f32 tiled kernel.
     pub(super) fn try_int8_prefill(
         &self,
         x: &WgpuTensor,
