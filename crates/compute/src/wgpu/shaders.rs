@@ -747,20 +747,28 @@ pub fn dot32_v4_source(l: &TypeLayout) -> Option<&'static str> {
 fn without_fn(src: &str, name: &str) -> String {
     let Some(start) = src.find(&format!("fn {name}(")) else { return src.to_string() };
     let Some(open) = src[start..].find('{').map(|i| start + i) else { return src.to_string() };
+    match matching_brace(src, open) {
+        Some(close) => format!("{}{}", &src[..start], &src[close + 1..]),
+        None => src.to_string(),
+    }
+}
+
+/// The index of the `}` that closes the `{` at byte `open` of `src` (`None` when unbalanced).
+fn matching_brace(src: &str, open: usize) -> Option<usize> {
     let mut depth = 0usize;
     for (i, c) in src[open..].char_indices() {
         match c {
             '{' => depth += 1,
             '}' => {
-                depth -= 1;
+                depth = depth.checked_sub(1)?;
                 if depth == 0 {
-                    return format!("{}{}", &src[..start], &src[open + i + 1..]);
+                    return Some(open + i);
                 }
             }
             _ => {}
         }
     }
-    src.to_string()
+    None
 }
 
 /// The int8-activation decode kernel for weights of the types `layouts` (weight i's type is
@@ -1127,21 +1135,7 @@ pub(crate) fn unroll_const_loops(src: &str, bounds: &[(&str, u32)], max_len: usi
             Some((var.to_string(), n))
         })();
         // The body: from the brace after the header to its match.
-        let mut depth = 0usize;
-        let mut close = None;
-        for (i, c) in out[header_end..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = Some(header_end + i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let close = matching_brace(&out, header_end);
         let (Some((var, n)), Some(close)) = (parsed, close) else {
             from = header_end;
             continue;
