@@ -155,6 +155,9 @@ if [ "$RESIDENT" = 1 ]; then
   fi
   df_res=$(python3 -c 'import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(json.dumps({"pp_tok_s": b.get("pp_tok_s"), "tg_tok_s": a.get("tg_tok_s")}))' "$res_tg" "$res_pp")
 fi
+# The machine's bandwidths, measured now for the limits below: the GPU's reads of host memory
+# (the link that carries every miss) and the CPU's reads of RAM.
+probe_json=$("$DF" probe --json 2>/dev/null) || probe_json='{}'
 lb_json="[]"
 LB="$PEER_BIN/llama-bench"
 if [ "$PEER" = 1 ] && [ -f "$LB" ] && [ -x "$LB" ]; then
@@ -166,7 +169,7 @@ elif [ "$PEER" = 1 ]; then
 fi
 
 python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "${MISS:-default}" \
-  "$LB_FLAGS" "$raw" "$df_res" "$smi_log" "$smi_idle" "$smi_ctx_log" "$tg_stats" <<'PY'
+  "$LB_FLAGS" "$raw" "$df_res" "$smi_log" "$smi_idle" "$smi_ctx_log" "$tg_stats" "$probe_json" <<'PY'
 import json, re, sys
 pp, tg, lb = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 res = json.loads(sys.argv[13])
@@ -190,6 +193,12 @@ host_reads = int(row[8]) if len(row) > 9 else 0
 profile = next((l for l in lines if l.startswith("tier host time per step")), "")
 placement = next((l for l in lines if l.startswith("GPU placement:")), "")
 tokens = 1 + reps * n_gen  # bench's warm-up token is decoded too
+slot = re.search(r"GPU expert tier: \d+ slots of ([0-9.]+) MiB", lines[head])
+expert_bytes = float(slot.group(1)) * 2**20 if slot else None
+probe = json.loads(sys.argv[18]) if sys.argv[18].strip() else {}
+gpus = probe.get("gpus") or [{}]
+link_bps = gpus[0].get("host_read_bytes_per_s")
+ram_bps = (probe.get("memory") or {}).get("bandwidth_bytes_per_s")
 bytes_per_token = up_mib * 2**20 / tokens
 lb_pp = next((x["avg_ts"] for x in lb if x["n_prompt"] > 0 and x["n_gen"] == 0), None)
 lb_tg = next((x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0), None)
@@ -200,6 +209,7 @@ rec = {"model": model, "size_bytes": size_bytes, "gpu_budget": budget, "moe_miss
        "tg_limit_upload": upload_bps / bytes_per_token if bytes_per_token else None, "placement": placement,
        "resident_pp": res.get("pp_tok_s"), "resident_tg": res.get("tg_tok_s"),
        "host_reads_per_token": host_reads / tokens, "tier_profile": profile,
+       "expert_bytes": expert_bytes, "link_bps": link_bps, "ram_bps": ram_bps,
        "gpu_mem_used_mib_peak": max(smi) if smi else None, "gpu_mem_used_mib_idle": smi_idle,
        "gpu_mem_used_mib_context_peak": max(smi_ctx) if smi_ctx else None,
        "moe_miss_choice": next((l for l in open(sys.argv[17]).read().splitlines() if l.startswith("expert misses:")), "")}
@@ -225,6 +235,25 @@ print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_
       f"{'inf' if limit is None else f'{limit:.1f}'} tok/s from uploads alone at this hit rate")
 if host_reads:
     print(f"misses read by the GPU from host memory: {host_reads / tokens:.1f} experts per token")
+if expert_bytes and link_bps and ram_bps:
+    # Limits from this run's own measurements (probe, the tier's counts): bytes per token over a
+    # rate, nothing else counted (the dense layers, the attention, every latency are extra).
+    # Every miss is read from host memory once, by the GPU over the link or by the CPU from RAM;
+    # the refills cross the link too. The peer's CPU reads every selected expert from RAM.
+    miss_b = (host_reads + cpu) / tokens * expert_bytes
+    link_b = host_reads / tokens * expert_bytes + bytes_per_token
+    peer_b = selected / tokens * expert_bytes
+    gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+    print(f"limits from this run's bandwidths (probe: the GPU reads host memory at {link_bps / 1e9:.1f} GB/s, the CPU RAM "
+          f"at {ram_bps / 1e9:.1f} GB/s), expert bytes per token over a rate, all else free:")
+    print(f"  diskformer, misses over the link: {gib(link_b)} per token (misses {gib(miss_b)}, refills "
+          f"{gib(bytes_per_token)}) -> at most {link_bps / link_b:.1f} tok/s" if link_b else "  no bytes over the link")
+    if miss_b:
+        # Both read the same RAM: the RAM's rate bounds the two together.
+        print(f"  diskformer, misses shared by the link and the CPU, both reading the same RAM: at most "
+              f"{ram_bps / miss_b:.1f} tok/s")
+    print(f"  llama.cpp, every selected expert from RAM by the CPU: {gib(peer_b)} per token -> at most "
+          f"{ram_bps / peer_b:.1f} tok/s" + (f" (measured {lb_tg:.1f}; 2x that is {2 * lb_tg:.1f})" if lb_tg else ""))
 if profile:
     print(profile)
 if rec["moe_miss_choice"]:

@@ -270,6 +270,30 @@ mod gpu {
         g.to_host(&y)
     }
 
+    /// `moe_ffn` on ids the GPU router leaves on the GPU (softmax over `logits`, top `k`,
+    /// normalised): the output and the routing read back, for the CPU's reference.
+    fn run_gpu_routed(
+        g: &WgpuBackend,
+        e: &Experts<WgpuBackend>,
+        x: &CpuTensor,
+        logits: &CpuTensor,
+        k: usize,
+        spec: &MoeSpec,
+    ) -> Result<(Vec<f32>, Routing<CpuBackend>), OpError> {
+        let route = RouteSpec {
+            k,
+            gating: Gating::Softmax,
+            has_selection_bias: false,
+            groups: None,
+            normalize: true,
+            scale: 1.0,
+        };
+        let routing = g.route(&g.from_host(&logits.data, &logits.shape)?, None, &route)?;
+        let y: WgpuTensor = g.moe_ffn(&g.from_host(&x.data, &x.shape)?, &routing, e, spec)?;
+        let weights = CpuTensor { shape: vec![x.shape[0], k], data: g.to_host(&routing.weights)? };
+        Ok((g.to_host(&y)?, Routing { ids: g.routing_ids(&routing)?, weights, k }))
+    }
+
     #[test]
     fn moe_kernels_match_cpu_resident() {
         let Some(g) = gpu("gpu_tier_moe") else { return };
@@ -296,24 +320,11 @@ mod gpu {
         for (i, case) in int8_cases().iter().enumerate() {
             let b = build(&c, case, &format!("int8-routed{i}"), &mut rng);
             let ge = gpu_experts(&g, &b, 0).expect("experts on the GPU");
-            let spec = RouteSpec {
-                k: case.k,
-                gating: Gating::Softmax,
-                has_selection_bias: false,
-                groups: None,
-                normalize: true,
-                scale: 1.0,
-            };
             for n_tok in [1usize, 3] {
                 let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
                 let logits = tensor(&mut rng, &[n_tok, case.n_expert], 3.0);
                 // The GPU's output and its routing, which the CPU reference then takes.
-                let got = (|| -> Result<(Vec<f32>, Routing<CpuBackend>), OpError> {
-                    let routing = g.route(&g.from_host(&logits.data, &logits.shape)?, None, &spec)?;
-                    let y: WgpuTensor = g.moe_ffn(&g.from_host(&x.data, &x.shape)?, &routing, &ge, &b.spec)?;
-                    let weights = CpuTensor { shape: vec![n_tok, case.k], data: g.to_host(&routing.weights)? };
-                    Ok((g.to_host(&y)?, Routing { ids: g.routing_ids(&routing)?, weights, k: case.k }))
-                })();
+                let got = run_gpu_routed(&g, &ge, &x, &logits, case.k, &b.spec);
                 let case_name = format!("int8 gpu-routed {case:?} tokens={n_tok}");
                 match got {
                     Ok((y, routing)) => {
@@ -400,21 +411,31 @@ mod gpu {
                     }
                 };
                 let layers: Vec<_> = (0..3).map(|l| gpu_experts(&g, &b, l).expect("experts on the GPU")).collect();
-                for step in 0..4 {
+                // Steps 4 and 5 are routed on the GPU (the ids stay there: the split partitions
+                // its misses on the GPU then, `moe_split_partition.wgsl`, and the host must find
+                // the same CPU share).
+                for step in 0..6 {
                     for (l, ge) in layers.iter().enumerate() {
-                        let n_tok = [1usize, 1, 3, 6][step];
+                        let n_tok = [1usize, 1, 3, 6, 1, 2][step];
                         let x = tensor(&mut rng, &[n_tok, case.n_embd], 1.0);
+                        let name = format!("{what} {case:?} {miss:?} step {step} layer {l} tokens={n_tok}");
+                        if step >= 4 {
+                            let logits = tensor(&mut rng, &[n_tok, case.n_expert], 3.0);
+                            match run_gpu_routed(&g, ge, &x, &logits, case.k, &b.spec) {
+                                Ok((y, routing)) => {
+                                    let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+                                    r.check(&name, Ok(y), &want.data, bound);
+                                }
+                                Err(e) => r.check(&name, Err(e), &[], bound),
+                            }
+                            continue;
+                        }
                         let ids = random_ids(&mut rng, n_tok, case.k, case.n_expert);
                         let weights = tensor(&mut rng, &[n_tok, case.k], 1.0);
                         let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
                         let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
                         let got = run_gpu(&g, ge, &x, &ids, &weights, case.k, &b.spec);
-                        r.check(
-                            &format!("{what} {case:?} {miss:?} step {step} layer {l} tokens={n_tok}"),
-                            got,
-                            &want.data,
-                            bound,
-                        );
+                        r.check(&name, got, &want.data, bound);
                     }
                 }
                 let total = g.expert_tier_total().unwrap();

@@ -230,6 +230,9 @@ struct TierProfile {
     split_misses: u64,
     split_cpu_experts: u64,
     split_joins: u64,
+    /// The CPU jobs' time queued before a worker took them, and the host's waits at the joins.
+    split_queued_secs: f64,
+    split_join_wait_secs: f64,
 }
 
 impl TierProfile {
@@ -264,16 +267,29 @@ impl TierProfile {
             },
         ) + &if self.split_layers > 0 {
             format!(
-                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers\n",
+                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers; \
+                 per step, us: CPU jobs queued {:.0}, host waiting at the joins {:.0}\n",
                 100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
                 self.split_misses as f64 / self.steps.max(1) as f64,
                 100.0 * self.split_gpu_first as f64 / self.split_joins.max(1) as f64,
                 self.split_joins,
+                per(self.split_queued_secs),
+                per(self.split_join_wait_secs),
             )
         } else {
             String::new()
         }
     }
+}
+
+/// A readback submitted by [`WgpuBackend::queue_tier_readback`] and not yet waited for.
+pub(super) struct QueuedReadback {
+    rb: wgpu::Buffer,
+    starts: Vec<u64>,
+    lens: Vec<u64>,
+    total: u64,
+    started: Instant,
+    submitted: Instant,
 }
 
 /// One matrix in a slot: its type, shape and first word within the pool buffer.
@@ -403,6 +419,9 @@ pub(super) struct ExpertTier {
     /// `DISKFORMER_SPLIT_SYNC=1`: wait for the CPU's share within its layer instead of while
     /// the next layer is recorded (for A/B runs).
     split_sync: bool,
+    /// `DISKFORMER_SPLIT_HOST_PARTITION=1`: the host partitions the misses after its readback
+    /// and submits the GPU's share then (the split's first version, for A/B).
+    split_host_partition: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it ([`HOST_REPLACE_MARGIN`];
     /// DISKFORMER_HOST_REPLACE_MARGIN for experiments).
@@ -764,6 +783,7 @@ impl WgpuBackend {
             split: Arc::default(),
             split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
             split_sync: super::env_flag("DISKFORMER_SPLIT_SYNC"),
+            split_host_partition: super::env_flag("DISKFORMER_SPLIT_HOST_PARTITION"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -873,6 +893,15 @@ impl WgpuBackend {
         parts: &[(&wgpu::Buffer, u64)],
         routing: bool,
     ) -> Result<Vec<Vec<u8>>, OpError> {
+        let queued = self.queue_tier_readback(tier, parts);
+        self.finish_tier_readback(tier, queued, routing)
+    }
+
+    /// The first half of [`WgpuBackend::read_back_tier_parts`]: the copies into the tier's
+    /// readback buffer, submitted with everything recorded before them. Work recorded and
+    /// submitted after this runs on the GPU while the host waits in
+    /// [`WgpuBackend::finish_tier_readback`] (the mapping waits for this submit only).
+    pub(super) fn queue_tier_readback(&self, tier: &ExpertTier, parts: &[(&wgpu::Buffer, u64)]) -> QueuedReadback {
         // Copies start and end on 4-byte boundaries (wgpu's copy alignment).
         let starts: Vec<u64> = parts
             .iter()
@@ -897,7 +926,7 @@ impl WgpuBackend {
                 b
             }
         };
-        let t0 = Instant::now();
+        let started = Instant::now();
         {
             let mut p = lock(&self.ctx.pending);
             for (&(src, n), &at) in parts.iter().zip(&starts) {
@@ -910,20 +939,31 @@ impl WgpuBackend {
             // The host waits for this result, as after `read_back`.
             p.host_waits();
         }
-        let t1 = Instant::now();
-        let used = parts.last().map_or(0, |&(_, n)| starts[starts.len() - 1] + n);
-        let out = self.read_mapped("route", &rb, total, used, tier.spin_readback);
+        let lens = parts.iter().map(|&(_, n)| n).collect();
+        QueuedReadback { rb, starts, lens, total, started, submitted: Instant::now() }
+    }
+
+    /// Waits for a [`QueuedReadback`] and returns its parts' bytes.
+    pub(super) fn finish_tier_readback(
+        &self,
+        tier: &ExpertTier,
+        q: QueuedReadback,
+        routing: bool,
+    ) -> Result<Vec<Vec<u8>>, OpError> {
+        let used = q.lens.last().map_or(0, |&n| q.starts[q.starts.len() - 1] + n);
+        let waiting = Instant::now();
+        let out = self.read_mapped("route", &q.rb, q.total, used, tier.spin_readback);
         let mut prof = lock(&tier.profile);
         if routing {
-            prof.readback_submit_secs += (t1 - t0).as_secs_f64();
-            prof.readback_wait_secs += t1.elapsed().as_secs_f64();
+            prof.readback_submit_secs += (q.submitted - q.started).as_secs_f64();
+            prof.readback_wait_secs += waiting.elapsed().as_secs_f64();
             prof.readbacks += 1;
         } else {
-            prof.cpu_readback_secs += t0.elapsed().as_secs_f64();
+            prof.cpu_readback_secs += (q.submitted - q.started).as_secs_f64() + waiting.elapsed().as_secs_f64();
         }
         drop(prof);
         let bytes = out?;
-        Ok(parts.iter().zip(&starts).map(|(&(_, n), &at)| bytes[at as usize..(at + n) as usize].to_vec()).collect())
+        Ok(q.lens.iter().zip(&q.starts).map(|(&n, &at)| bytes[at as usize..(at + n) as usize].to_vec()).collect())
     }
 
     /// Whether this back end pages experts through a GPU pool.

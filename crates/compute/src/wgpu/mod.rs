@@ -293,8 +293,8 @@ pub(crate) struct Deferred {
     /// The result, or the error that replaces it.
     pub(crate) result: std::sync::mpsc::Receiver<Result<Vec<f32>, OpError>>,
     /// Called once the result is in, with whether the GPU had finished everything submitted
-    /// before it by then.
-    pub(crate) on_join: Box<dyn FnOnce(bool) + Send>,
+    /// before it by then, and how long the host waited for the result.
+    pub(crate) on_join: Box<dyn FnOnce(bool, std::time::Duration) + Send>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -582,13 +582,26 @@ impl Ctx {
     /// Waits for a [`Deferred`] result and writes it into its buffer (zeros after an error,
     /// which the next readback returns).
     fn join_deferred(&self, d: Deferred) {
-        let result = d.result.recv().unwrap_or_else(|_| {
-            Err(OpError::Unsupported {
-                op: "deferred cpu result",
-                backend: "wgpu",
-                why: "the computation ended without a result".into(),
-            })
-        });
+        // A pool worker waiting here runs the pool's tasks meanwhile (the CPU job's own, most
+        // likely) instead of blocking: one more core for the job it waits for.
+        let waiting = std::time::Instant::now();
+        let result = loop {
+            match d.result.try_recv() {
+                Ok(r) => break r,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    break Err(OpError::Unsupported {
+                        op: "deferred cpu result",
+                        backend: "wgpu",
+                        why: "the computation ended without a result".into(),
+                    })
+                }
+            }
+        };
         match result {
             Ok(values) => self.queue.write_buffer(&d.buffer, 0, bytemuck::cast_slice(&values)),
             Err(e) => {
@@ -597,15 +610,12 @@ impl Ctx {
         }
         // Runs the callbacks of finished work, so the hook sees whether the GPU is done.
         let gpu_done = self.device.poll(wgpu::PollType::Poll).is_ok_and(|s| s.is_queue_empty());
-        (d.on_join)(gpu_done);
+        (d.on_join)(gpu_done, waiting.elapsed());
     }
 
     fn flush_locked(&self, pending: &mut Pending) {
         if pending.cmds.is_empty() {
             return;
-        }
-        for d in std::mem::take(&mut pending.deferred) {
-            self.join_deferred(d);
         }
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let n_cmds = pending.cmds.len() as u64;
@@ -712,7 +722,14 @@ impl Ctx {
         if let Some(t) = &self.timer {
             t.resolve(&mut enc, &stamps);
         }
-        self.queue.submit([enc.finish()]);
+        let commands = enc.finish();
+        // The CPU results this submit reads are waited for only now, with its commands encoded:
+        // their `write_buffer`s still land before them (wgpu runs a submit's pending writes
+        // first), and the encoding overlapped the CPU's work.
+        for d in std::mem::take(&mut pending.deferred) {
+            self.join_deferred(d);
+        }
+        self.queue.submit([commands]);
         if let Some(t) = &self.timer {
             t.collect(&self.device, stamps);
         }

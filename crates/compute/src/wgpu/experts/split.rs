@@ -44,6 +44,35 @@ pub(super) const SHARE_START: f64 = 0.5;
 /// first steps, and a step of 0.02 is a third of one expert's worth of a layer.
 pub(super) const SHARE_STEP: f64 = 0.02;
 
+/// The share as the partition kernel takes it: 256ths, rounded (0.02 moves it by 5).
+fn share_in_256ths(share: f64) -> u32 {
+    (share.clamp(0.0, 1.0) * 256.0).round() as u32
+}
+
+/// The experts the CPU computes of a layer's routed `ids` (ascending): of the distinct experts
+/// that miss, the `(n_miss * share_q + 128) / 256` with the fewest pairs, ties to the lower id.
+/// `moe_split_partition.wgsl` applies the same rule on the GPU, which skips exactly these.
+pub(super) fn cpu_misses(ids: &[u32], is_miss: impl Fn(u32) -> bool, share_q: u32) -> Vec<u32> {
+    let mut keyed: Vec<(usize, u32)> = Vec::new();
+    for (q, &e) in ids.iter().enumerate() {
+        if is_miss(e) && !ids[..q].contains(&e) {
+            keyed.push((ids.iter().filter(|&&f| f == e).count(), e));
+        }
+    }
+    keyed.sort_unstable();
+    let n_cpu = (keyed.len() * share_q as usize + 128) / 256;
+    let mut cpu: Vec<u32> = keyed[..n_cpu].iter().map(|&(_, e)| e).collect();
+    cpu.sort_unstable();
+    cpu
+}
+
+/// The partition kernel's source, sized for the per-pair kernels' most pairs.
+fn partition_source() -> String {
+    include_str!("../shaders/moe_split_partition.wgsl")
+        .replace("{{MAX_PAIRS}}", &moe::MAX_HOST_PAIRS.to_string())
+        .replace("{{SKIP}}", &SKIP.to_string())
+}
+
 /// The split's state shared with the joins of its CPU work (which run inside a submit, where
 /// the tier's state may be locked).
 #[derive(Debug)]
@@ -55,6 +84,10 @@ pub(super) struct SplitShared {
     pub(super) gpu_first: Arc<AtomicU64>,
     /// The CPU jobs' time, summed.
     pub(super) cpu_nanos: Arc<AtomicU64>,
+    /// The CPU jobs' time from their spawn to their start (a worker taking them), summed.
+    pub(super) queued_nanos: Arc<AtomicU64>,
+    /// The host's time waiting for the CPU's results at the joins, summed.
+    pub(super) join_wait_nanos: Arc<AtomicU64>,
 }
 
 impl Default for SplitShared {
@@ -64,6 +97,8 @@ impl Default for SplitShared {
             joins: Arc::default(),
             gpu_first: Arc::default(),
             cpu_nanos: Arc::default(),
+            queued_nanos: Arc::default(),
+            join_wait_nanos: Arc::default(),
         }
     }
 }
@@ -75,14 +110,18 @@ impl SplitShared {
 
     /// A CPU result was taken: the GPU done by then means the CPU was the longer of the two
     /// (its share shrinks), else the GPU was (it grows); `adapt` false leaves it.
-    fn joined(&self, gpu_done: bool, adapt: bool) {
+    fn joined(&self, gpu_done: bool, waited: std::time::Duration, adapt: bool) {
         self.joins.fetch_add(1, Ordering::Relaxed);
         self.gpu_first.fetch_add(gpu_done as u64, Ordering::Relaxed);
+        self.join_wait_nanos.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
         if adapt {
-            let step = if gpu_done { -SHARE_STEP } else { SHARE_STEP };
-            let share = (self.share() + step).clamp(0.0, 1.0);
-            self.share_bits.store(share.to_bits(), Ordering::Relaxed);
+            self.step_share(if gpu_done { -SHARE_STEP } else { SHARE_STEP });
         }
+    }
+
+    fn step_share(&self, step: f64) {
+        let share = (self.share() + step).clamp(0.0, 1.0);
+        self.share_bits.store(share.to_bits(), Ordering::Relaxed);
     }
 }
 
@@ -163,15 +202,44 @@ impl WgpuBackend {
         let (n, n_embd, k) = (x.rows(), x.width(), routing.k);
         let nk = n * k;
         let x_bytes = 4 * (n * n_embd) as u64;
+        let share = tier.split_fixed.unwrap_or_else(|| tier.split.share());
+        let share_q = share_in_256ths(share);
+        let m0 = place.mats;
+        let fused = moe::FusedMats {
+            gate: m0.gate.map(|g| (place.pool, g.layout)),
+            up: (place.pool, m0.up.layout),
+            down: (place.pool, m0.down.layout),
+            host: Some(place.host),
+        };
+        let gpu_biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
+        let slots_at = (layer * st.host.row) as u32;
         // One wait for the routing and the hidden state. A GPU router leaves its ids after the
         // weights in the same buffer; a host router's are already here.
         let gpu_routed = routing.ids.is_empty();
         let weight_bytes = if gpu_routed { 8 } else { 4 } * nk as u64;
-        let parts = self.read_back_tier_parts(
-            tier,
-            &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)],
-            true,
-        )?;
+        let queued =
+            self.queue_tier_readback(tier, &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)]);
+        // With the ids on the GPU, the GPU partitions the misses itself and its share is
+        // submitted before the host waits: it runs while the ids travel and the host decides.
+        let partitioned_on_gpu = gpu_routed && !tier.split_host_partition;
+        let y_gpu = if partitioned_on_gpu {
+            let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
+            self.dispatch(
+                // Workgroup memory written before it is read (the shader's phase 1).
+                self.ctx.pipeline_with("moe_split_partition", partition_source, true),
+                &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer],
+                &[nk as u32, nk as u32, slots_at, share_q],
+                [1, 1, 1],
+            );
+            let table = PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at };
+            let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &fused, gpu_biases, spec)?;
+            let mut p = lock(&self.ctx.pending);
+            self.ctx.flush_locked(&mut p);
+            Some(y)
+        } else {
+            None
+        };
+        let parts = self.finish_tier_readback(tier, queued, true)?;
         let weights = le_f32s(&parts[0][..4 * nk]);
         let ids = if gpu_routed { le_u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
         let xs = le_f32s(&parts[1]);
@@ -185,19 +253,16 @@ impl WgpuBackend {
         let t_read = Instant::now();
         let biases = self.split_host_biases(st, experts)?;
 
-        let mut used = ids.clone();
-        used.sort_unstable();
-        used.dedup();
-        let misses: Vec<u32> = used.iter().copied().filter(|&e| st.slot_of[layer][e as usize] == NO_SLOT).collect();
-        let share = tier.split_fixed.unwrap_or_else(|| tier.split.share()).clamp(0.0, 1.0);
-        let n_cpu = ((share * misses.len() as f64).round() as usize).min(misses.len());
-        // A CPU expert's time grows with its tokens, a GPU pair's much less: the CPU takes the
-        // misses with the fewest tokens (at decode every expert has one).
-        let tokens_of = |e: u32| ids.iter().filter(|&&i| i == e).count();
-        let mut by_tokens = misses.clone();
-        by_tokens.sort_by_key(|&e| (tokens_of(e), e));
-        let mut cpu: Vec<u32> = by_tokens[..n_cpu].to_vec();
-        cpu.sort_unstable();
+        // The same rule as the GPU's partition kernel, on the same table: the CPU's experts.
+        let is_miss = |e: u32| st.slot_of[layer][e as usize] == NO_SLOT;
+        let n_misses = {
+            let mut used = ids.clone();
+            used.sort_unstable();
+            used.dedup();
+            used.iter().filter(|&&e| is_miss(e)).count()
+        };
+        let cpu = cpu_misses(&ids, is_miss, share_q);
+        let n_cpu = cpu.len();
         self.note_selections(tier, st, layer, &ids);
         {
             let s = &mut st.stats[layer];
@@ -206,31 +271,28 @@ impl WgpuBackend {
         }
         let t_decided = Instant::now();
 
-        // The GPU's pairs: the CPU's marked SKIP, which the kernels leave out.
-        let gpu_ids: Vec<u32> = ids.iter().map(|&e| if cpu.binary_search(&e).is_ok() { SKIP } else { e }).collect();
-        let ids_buf = self.upload("moe ids", bytemuck::cast_slice(&gpu_ids))?;
-        let m0 = place.mats;
-        let fused = moe::FusedMats {
-            gate: m0.gate.map(|g| (place.pool, g.layout)),
-            up: (place.pool, m0.up.layout),
-            down: (place.pool, m0.down.layout),
-            host: Some(place.host),
+        let y = match y_gpu {
+            Some(y) => y,
+            None => {
+                // The GPU's pairs: the CPU's marked SKIP, which the kernels leave out.
+                let gpu_ids: Vec<u32> =
+                    ids.iter().map(|&e| if cpu.binary_search(&e).is_ok() { SKIP } else { e }).collect();
+                let ids_buf = self.upload("moe ids", bytemuck::cast_slice(&gpu_ids))?;
+                let table = PairTable::Slots { ids: &ids_buf.buffer, at: 0, slots: place.table, slots_at };
+                let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &fused, gpu_biases, spec)?;
+                // Submitted now, so the GPU works while the CPU does.
+                let mut p = lock(&self.ctx.pending);
+                self.ctx.flush_locked(&mut p);
+                y
+            }
         };
-        let table = PairTable::Slots {
-            ids: &ids_buf.buffer,
-            at: 0,
-            slots: place.table,
-            slots_at: (layer * st.host.row) as u32,
-        };
-        let gpu_biases = [experts.gate_bias.as_ref(), experts.up_bias.as_ref(), experts.down_bias.as_ref()];
-        let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), &fused, gpu_biases, spec)?;
-        // Submitted now, so the GPU works while the CPU does.
-        {
-            let mut p = lock(&self.ctx.pending);
-            self.ctx.flush_locked(&mut p);
-        }
         let t_submitted = Instant::now();
         let y = if cpu.is_empty() {
+            if n_misses > 0 && tier.split_fixed.is_none() {
+                // The share rounds to no expert for the CPU: no join will measure the balance,
+                // so it grows until one does (else a share near 0 would stay there for good).
+                tier.split.step_share(SHARE_STEP);
+            }
             y
         } else {
             // The CPU's sum goes into a buffer that the add reads; the model records the next
@@ -249,20 +311,22 @@ impl WgpuBackend {
                 spec: *spec,
                 mode: tier.opts.cpu_matmul,
             };
-            let started = Instant::now();
-            let secs = tier.split.cpu_nanos.clone();
+            let spawned = Instant::now();
+            let (secs, queued) = (tier.split.cpu_nanos.clone(), tier.split.queued_nanos.clone());
             rayon::spawn(move || {
+                let started = Instant::now();
+                queued.fetch_add((started - spawned).as_nanos() as u64, Ordering::Relaxed);
                 let out = job.run();
                 secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 // The receiver is gone only if the back end was dropped: nothing to tell.
                 let _ = send.send(out);
             });
             let shared = tier.split.clone();
-            let adapt = tier.split_fixed.is_none() && !misses.is_empty();
+            let adapt = tier.split_fixed.is_none() && n_misses > 0;
             lock(&self.ctx.pending).deferred.push(Deferred {
                 buffer: cpu_sum.buf.buffer.clone(),
                 result,
-                on_join: Box::new(move |gpu_done| shared.joined(gpu_done, adapt)),
+                on_join: Box::new(move |gpu_done, waited| shared.joined(gpu_done, waited, adapt)),
             });
             let y = self.add(&y, &cpu_sum)?;
             if tier.split_sync {
@@ -283,7 +347,9 @@ impl WgpuBackend {
         prof.split_layers += 1;
         prof.split_gpu_first = tier.split.gpu_first.load(Ordering::Relaxed);
         prof.split_joins = tier.split.joins.load(Ordering::Relaxed);
-        prof.split_misses += misses.len() as u64;
+        prof.split_queued_secs = tier.split.queued_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+        prof.split_join_wait_secs = tier.split.join_wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+        prof.split_misses += n_misses as u64;
         prof.split_cpu_experts += n_cpu as u64;
         Ok(y)
     }
@@ -305,5 +371,40 @@ impl WgpuBackend {
         }
         st.split_biases[layer] = Some(b.clone());
         Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule worked by hand: distinct misses keyed by (pairs, id), the smallest
+    /// `(n_miss * share_q + 128) / 256` to the CPU.
+    #[test]
+    fn cpu_takes_the_misses_with_fewest_pairs_then_lowest_ids() {
+        let miss_all = |_: u32| true;
+        // Four distinct ids, 3 misses (5 hits): half of 3 rounds to 2, the two lowest ids.
+        assert_eq!(cpu_misses(&[5, 3, 9, 1], |e| e != 5, 128), vec![1, 3]);
+        // Expert 7 has two pairs: it comes last whatever its id.
+        assert_eq!(cpu_misses(&[7, 7, 2, 4], miss_all, 128), vec![2, 4]);
+        assert_eq!(cpu_misses(&[7, 7, 2, 4], miss_all, 256), vec![2, 4, 7]);
+        assert_eq!(cpu_misses(&[7, 7, 2, 4], miss_all, 100), vec![2]);
+        assert!(cpu_misses(&[7, 7, 2, 4], miss_all, 0).is_empty());
+        // No misses, nothing to share.
+        assert!(cpu_misses(&[1, 2], |_| false, 256).is_empty());
+    }
+
+    #[test]
+    fn share_rounds_to_256ths_within_bounds() {
+        assert_eq!(share_in_256ths(0.5), 128);
+        assert_eq!(share_in_256ths(0.02), 5);
+        assert_eq!(share_in_256ths(-1.0), 0);
+        assert_eq!(share_in_256ths(2.0), 256);
+    }
+
+    /// The partition kernel parses and validates (naga) at the per-pair kernels' pair limit.
+    #[test]
+    fn partition_kernel_validates() {
+        crate::wgpu::shaders::tests::parse("moe_split_partition", &partition_source());
     }
 }

@@ -1,0 +1,85 @@
+// The split miss mode's partition of a decode layer's misses between the GPU and the CPU, made on
+// the GPU so that the GPU's share starts right after the router, without waiting for the host.
+// The host reads the ids back meanwhile and applies the same rule (`split::cpu_misses`) to find
+// the CPU's share: both must agree exactly, so the rule is integer arithmetic on what both see
+// (the ids, the layer's slot table, the share in 1/256).
+//
+// The rule: the layer's misses are its distinct experts whose table entry says host memory
+// (`where` 1). Each has the key (its pairs' count, its id), distinct per expert. With n_miss
+// misses, the CPU takes the n_cpu = (n_miss * share_q + 128) / 256 smallest keys (the experts
+// with the fewest tokens, which cost the CPU least against the GPU's per-pair kernels); their
+// pairs are written SKIP, which the per-pair kernels leave out. Every other pair keeps its id.
+//
+// One workgroup: WG invocations stride over the pairs (at most MAX_PAIRS). Phase 1 writes each
+// pair's key into workgroup memory (NONE for a pool hit or a repeat of an earlier pair's expert);
+// phase 2 counts the misses and ranks each pair's expert among them.
+struct Params {
+    n_pairs: u32,
+    ids_at: u32,
+    slots_at: u32,
+    share_q: u32,
+}
+
+@group(0) @binding(0) var<storage, read> IDS: array<u32>;
+@group(0) @binding(1) var<storage, read> S: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
+@group(0) @binding(3) var<uniform> P: Params;
+
+const WG: u32 = 64u;
+const MAX_PAIRS: u32 = {{MAX_PAIRS}}u;
+const SKIP: u32 = {{SKIP}}u;
+const NONE: u32 = 0xffffffffu;
+
+var<workgroup> key: array<u32, MAX_PAIRS>;
+
+fn miss_key(q: u32) -> u32 {
+    let e = IDS[P.ids_at + q];
+    if (S[P.slots_at + e].x != 1u) {
+        return NONE;
+    }
+    var count = 0u;
+    for (var r = 0u; r < P.n_pairs; r++) {
+        if (IDS[P.ids_at + r] == e) {
+            if (r < q) {
+                return NONE;
+            }
+            count++;
+        }
+    }
+    // Ids are below 65536 (the router's limit is far lower), counts below MAX_PAIRS.
+    return (count << 16u) | e;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    for (var q = lid; q < P.n_pairs; q += WG) {
+        key[q] = miss_key(q);
+    }
+    workgroupBarrier();
+    var n_miss = 0u;
+    for (var q = 0u; q < P.n_pairs; q++) {
+        n_miss += u32(key[q] != NONE);
+    }
+    let n_cpu = (n_miss * P.share_q + 128u) / 256u;
+    for (var p = lid; p < P.n_pairs; p += WG) {
+        let e = IDS[P.ids_at + p];
+        var out = e;
+        if (S[P.slots_at + e].x == 1u) {
+            // This expert's key, found at its first pair.
+            var own = NONE;
+            for (var q = 0u; q < P.n_pairs; q++) {
+                if (key[q] != NONE && (key[q] & 0xffffu) == e) {
+                    own = key[q];
+                }
+            }
+            var rank = 0u;
+            for (var q = 0u; q < P.n_pairs; q++) {
+                rank += u32(key[q] < own);
+            }
+            if (rank < n_cpu) {
+                out = SKIP;
+            }
+        }
+        OUT[p] = out;
+    }
+}
