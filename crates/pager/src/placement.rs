@@ -241,6 +241,23 @@ fn is_routed_expert(name: &str, shape: &[u64]) -> bool {
 /// eighth of the available RAM ([`default_miss`]).
 pub const HOST_TIER_MIN_FREE_BYTES: u64 = 2 << 30;
 
+/// CPU threads from which a host tier's misses are split between the GPU and the CPU by
+/// default ([`split_misses_by_default`]).
+///
+/// Why 16: on the H200's 16-core host (fourteenth session, docs/BENCHMARKS.md) the split decoded
+/// Qwen3-30B-A3B at 4G 20% faster than the host tier alone under uniform routing and 10% faster
+/// under skewed routing; it pays one round trip per MoE layer, which fewer cores (a CPU share of
+/// one expert or none) would not earn back. Fewer threads than that were not measured, so they
+/// keep the host tier.
+pub const SPLIT_MIN_THREADS: usize = 16;
+
+/// Whether a host tier's misses are split between the GPU and the CPU (`split`) rather than all
+/// read by the GPU (`host`) when the user did not choose: with at least [`SPLIT_MIN_THREADS`]
+/// CPU threads.
+pub fn split_misses_by_default(cpu_threads: usize) -> bool {
+    cpu_threads >= SPLIT_MIN_THREADS
+}
+
 /// What a GPU tier's misses do when the user did not choose (`--moe-miss` absent).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MissDefault {
@@ -333,6 +350,13 @@ mod tests {
         assert!(!small.host);
         assert!(small.reason.contains("8.59 GB of RAM available less 2.15 GB kept free"), "{}", small.reason);
         assert!(!default_miss(1, None, None).host);
+    }
+
+    #[test]
+    fn split_is_the_default_from_sixteen_threads() {
+        assert!(!split_misses_by_default(2));
+        assert!(!split_misses_by_default(15));
+        assert!(split_misses_by_default(16));
     }
 
     #[test]

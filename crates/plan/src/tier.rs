@@ -43,7 +43,8 @@ pub struct GpuTierOptions {
     /// cache of the others.
     pub ram_budget_bytes: Option<u64>,
     /// How a miss is served; `None`: the host copy when every expert fits in RAM
-    /// ([`pager::placement::default_miss`]), else `Auto` through a RAM cache.
+    /// ([`pager::placement::default_miss`]), its misses split with the CPU from
+    /// [`pager::placement::SPLIT_MIN_THREADS`] threads, else `Auto` through a RAM cache.
     pub miss: Option<TierMiss>,
     /// Which slot (and RAM-cached expert) a miss replaces.
     pub cache_policy: pager::CachePolicy,
@@ -104,7 +105,29 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
         None => {
             let d =
                 pager::placement::default_miss(host_bytes, o.ram_budget_bytes, pager::placement::available_ram_bytes());
-            (if d.host { MissPolicy::Host } else { MissPolicy::Auto }, format!("default: {}", d.reason))
+            // The pool the CPU's share would run on (`-t`).
+            let threads = rayon::current_num_threads();
+            if !d.host {
+                (MissPolicy::Auto, format!("default: {}", d.reason))
+            } else if pager::placement::split_misses_by_default(threads) {
+                (
+                    MissPolicy::Split,
+                    format!(
+                        "default: {}; split between the GPU and {threads} CPU threads (from {})",
+                        d.reason,
+                        pager::placement::SPLIT_MIN_THREADS
+                    ),
+                )
+            } else {
+                (
+                    MissPolicy::Host,
+                    format!(
+                        "default: {}; the GPU reads them ({threads} CPU threads, split from {})",
+                        d.reason,
+                        pager::placement::SPLIT_MIN_THREADS
+                    ),
+                )
+            }
         }
     };
     // Both keep a host copy of every expert that the GPU reads.

@@ -128,7 +128,7 @@ pub struct ModelArgs {
     pub gpu_budget: Option<u64>,
     /// With --gpu-budget: what a picked expert that is not on the GPU does. Default: host when a
     /// host copy of every expert fits --ram-budget (or, without one, the available RAM with a
-    /// margin), else auto; --stats says which and why.
+    /// margin), split instead with 16 or more threads, else auto; --stats says which and why.
     #[arg(long, value_enum)]
     pub moe_miss: Option<MoeMissFlag>,
 }

@@ -1072,7 +1072,13 @@ impl WgpuBackend {
             params_len,
             groups,
         });
-        if p.cmds.len() >= self.ctx.submit_threshold(p.early_submits) {
+        // With a CPU result pending (the split's deferred share) an early submit would wait for
+        // it and then leave the GPU idle while the host records the rest of the layer: the
+        // commands wait for the submit that needs them, encoded before the join (up to the
+        // usual batch).
+        let threshold =
+            if p.deferred.is_empty() { self.ctx.submit_threshold(p.early_submits) } else { self.ctx.submit_every };
+        if p.cmds.len() >= threshold {
             self.ctx.flush_locked(&mut p);
             p.early_submits += 1;
         }
