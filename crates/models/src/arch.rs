@@ -158,18 +158,11 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
 /// ([`compute::cpu::warm::run_step`], which says why); other back ends wait on the device
 /// between their few host-side parallel loops, where polling threads would only burn cores.
 fn on_pool<B: Backend, R: Send>(b: &B, step: impl FnOnce() -> R + Send) -> R {
-    if b.name() == "cpu" || gpu_step_polls() {
+    if b.name() == "cpu" {
         compute::cpu::warm::run_step(step)
     } else {
         rayon::scope(|_| step())
     }
-}
-
-/// `DISKFORMER_GPU_CPU_POLL=1`: a GPU step keeps the pool's workers polling too (A/B for the
-/// expert tier's CPU-sharing miss modes, whose CPU jobs otherwise wake parked workers).
-fn gpu_step_polls() -> bool {
-    static POLLS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *POLLS.get_or_init(|| std::env::var("DISKFORMER_GPU_CPU_POLL").is_ok_and(|v| v.trim() == "1"))
 }
 
 /// Positions `n_past..n_past + n` as u32.

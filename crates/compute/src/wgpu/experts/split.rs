@@ -5,24 +5,35 @@
 //! Why: under uniform routing a 4 GB pool of Qwen3-30B-A3B misses ~80% of its selections, and
 //! the GPU reads misses over the link at ~35-39 GB/s of its ~50 (measured on the H200), so that
 //! decode is bound by the link, while the CPU reads its own memory at a similar rate. Both at
-//! once could add the two rates. The price is one round trip per layer (the ids and the hidden
-//! state read back, the GPU idle until the host has them), paid by a layer whose experts all hit
-//! too. Measured on the H200 (twelfth session, docs/PAGING.md) it loses to `Host` at every share:
-//! the two sides share the host's DRAM, and a layer's GPU section between two host waits costs
-//! ~150-230 us of wall time on wgpu. It stays an option for hosts whose link is slow against
-//! their memory and cores.
+//! once add the two rates. The price is one round trip per layer (the ids and the hidden state
+//! read back), paid by a layer whose experts all hit too. The first version (twelfth session)
+//! lost to `Host` on the H200: the GPU idled from the router's end until the host had read the
+//! ids, decided and submitted its share. This one (fourteenth session) beats it by ~20% under
+//! uniform routing and ~10% under skewed routing on the H200's 16-core host (docs/PAGING.md), and
+//! is the default there (`pager::placement::split_misses_by_default`, from 16 threads).
 //!
-//! How it runs: the GPU's per-pair kernels get the ids with the CPU's pairs replaced by `SKIP`
-//! and are submitted at once; the CPU's experts run as a rayon job while the model records the
-//! next layer, and the add of their sum reads a buffer the next submit fills first
-//! ([`Deferred`]; a failed job's error comes back from the next readback). `DISKFORMER_SPLIT_SYNC=1`
-//! waits for the CPU within the layer instead (A/B).
+//! How it runs, per decode layer:
+//! 1. The copies of the routing and the hidden state into the readback buffer are submitted with
+//!    the layer's attention, and at once after them, in a second submit, the GPU's share: a
+//!    one-workgroup kernel (`moe_split_partition.wgsl`) rewrites the ids with the CPU's pairs
+//!    replaced by `SKIP`, and the per-pair kernels leave those out. The GPU starts its misses
+//!    while the ids travel to the host.
+//! 2. The host reads the ids back, finds the CPU's experts by the same rule ([`cpu_misses`]: the
+//!    two must agree exactly, so it is integer arithmetic on the ids, the slot table both see and
+//!    the share in 256ths) and starts them as a rayon job.
+//! 3. The model records the next layer meanwhile; the add of the CPU's sum reads a buffer that
+//!    the next submit fills first ([`Deferred`]): that submit is encoded before the host waits
+//!    for the job (and no early submit cuts it while a result is pending), the waiting thread
+//!    runs pool tasks, and a failed job's error comes back from the next readback.
+//!    `DISKFORMER_SPLIT_SYNC=1` waits for the CPU within the layer instead (A/B);
+//!    `DISKFORMER_SPLIT_HOST_PARTITION=1` partitions on the host after the readback (the first
+//!    version, A/B). Ids routed on the host (past the GPU router's limits) take that path too.
 //!
 //! How the share is found: when the CPU's sum is taken, the host polls whether the GPU's queue
 //! is empty. If it is, the CPU was the longer of the two and its share shrinks, otherwise it
-//! grows, by [`SHARE_STEP`]: the share settles where both finish together, whatever the two
-//! memories' rates and the hit rate are, with no cost model to calibrate.
-//! `DISKFORMER_SPLIT_SHARE` fixes it (A/B).
+//! grows, by [`SHARE_STEP`]; a share that rounds to no CPU expert grows too (no join would
+//! measure it). It settles where both finish together, whatever the two memories' rates and the
+//! hit rate are, with no cost model to calibrate. `DISKFORMER_SPLIT_SHARE` fixes it (A/B).
 
 use super::super::moe::{self, PairTable, SKIP};
 use super::{host_expert_ffn, lock, ExpertTier, HostBiases, SlotMats, TierState, NO_SLOT};
