@@ -245,10 +245,11 @@ pub const HOST_TIER_MIN_FREE_BYTES: u64 = 2 << 30;
 /// default ([`split_misses_by_default`]).
 ///
 /// Why 16: on the H200's 16-core host (fourteenth session, docs/BENCHMARKS.md) the split decoded
-/// Qwen3-30B-A3B at 4G 20% faster than the host tier alone under uniform routing and 10% faster
-/// under skewed routing; it pays one round trip per MoE layer, which fewer cores (a CPU share of
-/// one expert or none) would not earn back. Fewer threads than that were not measured, so they
-/// keep the host tier.
+/// Qwen3-30B-A3B at 4G 10-23% faster than the host tier alone under uniform routing and 9-11%
+/// faster under skewed routing on two leases (on a third, whose CPU ran slow, 6% slower and
+/// even); it pays one round trip per MoE layer, which fewer cores (a CPU share of one expert or
+/// none) would not earn back. Fewer threads than that were not measured, so they keep the host
+/// tier.
 pub const SPLIT_MIN_THREADS: usize = 16;
 
 /// Whether a host tier's misses are split between the GPU and the CPU (`split`) rather than all

@@ -8,9 +8,10 @@
 //! once add the two rates. The price is one round trip per layer (the ids and the hidden state
 //! read back), paid by a layer whose experts all hit too. The first version (twelfth session)
 //! lost to `Host` on the H200: the GPU idled from the router's end until the host had read the
-//! ids, decided and submitted its share. This one (fourteenth session) beats it by ~20% under
-//! uniform routing and ~10% under skewed routing on the H200's 16-core host (docs/PAGING.md), and
-//! is the default there (`pager::placement::split_misses_by_default`, from 16 threads).
+//! ids, decided and submitted its share. This one (fourteenth session) beat it by 10-23% under
+//! uniform routing and 9-11% under skewed routing on two leases of the H200's 16-core host, and
+//! lost 6% / tied on a third whose CPU ran slow (docs/PAGING.md); it is the default from 16
+//! threads (`pager::placement::split_misses_by_default`).
 //!
 //! How it runs, per decode layer:
 //! 1. The copies of the routing and the hidden state into the readback buffer are submitted with
