@@ -244,13 +244,13 @@ pub const HOST_TIER_MIN_FREE_BYTES: u64 = 2 << 30;
 /// CPU threads from which a host tier's misses are split between the GPU and the CPU by
 /// default ([`split_misses_by_default`]).
 ///
-/// Why 16: on the H200's 16-core host (fourteenth session, docs/BENCHMARKS.md) the split decoded
-/// Qwen3-30B-A3B at 4G 10-23% faster than the host tier alone under uniform routing and 9-11%
-/// faster under skewed routing on two leases (on a third, whose CPU ran slow, 6% slower and
-/// even); it pays one round trip per MoE layer, which fewer cores (a CPU share of one expert or
-/// none) would not earn back. Fewer threads than that were not measured, so they keep the host
-/// tier.
-pub const SPLIT_MIN_THREADS: usize = 16;
+/// Why 8: on the H200's 16-core host the split decoded Qwen3-30B-A3B at 4G faster than the host
+/// tier alone with 16 threads (10-23% under uniform routing, 9-11% skewed, fourteenth session;
+/// 24-25% in the fifteenth) and with 8 (+14% and +23% on two leases, fifteenth session), and
+/// barely with 4 (+7%, +3%: a CPU share of about a third, which one round trip per MoE layer
+/// eats most of). One lease of the fourteenth session, whose CPU ran slow, had it 6% slower at
+/// 16. Below 8 threads the host tier stays the default (docs/BENCHMARKS.md).
+pub const SPLIT_MIN_THREADS: usize = 8;
 
 /// Whether a host tier's misses are split between the GPU and the CPU (`split`) rather than all
 /// read by the GPU (`host`) when the user did not choose: with at least [`SPLIT_MIN_THREADS`]
@@ -354,9 +354,10 @@ mod tests {
     }
 
     #[test]
-    fn split_is_the_default_from_sixteen_threads() {
+    fn split_is_the_default_from_eight_threads() {
         assert!(!split_misses_by_default(2));
-        assert!(!split_misses_by_default(15));
+        assert!(!split_misses_by_default(7));
+        assert!(split_misses_by_default(8));
         assert!(split_misses_by_default(16));
     }
 

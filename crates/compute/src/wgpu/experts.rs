@@ -233,6 +233,10 @@ struct TierProfile {
     /// The CPU jobs' time queued before a worker took them, and the host's waits at the joins.
     split_queued_secs: f64,
     split_join_wait_secs: f64,
+    /// From the CPU jobs' ends (or the joins' starts, when later) to the joins taking their
+    /// results, and from the joins' ends to their submits' returns (the GPU waits through both).
+    split_noticed_secs: f64,
+    submit_after_join_secs: f64,
 }
 
 impl TierProfile {
@@ -268,13 +272,16 @@ impl TierProfile {
         ) + &if self.split_layers > 0 {
             format!(
                 "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers; \
-                 per step, us: CPU jobs queued {:.0}, host waiting at the joins {:.0}\n",
+                 per step, us: CPU jobs queued {:.0}, host waiting at the joins {:.0}, results taken {:.0} after they were there, \
+                 submits returning {:.0} after the joins\n",
                 100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
                 self.split_misses as f64 / self.steps.max(1) as f64,
                 100.0 * self.split_gpu_first as f64 / self.split_joins.max(1) as f64,
                 self.split_joins,
                 per(self.split_queued_secs),
                 per(self.split_join_wait_secs),
+                per(self.split_noticed_secs),
+                per(self.submit_after_join_secs),
             )
         } else {
             String::new()

@@ -290,11 +290,12 @@ struct Pending {
 pub(crate) struct Deferred {
     /// Where the result goes (`COPY_DST`), from byte 0.
     pub(crate) buffer: wgpu::Buffer,
-    /// The result, or the error that replaces it.
-    pub(crate) result: std::sync::mpsc::Receiver<Result<Vec<f32>, OpError>>,
+    /// The result, or the error that replaces it, and when the computation ended.
+    pub(crate) result: std::sync::mpsc::Receiver<(Result<Vec<f32>, OpError>, std::time::Instant)>,
     /// Called once the result is in, with whether the GPU had finished everything submitted
-    /// before it by then, and how long the host waited for the result.
-    pub(crate) on_join: Box<dyn FnOnce(bool, std::time::Duration) + Send>,
+    /// before it by then, how long the host waited for the result, and how long the join took
+    /// once the result was there (from the later of the computation's end and the join's start).
+    pub(crate) on_join: Box<dyn FnOnce(bool, std::time::Duration, std::time::Duration) + Send>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -408,6 +409,8 @@ struct Ctx {
     zero_workgroup: Option<bool>,
     /// Commands (dispatches and copies) submitted so far, for [`WgpuBackend::commands_submitted`].
     commands_submitted: std::sync::atomic::AtomicU64,
+    /// Time from the end of a submit's joins of [`Deferred`] results to its return, summed.
+    submit_after_join_nanos: std::sync::atomic::AtomicU64,
     /// Bind groups created so far (cache misses), for [`WgpuBackend::bind_groups_created`].
     bind_groups_created: std::sync::atomic::AtomicU64,
     /// Which norm kernel a width takes (`DISKFORMER_NORM`, [`norm`]).
@@ -585,7 +588,7 @@ impl Ctx {
         // A pool worker waiting here runs the pool's tasks meanwhile (the CPU job's own, most
         // likely) instead of blocking: one more core for the job it waits for.
         let waiting = std::time::Instant::now();
-        let result = loop {
+        let (result, ended) = loop {
             match d.result.try_recv() {
                 Ok(r) => break r,
                 Err(std::sync::mpsc::TryRecvError::Empty) => {
@@ -594,11 +597,12 @@ impl Ctx {
                     }
                 }
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    break Err(OpError::Unsupported {
+                    let lost = OpError::Unsupported {
                         op: "deferred cpu result",
                         backend: "wgpu",
                         why: "the computation ended without a result".into(),
-                    })
+                    };
+                    break (Err(lost), std::time::Instant::now());
                 }
             }
         };
@@ -610,7 +614,9 @@ impl Ctx {
         }
         // Runs the callbacks of finished work, so the hook sees whether the GPU is done.
         let gpu_done = self.device.poll(wgpu::PollType::Poll).is_ok_and(|s| s.is_queue_empty());
-        (d.on_join)(gpu_done, waiting.elapsed());
+        // From the later of the result's end and the join's start: what the join itself added.
+        let taken_after = ended.elapsed().min(waiting.elapsed());
+        (d.on_join)(gpu_done, waiting.elapsed(), taken_after);
     }
 
     fn flush_locked(&self, pending: &mut Pending) {
@@ -726,10 +732,18 @@ impl Ctx {
         // The CPU results this submit reads are waited for only now, with its commands encoded:
         // their `write_buffer`s still land before them (wgpu runs a submit's pending writes
         // first), and the encoding overlapped the CPU's work.
-        for d in std::mem::take(&mut pending.deferred) {
+        let joins = std::mem::take(&mut pending.deferred);
+        let joined = (!joins.is_empty()).then(std::time::Instant::now);
+        for d in joins {
             self.join_deferred(d);
         }
+        let joined = joined.map(|_| std::time::Instant::now());
         self.queue.submit([commands]);
+        if let Some(t) = joined {
+            // What the GPU waits for after the CPU's result, besides the result itself.
+            let nanos = t.elapsed().as_nanos() as u64;
+            self.submit_after_join_nanos.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(t) = &self.timer {
             t.collect(&self.device, stamps);
         }
@@ -892,6 +906,7 @@ impl WgpuBackend {
             fuse: !env_flag("DISKFORMER_NO_FUSE"),
             zero_workgroup: std::env::var("DISKFORMER_WG_ZERO").ok().map(|v| v != "0"),
             commands_submitted: std::sync::atomic::AtomicU64::new(0),
+            submit_after_join_nanos: std::sync::atomic::AtomicU64::new(0),
             bind_groups_created: std::sync::atomic::AtomicU64::new(0),
             norm_choice: norm::NormChoice::from_env(),
             norm_split: std::env::var("DISKFORMER_NORM_SPLIT").map_or(true, |v| v != "0"),

@@ -10,8 +10,8 @@
 //! lost to `Host` on the H200: the GPU idled from the router's end until the host had read the
 //! ids, decided and submitted its share. This one (fourteenth session) beat it by 10-23% under
 //! uniform routing and 9-11% under skewed routing on two leases of the H200's 16-core host, and
-//! lost 6% / tied on a third whose CPU ran slow (docs/PAGING.md); it is the default from 16
-//! threads (`pager::placement::split_misses_by_default`).
+//! lost 6% / tied on a third whose CPU ran slow (docs/PAGING.md); it is the default from 8
+//! threads (`pager::placement::split_misses_by_default`: +14-23% at 8 on two leases).
 //!
 //! How it runs, per decode layer:
 //! 1. The copies of the routing and the hidden state into the readback buffer are submitted with
@@ -100,6 +100,8 @@ pub(super) struct SplitShared {
     pub(super) queued_nanos: Arc<AtomicU64>,
     /// The host's time waiting for the CPU's results at the joins, summed.
     pub(super) join_wait_nanos: Arc<AtomicU64>,
+    /// From a CPU job's end (or the join's start, when later) to the join taking its result.
+    pub(super) noticed_nanos: Arc<AtomicU64>,
 }
 
 impl Default for SplitShared {
@@ -111,6 +113,7 @@ impl Default for SplitShared {
             cpu_nanos: Arc::default(),
             queued_nanos: Arc::default(),
             join_wait_nanos: Arc::default(),
+            noticed_nanos: Arc::default(),
         }
     }
 }
@@ -122,8 +125,9 @@ impl SplitShared {
 
     /// A CPU result was taken: the GPU done by then means the CPU was the longer of the two
     /// (its share shrinks), else the GPU was (it grows); `adapt` false leaves it.
-    fn joined(&self, gpu_done: bool, waited: std::time::Duration, adapt: bool) {
+    fn joined(&self, gpu_done: bool, waited: std::time::Duration, noticed: std::time::Duration, adapt: bool) {
         self.joins.fetch_add(1, Ordering::Relaxed);
+        self.noticed_nanos.fetch_add(noticed.as_nanos() as u64, Ordering::Relaxed);
         self.gpu_first.fetch_add(gpu_done as u64, Ordering::Relaxed);
         self.join_wait_nanos.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
         if adapt {
@@ -331,14 +335,14 @@ impl WgpuBackend {
                 let out = job.run();
                 secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 // The receiver is gone only if the back end was dropped: nothing to tell.
-                let _ = send.send(out);
+                let _ = send.send((out, Instant::now()));
             });
             let shared = tier.split.clone();
             let adapt = tier.split_fixed.is_none() && n_misses > 0;
             lock(&self.ctx.pending).deferred.push(Deferred {
                 buffer: cpu_sum.buf.buffer.clone(),
                 result,
-                on_join: Box::new(move |gpu_done, waited| shared.joined(gpu_done, waited, adapt)),
+                on_join: Box::new(move |gpu_done, waited, noticed| shared.joined(gpu_done, waited, noticed, adapt)),
             });
             let y = self.add(&y, &cpu_sum)?;
             if tier.split_sync {
@@ -361,6 +365,8 @@ impl WgpuBackend {
         prof.split_joins = tier.split.joins.load(Ordering::Relaxed);
         prof.split_queued_secs = tier.split.queued_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_join_wait_secs = tier.split.join_wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+        prof.split_noticed_secs = tier.split.noticed_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+        prof.submit_after_join_secs = self.ctx.submit_after_join_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_misses += n_misses as u64;
         prof.split_cpu_experts += n_cpu as u64;
         Ok(y)

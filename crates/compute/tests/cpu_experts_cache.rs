@@ -1,0 +1,128 @@
+//! How fast the CPU computes a decode layer's experts from RAM against from its last-level
+//! cache (run on demand):
+//! `cargo test --release -p compute --test cpu_experts_cache -- --ignored --nocapture`
+//! with `CPU_EXPERTS=N_EXPERT_POOL:N_PER_CALL` (default `160:3`: Qwen3-30B-A3B's expert shape
+//! in Q4_K, 2.66 MB each, a pool of 425 MB, larger than the 300 MB L3 of the Xeons we use, and
+//! three experts per call, the split miss mode's CPU share at a 4 GB GPU budget).
+//!
+//! Why: the split miss mode's CPU idles while the GPU computes a layer's attention (~100 us on
+//! the H200), and the next layer's router applied to this layer's input guesses most of the
+//! experts the next layer will select (97.9% of the guesses on the synthetic Qwen3-30B-A3B).
+//! Reading the CPU's guessed share into the cache in that time pays only if the products run
+//! faster from the cache than from RAM. Three timings, each the best of its rounds: `ram`
+//! (every call takes experts not used for a pool's worth of calls), `cache` (the same experts
+//! again, just used), `touched` (experts not used for a pool's worth, read once by all threads
+//! just before the call, the read timed apart).
+//!
+//! Measured (fifteenth session, docs/NOTES.md): on the H200's 16-core host ram 197 us
+//! (40.3 GB/s), cache 164 us (48.6 GB/s), touched 183 us after a 121 us read; 8 threads 256 /
+//! 223 / 253 us. The products are bound by the cores more than by RAM, so reading ahead saves
+//! ~8% of a job for a read that costs more than the attention's idle time: not built.
+
+use compute::cpu::{experts_one_token, ExpertBiases};
+use compute::quant::{GgmlType, MatmulMode};
+use compute::spec::{Act, Glu, MoeSpec};
+use compute::{HostExpert, HostMatrix};
+use rayon::prelude::*;
+use std::time::Instant;
+
+mod quant_common;
+use quant_common::{random_rows, Rng};
+
+const N_EMBD: usize = 2048;
+const N_FF: usize = 768;
+
+struct Expert {
+    gate: Vec<u8>,
+    up: Vec<u8>,
+    down: Vec<u8>,
+}
+
+impl Expert {
+    fn host(&self, id: u32) -> HostExpert<'_> {
+        fn m(bytes: &[u8], n_out: usize, k: usize) -> HostMatrix<'_> {
+            HostMatrix { dtype: GgmlType::Q4_K, bytes, n_out, k }
+        }
+        HostExpert {
+            id,
+            gate: Some(m(&self.gate, N_FF, N_EMBD)),
+            up: m(&self.up, N_FF, N_EMBD),
+            down: m(&self.down, N_EMBD, N_FF),
+        }
+    }
+
+    /// Reads every 64-byte line once over the pool's threads (as a prefetch would).
+    fn touch(&self) -> u64 {
+        [&self.gate, &self.up, &self.down]
+            .par_iter()
+            .flat_map(|m| m.par_chunks(64 * 1024))
+            .map(|chunk| chunk.iter().step_by(64).map(|&b| b as u64).sum::<u64>())
+            .sum()
+    }
+}
+
+#[test]
+#[ignore]
+fn perf_cpu_experts_from_ram_and_cache() {
+    let (pool, per_call) = std::env::var("CPU_EXPERTS")
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once(':')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or((160usize, 3usize));
+    let mut rng = Rng::new(7);
+    let experts: Vec<Expert> = (0..pool)
+        .map(|_| Expert {
+            gate: random_rows(GgmlType::Q4_K, N_FF, N_EMBD, &mut rng),
+            up: random_rows(GgmlType::Q4_K, N_FF, N_EMBD, &mut rng),
+            down: random_rows(GgmlType::Q4_K, N_EMBD, N_FF, &mut rng),
+        })
+        .collect();
+    let bytes_per_expert = experts[0].gate.len() * 2 + experts[0].down.len();
+    let x: Vec<f32> = (0..N_EMBD).map(|_| rng.normal()).collect();
+    let spec = MoeSpec { n_expert: pool, n_ff: N_FF, glu: Glu::Plain(Act::Silu) };
+    let call = |first: usize| -> f64 {
+        let chosen: Vec<(HostExpert<'_>, f32)> =
+            (0..per_call).map(|i| (experts[(first + i) % pool].host(i as u32), 0.5)).collect();
+        let mut out = vec![0f32; N_EMBD];
+        let t = Instant::now();
+        experts_one_token(MatmulMode::QuantizedActivations, &x, &chosen, ExpertBiases::default(), &spec, &mut out)
+            .expect("experts");
+        std::hint::black_box(&out);
+        t.elapsed().as_secs_f64()
+    };
+    let (mut ram, mut cache, mut touched, mut touch) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    let mut next = 0;
+    for _round in 0..8 {
+        let mut sums = [0f64; 4];
+        let calls = pool / per_call;
+        for _ in 0..calls {
+            sums[0] += call(next);
+            sums[1] += call(next);
+            next = (next + per_call) % pool;
+            let t = Instant::now();
+            let s: u64 = (0..per_call).map(|i| experts[(next + i) % pool].touch()).sum();
+            std::hint::black_box(s);
+            sums[3] += t.elapsed().as_secs_f64();
+            sums[2] += call(next);
+            next = (next + per_call) % pool;
+        }
+        let per = |s: f64| 1e6 * s / calls as f64;
+        ram = ram.min(per(sums[0]));
+        cache = cache.min(per(sums[1]));
+        touched = touched.min(per(sums[2]));
+        touch = touch.min(per(sums[3]));
+    }
+    let gbs = |us: f64| (per_call * bytes_per_expert) as f64 / us / 1e3;
+    println!(
+        "{} threads, {per_call} experts of {:.2} MB per call (pool {pool}, {:.0} MB): ram {ram:.1} us ({:.1} GB/s), \
+         cache {cache:.1} us ({:.1} GB/s), touched {touched:.1} us ({:.1} GB/s) after a touch of {touch:.1} us",
+        rayon::current_num_threads(),
+        bytes_per_expert as f64 / 1e6,
+        (pool * bytes_per_expert) as f64 / 1e6,
+        gbs(ram),
+        gbs(cache),
+        gbs(touched),
+    );
+}
