@@ -72,6 +72,12 @@ pub trait ExpertStore: Send + Sync + std::fmt::Debug {
         ids: &[u32],
         compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
     ) -> Result<(), OpError>;
+
+    /// Called before [`ExpertStore::with_host_experts`] of a `moe_ffn` with its input rows `x`
+    /// (`[n, n_embd]`) and experts per token `k`: a store that reads ahead may guess the next
+    /// layer's experts from it (that layer's router on this input). A hint: the default ignores
+    /// it.
+    fn note_input(&self, _layer: usize, _x: &[f32], _k: usize) {}
 }
 
 /// Routing result: for each token, `k` expert ids and their weights.

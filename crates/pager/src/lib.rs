@@ -36,8 +36,10 @@
 //!   needs queue depth to reach its bandwidth); a prefill batch reads each expert it touches
 //!   once, since `moe_ffn` groups tokens by expert before asking.
 //! - **Prefetch** ([`PagerOptions::prefetch`]). While layer L computes, a background thread reads
-//!   the experts layer L+1 is likely to pick (those it picked on its previous call, most popular
-//!   first by LFU score) into slots of the same slab: the budget stays the same. A call that
+//!   the experts layer L+1 is likely to pick into slots of the same slab: those its router ranks
+//!   highest for layer L's input, which the back end passes on ([`ExpertStore::note_input`];
+//!   `guess.rs`), else those it picked on its previous call, most popular first by LFU score.
+//!   The routers are kept in 8 bits, counted against the budget like the slots. A call that
 //!   finds its expert still loading waits for that read instead of issuing another. The lock is
 //!   not held while a group computes, so the reads overlap the arithmetic.
 //! - **`O_DIRECT`** ([`PagerOptions::direct_io`]). Slots are 4 KiB aligned with a 4 KiB margin
@@ -48,6 +50,7 @@
 #![deny(missing_docs)]
 
 mod error;
+mod guess;
 pub mod placement;
 mod read_rate;
 mod slab;
@@ -58,6 +61,7 @@ pub use read_rate::{measure_read_rate, ReadRateOptions};
 
 use compute::{ExpertStore, HostExpert, HostMatrix, OpError};
 use gguf::{GgmlType, GgufModel};
+use guess::Guesses;
 use slab::{Slab, ALIGN};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -206,8 +210,12 @@ struct Cache {
     slot_of: Vec<Vec<u32>>,
     /// Per layer, per expert: LFU score.
     score: Vec<Vec<f32>>,
-    /// Per layer: the experts its previous call selected (the prefetch prediction).
+    /// Per layer: the experts its previous call selected (the prefetch's prediction without a
+    /// guess).
     last_ids: Vec<Vec<u32>>,
+    /// Per layer: the experts its router ranks highest for the previous layer's input, from the
+    /// latest [`ExpertStore::note_input`] (the prefetch's prediction; empty: none).
+    guess_ids: Vec<Vec<u32>>,
     tick: u64,
     stats: Vec<LayerStats>,
 }
@@ -235,6 +243,8 @@ pub struct Pager {
     accounted_bytes: u64,
     direct_io_refused: Option<String>,
     prefetch: Option<Prefetcher>,
+    /// With prefetch: every MoE layer's router, to guess the next layer's experts.
+    guesses: Option<Guesses>,
 }
 
 /// The background reader and the channel that feeds it (dropping the sender stops it).
@@ -302,6 +312,14 @@ impl Pager {
         let model_name = model.path().display().to_string();
         let layers = index_layers(model)?;
         let Sizes { slot_bytes, index_bytes, per_slot_bytes, all_experts } = sizes(&layers);
+        // DISKFORMER_PREFETCH_GUESS=0: the previous selection only (the first predictor, for A/B).
+        let guess = std::env::var("DISKFORMER_PREFETCH_GUESS").map_or(true, |v| v != "0");
+        let guesses = (opts.prefetch && guess).then(|| {
+            let has_experts: Vec<bool> = layers.iter().map(|l| l.is_some()).collect();
+            Guesses::from_model(model, &has_experts)
+        });
+        // The routers kept for the guesses count as bookkeeping.
+        let index_bytes = index_bytes + guesses.as_ref().map_or(0, Guesses::bytes);
         let too_small = || PagerError::BudgetTooSmall {
             model: model_name.clone(),
             budget_bytes: opts.ram_budget_bytes,
@@ -354,6 +372,7 @@ impl Pager {
             slot_of: layers.iter().map(|l| vec![NO_SLOT; l.as_ref().map_or(0, |l| l.n_expert)]).collect(),
             score: layers.iter().map(|l| vec![0.0; l.as_ref().map_or(0, |l| l.n_expert)]).collect(),
             last_ids: layers.iter().map(|l| Vec::with_capacity(l.as_ref().map_or(0, |l| l.n_expert))).collect(),
+            guess_ids: vec![Vec::new(); layers.len()],
             tick: 0,
             stats: vec![LayerStats::default(); layers.len()],
         };
@@ -381,10 +400,11 @@ impl Pager {
                 .ok();
             Prefetcher { requests: thread.as_ref().map(|_| tx), thread }
         });
-        Ok(Pager { shared, budget_bytes: opts.ram_budget_bytes, accounted_bytes, direct_io_refused, prefetch })
+        Ok(Pager { shared, budget_bytes: opts.ram_budget_bytes, accounted_bytes, direct_io_refused, prefetch, guesses })
     }
 
-    /// The smallest RAM budget whose cache holds `n_slots` experts of `model`.
+    /// The smallest RAM budget whose cache holds `n_slots` experts of `model` (without prefetch,
+    /// whose routers take a little more).
     ///
     /// # Errors
     /// As [`Pager::open`] for a model without (valid) experts.
@@ -505,13 +525,17 @@ impl Pager {
         let s = &self.shared;
         let Some(next) = (layer + 1..s.layers.len()).find(|&l| s.layers[l].is_some()) else { return };
         // Never more than a quarter of the cache: the rest holds what the layers in between use.
-        let cap = (s.n_slots / 4).min(c.last_ids[next].len());
+        // The router's guess when the back end gave this layer's input, best first; else the
+        // next layer's previous selection, the most popular first.
+        let guessed = !c.guess_ids[next].is_empty();
+        let predicted = if guessed { &c.guess_ids[next] } else { &c.last_ids[next] };
+        let cap = (s.n_slots / 4).min(predicted.len());
         if cap == 0 {
             return;
         }
         let mut want: Vec<u32> =
-            c.last_ids[next].iter().copied().filter(|&e| c.slot_of[next][e as usize] == NO_SLOT).collect();
-        if s.policy == CachePolicy::Lfu {
+            predicted.iter().copied().filter(|&e| c.slot_of[next][e as usize] == NO_SLOT).collect();
+        if s.policy == CachePolicy::Lfu && !guessed {
             want.sort_by(|&a, &b| c.score[next][b as usize].total_cmp(&c.score[next][a as usize]));
         }
         want.truncate(cap);
@@ -854,6 +878,15 @@ fn layer_experts<'a>(
 }
 
 impl ExpertStore for Pager {
+    fn note_input(&self, layer: usize, x: &[f32], k: usize) {
+        let Some(g) = &self.guesses else { return };
+        let s = &self.shared;
+        let Some(next) = (layer + 1..s.layers.len()).find(|&l| s.layers[l].is_some()) else { return };
+        // Computed before the lock: the prefetch thread and other callers need it meanwhile.
+        let ids = g.guess(next, x, k, s.n_slots / 4);
+        s.lock().guess_ids[next] = ids;
+    }
+
     fn with_host_experts(
         &self,
         layer: usize,

@@ -814,6 +814,7 @@ impl Backend for CpuBackend {
         let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
         match &self.expert_store {
             Some(store) => {
+                store.note_input(experts.layer, &x.data, k);
                 store.with_host_experts(experts.layer, &used, &mut |group: &[HostExpert<'_>]| {
                     if n == 1 {
                         return self.experts_one_token(&x.data, group, &by_expert, experts, spec, &mut out);
