@@ -523,7 +523,7 @@ impl Pager {
     fn request_prefetch(&self, c: &Cache, layer: usize) {
         let Some(tx) = self.prefetch.as_ref().and_then(|p| p.requests.as_ref()) else { return };
         let s = &self.shared;
-        let Some(next) = (layer + 1..s.layers.len()).find(|&l| s.layers[l].is_some()) else { return };
+        let Some(next) = s.next_moe_layer(layer) else { return };
         // Never more than a quarter of the cache: the rest holds what the layers in between use.
         // The router's guess when the back end gave this layer's input, best first; else the
         // next layer's previous selection, the most popular first.
@@ -547,6 +547,11 @@ impl Pager {
 }
 
 impl Shared {
+    /// The first layer after `layer` that has experts (what a prefetch reads for).
+    fn next_moe_layer(&self, layer: usize) -> Option<usize> {
+        (layer + 1..self.layers.len()).find(|&l| self.layers[l].is_some())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Cache> {
         // A panic while computing a group leaves the cache consistent (pins are only hints
         // for eviction), so a poisoned lock is still usable.
@@ -881,7 +886,7 @@ impl ExpertStore for Pager {
     fn note_input(&self, layer: usize, x: &[f32], k: usize) {
         let Some(g) = &self.guesses else { return };
         let s = &self.shared;
-        let Some(next) = (layer + 1..s.layers.len()).find(|&l| s.layers[l].is_some()) else { return };
+        let Some(next) = s.next_moe_layer(layer) else { return };
         // Computed before the lock: the prefetch thread and other callers need it meanwhile.
         let ids = g.guess(next, x, k, s.n_slots / 4);
         s.lock().guess_ids[next] = ids;

@@ -733,11 +733,11 @@ impl Ctx {
         // their `write_buffer`s still land before them (wgpu runs a submit's pending writes
         // first), and the encoding overlapped the CPU's work.
         let joins = std::mem::take(&mut pending.deferred);
-        let joined = (!joins.is_empty()).then(std::time::Instant::now);
+        let joined_any = !joins.is_empty();
         for d in joins {
             self.join_deferred(d);
         }
-        let joined = joined.map(|_| std::time::Instant::now());
+        let joined = joined_any.then(std::time::Instant::now);
         self.queue.submit([commands]);
         if let Some(t) = joined {
             // What the GPU waits for after the CPU's result, besides the result itself.
