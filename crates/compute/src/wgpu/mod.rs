@@ -614,9 +614,10 @@ impl Ctx {
         }
         // Runs the callbacks of finished work, so the hook sees whether the GPU is done.
         let gpu_done = self.device.poll(wgpu::PollType::Poll).is_ok_and(|s| s.is_queue_empty());
+        let waited = waiting.elapsed();
         // From the later of the result's end and the join's start: what the join itself added.
-        let taken_after = ended.elapsed().min(waiting.elapsed());
-        (d.on_join)(gpu_done, waiting.elapsed(), taken_after);
+        let taken_after = ended.elapsed().min(waited);
+        (d.on_join)(gpu_done, waited, taken_after);
     }
 
     fn flush_locked(&self, pending: &mut Pending) {
