@@ -14,6 +14,9 @@ use super::qdot::{ActBuf, ActKind, ActRow, TokenOctet};
 use super::simd::{Kernel, QDot, RowDequantizer, Tiles};
 use super::{check_encoded, dequantizer, QuantError};
 
+mod experts;
+pub use experts::{experts_one_token, ExpertGating, ExpertRows};
+
 /// How [`matmul`] computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MatmulMode {

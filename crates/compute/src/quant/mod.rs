@@ -35,7 +35,8 @@ mod simd;
 
 pub use gguf::GgmlType;
 pub use matmul::{
-    matmul, matmul_each, matmul_gated, matmul_many, matmul_quantized, GateCombine, MatmulMode, WeightRows, MAX_FUSED,
+    experts_one_token, matmul, matmul_each, matmul_gated, matmul_many, matmul_quantized, ExpertGating, ExpertRows,
+    GateCombine, MatmulMode, WeightRows, MAX_FUSED,
 };
 pub use simd::Kernel;
 

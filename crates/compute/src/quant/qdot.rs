@@ -220,7 +220,7 @@ impl ActBuf {
     }
 }
 
-fn quantize_row(kind: ActKind, x: &[f32], d: &mut [f32], qs: &mut [i8], sums: &mut [i16]) {
+pub(crate) fn quantize_row(kind: ActKind, x: &[f32], d: &mut [f32], qs: &mut [i8], sums: &mut [i16]) {
     match kind {
         ActKind::Q8_0 => {
             if super::simd::quantize_row_q8_0(x, d, qs, sums) {

@@ -1,0 +1,403 @@
+//! One token through a mixture-of-experts layer's experts in a single parallel region.
+//!
+//! Why: the products of a decode step's experts are small (Qwen3-30B-A3B's are 0.88 MB each)
+//! and a parallel region costs the pool's fork and join: on the H200 host's 16 cores a lone
+//! 768 x 2048 Q4_K product ran at 40 GB/s from RAM and 55 from cache where large products reach
+//! 96 and 162 (sixteenth session, docs/NOTES.md), i.e. ~10-13 us of each region is overhead.
+//! Computing the experts as two regions (every gate and up product, then every down product)
+//! also left the threads idle at the first region's end and ran the gating and the
+//! quantization of its results on one thread between the two. Here the threads claim the
+//! gate/up rows of every expert first and then the down rows, in one region: the thread that
+//! finishes an expert's last gate/up rows quantizes its gated row, and a thread that claims
+//! down rows of an expert whose row is not ready yet spins until it is.
+//!
+//! Why the spin cannot deadlock: gate/up rows are all claimed before any down row (a thread
+//! turns to the down rows only when the gate/up claims are exhausted), so every gate/up row an
+//! expert still waits for has been claimed by a thread that is computing it and waits for
+//! nothing. A thread that panics there marks the region aborted, and the spinners return.
+
+use super::{check_shapes, Claims, DecodePart, SharedOut};
+use crate::quant::qdot::{quantize_row, ActBuf, ActKind, ActRow};
+use crate::quant::simd::{Kernel, Tiles};
+use crate::quant::{MatmulMode, QuantError, WeightRows};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// One expert's matrices: `gate` and `up` `[n_ff, k]` (no gate: an ungated expert), `down`
+/// `[k, n_ff]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertRows<'a> {
+    /// The gate projection, if the expert is gated.
+    pub gate: Option<WeightRows<'a>>,
+    /// The up projection.
+    pub up: WeightRows<'a>,
+    /// The down projection.
+    pub down: WeightRows<'a>,
+}
+
+/// The element-wise step between an expert's gate/up products and its down product:
+/// `(expert, first_row, gate_rows, up_rows, out_rows)`, called on ranges of rows (each starting
+/// at a multiple of eight) whose union is `0..n_ff`; `gate_rows` is empty for an ungated expert.
+pub type ExpertGating<'a> = dyn Fn(usize, usize, &[f32], &[f32], &mut [f32]) + Sync + 'a;
+
+/// A gated row of each expert, quantized for the down products by the thread that finishes the
+/// expert's gate/up rows.
+struct GatedActs {
+    kind: ActKind,
+    n_ff: usize,
+    d: *mut f32,
+    qs: *mut i8,
+    sums: *mut i16,
+}
+// SAFETY: row `e` is written by exactly one thread (the one whose count completes expert `e`),
+// before `ready[e]` is released, and read only after it is acquired; the vectors behind the
+// pointers outlive the parallel region.
+unsafe impl Send for GatedActs {}
+// SAFETY: as above.
+unsafe impl Sync for GatedActs {}
+
+impl GatedActs {
+    fn per_row(&self) -> (usize, usize, usize) {
+        let nb = self.n_ff / self.kind.block_elems();
+        (nb, self.n_ff, nb * self.kind.sums_per_block())
+    }
+
+    /// # Safety
+    /// Called once for row `e`, by the thread that completed it, with no reader yet.
+    unsafe fn quantize(&self, e: usize, h: &[f32]) {
+        let (nb, k, ns) = self.per_row();
+        // SAFETY: row `e` lies inside the vectors (sized for every expert) and no other thread
+        // touches it now (the caller's contract).
+        let (d, qs, sums) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.d.add(e * nb), nb),
+                std::slice::from_raw_parts_mut(self.qs.add(e * k), k),
+                std::slice::from_raw_parts_mut(self.sums.add(e * ns), ns),
+            )
+        };
+        quantize_row(self.kind, h, d, qs, sums);
+    }
+
+    /// # Safety
+    /// Row `e` must have been quantized, and its `ready` flag acquired, by the caller.
+    unsafe fn row(&self, e: usize) -> ActRow<'_> {
+        let (nb, k, ns) = self.per_row();
+        // SAFETY: as in `quantize`; the row is complete and no longer written.
+        unsafe {
+            ActRow {
+                d: std::slice::from_raw_parts(self.d.add(e * nb), nb),
+                qs: std::slice::from_raw_parts(self.qs.add(e * k), k),
+                sums: std::slice::from_raw_parts(self.sums.add(e * ns), ns),
+            }
+        }
+    }
+}
+
+/// Marks the region aborted if the thread unwinds while holding gate/up rows, so no thread
+/// spins forever on an expert that will not complete.
+struct AbortOnUnwind<'a>(&'a AtomicBool);
+
+impl Drop for AbortOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A matrix of the region, its shape checked against an input `xs` and output `ys` of the
+/// lengths the region uses.
+fn part<'w>(
+    w: WeightRows<'w>,
+    out: SharedOut,
+    k: usize,
+    xs: &[f32],
+    ys: &mut [f32],
+    kernel: Kernel,
+) -> Result<DecodePart<'w>, QuantError> {
+    let expected = ys.len();
+    let Some(shape) = check_shapes(w.dtype, w.bytes, w.n_out, k, xs, ys)? else {
+        return Err(QuantError::ShapeMismatch { op: "experts_one_token", what: "rows", expected, got: 0 });
+    };
+    let Some(tiles) = Tiles::new(w.dtype, kernel) else {
+        return Err(QuantError::Unsupported { op: "experts_one_token", dtype: w.dtype });
+    };
+    Ok(DecodePart::new(tiles, w.bytes, w.n_out, shape.row_bytes, out))
+}
+
+/// `down_out[i] = down_i · gating(gate_i · x, up_i · x)` for one token `x` (`[k]`) and the
+/// experts `experts` (`down_out` is `[experts.len(), k]` row-major), in one parallel region;
+/// each output has the bits of computing the expert's three products with [`super::matmul`]
+/// one after the other.
+///
+/// Returns `Ok(false)`, computing nothing, unless the mode is
+/// [`MatmulMode::QuantizedActivations`] and every matrix has a multi-row kernel, the gate and
+/// up matrices one activation scheme and the down matrices one (the caller then runs the
+/// products one region at a time).
+///
+/// # Errors
+/// As [`super::matmul`] for a matrix whose bytes or shape do not match; a `down_out` that is
+/// not `experts.len() * k` values.
+pub fn experts_one_token(
+    experts: &[ExpertRows<'_>],
+    n_ff: usize,
+    x: &[f32],
+    gating: &ExpertGating<'_>,
+    down_out: &mut [f32],
+    mode: MatmulMode,
+) -> Result<bool, QuantError> {
+    let (k, n) = (x.len(), experts.len());
+    let kernel = Kernel::best();
+    let Some(first) = experts.first() else { return Ok(true) };
+    let (Some(kind_in), Some(kind_mid)) =
+        (ActKind::for_weights(first.up.dtype), ActKind::for_weights(first.down.dtype))
+    else {
+        return Ok(false);
+    };
+    let tiled = |w: &WeightRows<'_>, kind: ActKind| {
+        ActKind::for_weights(w.dtype) == Some(kind) && Tiles::new(w.dtype, kernel).is_some()
+    };
+    if mode != MatmulMode::QuantizedActivations
+        || k == 0
+        || n_ff == 0
+        || !experts
+            .iter()
+            .all(|e| e.gate.is_none_or(|g| tiled(&g, kind_in)) && tiled(&e.up, kind_in) && tiled(&e.down, kind_mid))
+    {
+        return Ok(false);
+    }
+    if down_out.len() != n * k {
+        return Err(QuantError::ShapeMismatch {
+            op: "experts_one_token",
+            what: "down_out",
+            expected: n * k,
+            got: down_out.len(),
+        });
+    }
+    let mut gate = vec![0f32; if experts.iter().any(|e| e.gate.is_some()) { n * n_ff } else { 0 }];
+    let mut up = vec![0f32; n * n_ff];
+    let mut gated = vec![0f32; n * n_ff];
+    let h_probe = vec![0f32; n_ff];
+    // Shapes checked up front (with stand-in slices of the right lengths), so the region
+    // itself cannot fail.
+    let mut parts_in: Vec<(Option<DecodePart<'_>>, DecodePart<'_>)> = Vec::with_capacity(n);
+    let mut parts_down: Vec<DecodePart<'_>> = Vec::with_capacity(n);
+    let (gate_out, up_out, down_ptr) =
+        (SharedOut(gate.as_mut_ptr()), SharedOut(up.as_mut_ptr()), SharedOut(down_out.as_mut_ptr()));
+    let mut row_bytes_in = 0;
+    let (mut probe_out, mut probe_down) = (vec![0f32; n_ff], vec![0f32; k]);
+    for (i, e) in experts.iter().enumerate() {
+        let g = match e.gate {
+            Some(g) => Some(part(g, SharedOut(gate_out.at(i * n_ff)), k, x, &mut probe_out, kernel)?),
+            None => None,
+        };
+        let u = part(e.up, SharedOut(up_out.at(i * n_ff)), k, x, &mut probe_out, kernel)?;
+        row_bytes_in = row_bytes_in.max(u.row_bytes + g.map_or(0, |g| g.row_bytes));
+        parts_in.push((g, u));
+        parts_down.push(part(e.down, SharedOut(down_ptr.at(i * k)), n_ff, &h_probe, &mut probe_down, kernel)?);
+    }
+    let row_bytes_down = parts_down.iter().map(|p| p.row_bytes).max().unwrap_or(1);
+
+    let mut act_in = ActBuf::default();
+    act_in.quantize(kind_in, x, k);
+    let x_row = act_in.row(kind_in, 0, k);
+    let (nb_in, nb_mid) = (k / kind_in.block_elems(), n_ff / kind_mid.block_elems());
+    let mut mid_d = vec![0f32; n * nb_mid];
+    let mut mid_qs = vec![0i8; n * n_ff];
+    let mut mid_sums = vec![0i16; n * nb_mid * kind_mid.sums_per_block()];
+    let acts =
+        GatedActs { kind: kind_mid, n_ff, d: mid_d.as_mut_ptr(), qs: mid_qs.as_mut_ptr(), sums: mid_sums.as_mut_ptr() };
+    let gated_out = SharedOut(gated.as_mut_ptr());
+    let done: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+    let ready: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let aborted = AtomicBool::new(false);
+
+    // Each expert's rows padded to whole groups of eight, one after the other.
+    let span_in = n_ff.next_multiple_of(8);
+    let span_down = k.next_multiple_of(8);
+    let n_threads = rayon::current_num_threads().max(1);
+    let claims_in = Claims::new(n * span_in, row_bytes_in, n_threads);
+    let claims_down = Claims::new(n * span_down, row_bytes_down, n_threads);
+
+    let gate_up_rows = |start: usize, end: usize| {
+        let _guard = AbortOnUnwind(&aborted);
+        for i in start / span_in..end.div_ceil(span_in) {
+            let (lo, hi) = (start.max(i * span_in) - i * span_in, (end - i * span_in).min(span_in));
+            let (g, u) = &parts_in[i];
+            if let Some(g) = g {
+                g.run(lo, hi, nb_in, x_row);
+            }
+            u.run(lo, hi, nb_in, x_row);
+            let (lo, hi) = (lo.min(n_ff), hi.min(n_ff));
+            if lo < hi {
+                let at = i * n_ff + lo;
+                // SAFETY: rows lo..hi of expert i's gate, up and gated rows belong to this
+                // claim alone (claims are disjoint), their products above are written, and the
+                // vectors outlive the region.
+                let (gs, us, hs) = unsafe {
+                    (
+                        if g.is_some() { std::slice::from_raw_parts(gate_out.at(at), hi - lo) } else { &[][..] },
+                        std::slice::from_raw_parts(up_out.at(at), hi - lo),
+                        std::slice::from_raw_parts_mut(gated_out.at(at), hi - lo),
+                    )
+                };
+                gating(i, lo, gs, us, hs);
+            }
+            // AcqRel: the thread that completes the count sees every other claim's gated rows.
+            if hi > lo && done[i].fetch_add(hi - lo, Ordering::AcqRel) + (hi - lo) == n_ff {
+                // SAFETY: the gated row of expert i is complete (the count says so) and no
+                // thread reads its quantized row before `ready[i]`.
+                unsafe {
+                    let h = std::slice::from_raw_parts(gated_out.at(i * n_ff), n_ff);
+                    acts.quantize(i, h);
+                }
+                ready[i].store(true, Ordering::Release);
+            }
+        }
+    };
+    let down_rows = |start: usize, end: usize| {
+        for i in start / span_down..end.div_ceil(span_down) {
+            while !ready[i].load(Ordering::Acquire) {
+                if aborted.load(Ordering::Acquire) {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+            let (lo, hi) = (start.max(i * span_down) - i * span_down, (end - i * span_down).min(span_down));
+            // SAFETY: `ready[i]` was acquired just above.
+            let mid = unsafe { acts.row(i) };
+            parts_down[i].run(lo, hi, nb_mid, mid);
+        }
+    };
+    let worker = || {
+        while let Some((start, end)) = claims_in.claim() {
+            gate_up_rows(start, end);
+        }
+        while let Some((start, end)) = claims_down.claim() {
+            down_rows(start, end);
+        }
+    };
+    let work = n * n_ff * k * 3;
+    if n_threads == 1 || work < super::SERIAL_WORK {
+        worker();
+    } else {
+        (0..n_threads).into_par_iter().for_each(|_| worker());
+    }
+    drop((mid_d, mid_qs, mid_sums));
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{matmul, quantize, GgmlType};
+
+    fn random_matrix(dtype: GgmlType, n_out: usize, k: usize, next: &mut impl FnMut() -> f32) -> Vec<u8> {
+        let values: Vec<f32> = (0..n_out * k).map(|_| next()).collect();
+        let mut bytes = vec![0u8; n_out * k / dtype.block_elems() * dtype.block_bytes()];
+        quantize(dtype, &values, &mut bytes).expect("quantize");
+        bytes
+    }
+
+    fn silu_glu(_: usize, _: usize, g: &[f32], u: &[f32], h: &mut [f32]) {
+        for (h, (&g, &u)) in h.iter_mut().zip(g.iter().zip(u)) {
+            *h = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+
+    /// Each expert's output equals its three products computed one after the other with
+    /// `matmul` (its gated row quantized by `matmul` itself), bit for bit: for gated and
+    /// ungated experts, Q4_K / Q6_K and Q4_0 / Q8_0 mixes, pools of one to eight threads, and
+    /// more threads than rows to share.
+    #[test]
+    fn one_region_matches_the_products_one_by_one() {
+        let mut next = crate::test_uniform();
+        let cases = [
+            (GgmlType::Q4_K, GgmlType::Q6_K, 512, 256, 3, true),
+            (GgmlType::Q4_K, GgmlType::Q4_K, 256, 512, 8, true),
+            (GgmlType::Q4_0, GgmlType::Q8_0, 256, 96, 5, true),
+            (GgmlType::Q4_0, GgmlType::Q4_0, 128, 64, 2, false),
+            (GgmlType::Q4_K, GgmlType::Q4_K, 256, 256, 1, true),
+        ];
+        for (dtype_in, dtype_down, k, n_ff, n, gated) in cases {
+            let mats: Vec<(Option<Vec<u8>>, Vec<u8>, Vec<u8>)> = (0..n)
+                .map(|_| {
+                    let gate = gated.then(|| random_matrix(dtype_in, n_ff, k, &mut next));
+                    (gate, random_matrix(dtype_in, n_ff, k, &mut next), random_matrix(dtype_down, k, n_ff, &mut next))
+                })
+                .collect();
+            let x: Vec<f32> = (0..k).map(|_| next()).collect();
+            let mode = MatmulMode::QuantizedActivations;
+            let mut want = vec![0f32; n * k];
+            for ((g, u, d), out) in mats.iter().zip(want.chunks_mut(k)) {
+                let mut gv = vec![0f32; n_ff];
+                let mut uv = vec![0f32; n_ff];
+                if let Some(g) = g {
+                    matmul(dtype_in, g, n_ff, k, &x, &mut gv, mode).unwrap();
+                }
+                matmul(dtype_in, u, n_ff, k, &x, &mut uv, mode).unwrap();
+                let mut h = vec![0f32; n_ff];
+                if g.is_some() {
+                    silu_glu(0, 0, &gv, &uv, &mut h);
+                } else {
+                    h.copy_from_slice(&uv);
+                }
+                matmul(dtype_down, d, k, n_ff, &h, out, mode).unwrap();
+            }
+            let experts: Vec<ExpertRows<'_>> = mats
+                .iter()
+                .map(|(g, u, d)| ExpertRows {
+                    gate: g.as_ref().map(|g| WeightRows { dtype: dtype_in, bytes: g, n_out: n_ff }),
+                    up: WeightRows { dtype: dtype_in, bytes: u, n_out: n_ff },
+                    down: WeightRows { dtype: dtype_down, bytes: d, n_out: k },
+                })
+                .collect();
+            let gating = |i: usize, first: usize, g: &[f32], u: &[f32], h: &mut [f32]| {
+                if g.is_empty() {
+                    h.copy_from_slice(u);
+                } else {
+                    silu_glu(i, first, g, u, h);
+                }
+            };
+            for threads in [1, 2, 3, 8] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut got = vec![f32::NAN; n * k];
+                let fused = pool.install(|| experts_one_token(&experts, n_ff, &x, &gating, &mut got, mode)).unwrap();
+                assert!(fused, "{dtype_in:?}/{dtype_down:?}: the one-region path declined");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{dtype_in:?}/{dtype_down:?} n={n} {threads} threads: value {i}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A down matrix of the wrong shape and an output of the wrong length are errors naming
+    /// the numbers; f32 activations are declined, not computed.
+    #[test]
+    fn wrong_shapes_are_errors_and_f32_mode_is_declined() {
+        let mut next = crate::test_uniform();
+        let (k, n_ff) = (256, 256);
+        let gate = random_matrix(GgmlType::Q4_K, n_ff, k, &mut next);
+        let up = random_matrix(GgmlType::Q4_K, n_ff, k, &mut next);
+        let short_down = random_matrix(GgmlType::Q4_K, k - 8 * 32, n_ff, &mut next);
+        let x = vec![0.5f32; k];
+        fn rows(bytes: &[u8], n_out: usize) -> WeightRows<'_> {
+            WeightRows { dtype: GgmlType::Q4_K, bytes, n_out }
+        }
+        let gating = |_: usize, _: usize, _: &[f32], u: &[f32], h: &mut [f32]| h.copy_from_slice(u);
+        let bad = [ExpertRows { gate: Some(rows(&gate, n_ff)), up: rows(&up, n_ff), down: rows(&short_down, k) }];
+        let mut out = vec![0f32; k];
+        let err = experts_one_token(&bad, n_ff, &x, &gating, &mut out, MatmulMode::QuantizedActivations).unwrap_err();
+        assert!(err.to_string().contains("Q4_K"), "{err}");
+        let good = [ExpertRows { gate: Some(rows(&gate, n_ff)), up: rows(&up, n_ff), down: rows(&gate, k) }];
+        let mut short_out = vec![0f32; k - 1];
+        let err =
+            experts_one_token(&good, n_ff, &x, &gating, &mut short_out, MatmulMode::QuantizedActivations).unwrap_err();
+        assert!(err.to_string().contains(&format!("{k}")), "{err}");
+        assert!(!experts_one_token(&good, n_ff, &x, &gating, &mut out, MatmulMode::Exact).unwrap());
+    }
+}
