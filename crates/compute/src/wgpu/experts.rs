@@ -1380,7 +1380,7 @@ impl WgpuBackend {
             let mut cpu_work = || -> Result<Vec<f64>, OpError> {
                 let Some((x_host, w_host, biases, cpu_out)) = host.as_mut() else { return Ok(Vec::new()) };
                 if n == 1 && !cpu_group.is_empty() {
-                    // Every expert's products in two parallel regions (decode).
+                    // Every expert's products in one parallel region (decode).
                     let weighted: Vec<(HostExpert<'_>, f32)> = cpu_group
                         .iter()
                         .map(|ex| (**ex, by_expert[ex.id as usize].first().map_or(0.0, |&(_, w)| w_host[w as usize])))

@@ -172,7 +172,7 @@ impl CpuJob {
         };
         self.store.with_host_experts(self.layer, &self.experts, &mut |group: &[HostExpert<'_>]| {
             if n == 1 {
-                // Every expert's products in two parallel regions (decode).
+                // Every expert's products in one parallel region (decode).
                 let weighted: Vec<(HostExpert<'_>, f32)> = group
                     .iter()
                     .map(|ex| (*ex, self.ids.iter().position(|&i| i == ex.id).map_or(0.0, |p| self.weights[p])))
