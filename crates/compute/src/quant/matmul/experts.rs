@@ -299,6 +299,9 @@ mod tests {
         bytes
     }
 
+    /// An expert's gate (if gated), up and down matrices, encoded.
+    type EncodedExpert = (Option<Vec<u8>>, Vec<u8>, Vec<u8>);
+
     fn silu_glu(_: usize, _: usize, g: &[f32], u: &[f32], h: &mut [f32]) {
         for (h, (&g, &u)) in h.iter_mut().zip(g.iter().zip(u)) {
             *h = g / (1.0 + (-g).exp()) * u;
@@ -320,7 +323,7 @@ mod tests {
             (GgmlType::Q4_K, GgmlType::Q4_K, 256, 256, 1, true),
         ];
         for (dtype_in, dtype_down, k, n_ff, n, gated) in cases {
-            let mats: Vec<(Option<Vec<u8>>, Vec<u8>, Vec<u8>)> = (0..n)
+            let mats: Vec<EncodedExpert> = (0..n)
                 .map(|_| {
                     let gate = gated.then(|| random_matrix(dtype_in, n_ff, k, &mut next));
                     (gate, random_matrix(dtype_in, n_ff, k, &mut next), random_matrix(dtype_down, k, n_ff, &mut next))
