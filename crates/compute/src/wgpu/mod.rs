@@ -292,10 +292,20 @@ pub(crate) struct Deferred {
     pub(crate) buffer: wgpu::Buffer,
     /// The result, or the error that replaces it, and when the computation ended.
     pub(crate) result: std::sync::mpsc::Receiver<(Result<Vec<f32>, OpError>, std::time::Instant)>,
-    /// Called once the result is in, with whether the GPU had finished everything submitted
-    /// before it by then, how long the host waited for the result, and how long the join took
-    /// once the result was there (from the later of the computation's end and the join's start).
-    pub(crate) on_join: Box<dyn FnOnce(bool, std::time::Duration, std::time::Duration) + Send>,
+    /// Called once the result is in, with what the join saw.
+    pub(crate) on_join: Box<dyn FnOnce(JoinSeen) + Send>,
+}
+
+/// What the host saw when it joined a [`Deferred`] result.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JoinSeen {
+    /// Whether the GPU had finished everything submitted before the result by then.
+    pub(crate) gpu_done: bool,
+    /// How long the host waited for the result.
+    pub(crate) waited: std::time::Duration,
+    /// How long the join took once the result was there (from the later of the computation's
+    /// end and the join's start).
+    pub(crate) taken_after: std::time::Duration,
 }
 
 impl std::fmt::Debug for Pending {
@@ -617,7 +627,7 @@ impl Ctx {
         let waited = waiting.elapsed();
         // From the later of the result's end and the join's start: what the join itself added.
         let taken_after = ended.elapsed().min(waited);
-        (d.on_join)(gpu_done, waited, taken_after);
+        (d.on_join)(JoinSeen { gpu_done, waited, taken_after });
     }
 
     fn flush_locked(&self, pending: &mut Pending) {

@@ -42,7 +42,7 @@ use crate::backend::{Backend, Experts, HostExpert, Routing};
 use crate::cpu::experts_one_token;
 use crate::error::OpError;
 use crate::spec::MoeSpec;
-use crate::wgpu::{le_f32s, le_u32s, Deferred, WgpuBackend, WgpuTensor};
+use crate::wgpu::{le_f32s, le_u32s, Deferred, JoinSeen, WgpuBackend, WgpuTensor};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -125,13 +125,13 @@ impl SplitShared {
 
     /// A CPU result was taken: the GPU done by then means the CPU was the longer of the two
     /// (its share shrinks), else the GPU was (it grows); `adapt` false leaves it.
-    fn joined(&self, gpu_done: bool, waited: std::time::Duration, noticed: std::time::Duration, adapt: bool) {
+    fn joined(&self, seen: JoinSeen, adapt: bool) {
         self.joins.fetch_add(1, Ordering::Relaxed);
-        self.noticed_nanos.fetch_add(noticed.as_nanos() as u64, Ordering::Relaxed);
-        self.gpu_first.fetch_add(gpu_done as u64, Ordering::Relaxed);
-        self.join_wait_nanos.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+        self.noticed_nanos.fetch_add(seen.taken_after.as_nanos() as u64, Ordering::Relaxed);
+        self.gpu_first.fetch_add(seen.gpu_done as u64, Ordering::Relaxed);
+        self.join_wait_nanos.fetch_add(seen.waited.as_nanos() as u64, Ordering::Relaxed);
         if adapt {
-            self.step_share(if gpu_done { -SHARE_STEP } else { SHARE_STEP });
+            self.step_share(if seen.gpu_done { -SHARE_STEP } else { SHARE_STEP });
         }
     }
 
@@ -342,7 +342,7 @@ impl WgpuBackend {
             lock(&self.ctx.pending).deferred.push(Deferred {
                 buffer: cpu_sum.buf.buffer.clone(),
                 result,
-                on_join: Box::new(move |gpu_done, waited, noticed| shared.joined(gpu_done, waited, noticed, adapt)),
+                on_join: Box::new(move |seen| shared.joined(seen, adapt)),
             });
             let y = self.add(&y, &cpu_sum)?;
             if tier.split_sync {
