@@ -5,9 +5,8 @@ use plan::{format_bytes, ModelDescription};
 /// Arguments of `diskformer describe`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model: a GGUF file, any part of a split set, a folder in the Hugging Face layout, or
-    /// a model of the store (`owner/repo:Q4_K_M`).
-    pub model: String,
+    #[command(flatten)]
+    pub model: super::load::ModelName,
     /// Print the description as JSON (the stable form of docs/PLAN.md).
     #[arg(long)]
     pub json: bool,
@@ -89,7 +88,7 @@ pub fn print_text(d: &ModelDescription) {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let d = plan::describe(&store::resolve_model(&args.model, None)?)?;
+    let d = plan::describe(&store::resolve_model(args.model.name(), None)?)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else {

@@ -75,6 +75,27 @@ pub enum DeviceFlag {
     Auto,
 }
 
+/// The model of a command that reads only its headers (`plan`, `describe`): given as the
+/// first argument or, as the commands that load a model take it, with `-m` / `--model`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelName {
+    /// The model: a GGUF file, any part of a split set, a folder in the Hugging Face layout, or
+    /// a model of the store (`owner/repo:Q4_K_M`).
+    #[arg(value_name = "MODEL", required_unless_present = "model", conflicts_with = "model")]
+    positional: Option<String>,
+    /// The model, as `run` and `bench` take it (instead of the first argument).
+    #[arg(short, long, value_name = "MODEL")]
+    model: Option<String>,
+}
+
+impl ModelName {
+    /// The name given, whichever way.
+    pub fn name(&self) -> &str {
+        // clap requires exactly one of the two.
+        self.positional.as_deref().or(self.model.as_deref()).unwrap_or_default()
+    }
+}
+
 /// Flags of every command that loads a model.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -128,7 +149,7 @@ pub struct ModelArgs {
     pub gpu_budget: Option<u64>,
     /// With --gpu-budget: what a picked expert that is not on the GPU does. Default: host when a
     /// host copy of every expert fits --ram-budget (or, without one, the available RAM with a
-    /// margin), split instead with 16 or more threads, else auto; --stats says which and why.
+    /// margin), split instead with 8 or more threads, else auto; --stats says which and why.
     #[arg(long, value_enum)]
     pub moe_miss: Option<MoeMissFlag>,
 }

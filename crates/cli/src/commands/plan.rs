@@ -11,8 +11,9 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
 /// The budget flags, shared with the commands that load a model.
 #[derive(clap::Args, Clone, Debug)]
 pub struct BudgetArgs {
-    /// GPU memory to use at most (default: the GPU's free memory, when known), e.g. 4G.
-    #[arg(long, value_parser = size_arg)]
+    /// GPU memory to use at most (default: the GPU's free memory, when known), e.g. 4G; the
+    /// flag `run` and `bench` take (`--budget` is the same).
+    #[arg(long = "gpu-budget", visible_alias = "budget", value_parser = size_arg)]
     pub budget: Option<u64>,
     /// RAM to use at most (default: available RAM), e.g. 8G.
     #[arg(long, value_parser = size_arg)]
@@ -41,9 +42,8 @@ impl BudgetArgs {
 /// Arguments of `diskformer plan`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model: a GGUF file, any part of a split set, a folder in the Hugging Face layout, or
-    /// a model of the store (`owner/repo:Q4_K_M`).
-    pub model: String,
+    #[command(flatten)]
+    pub model: super::load::ModelName,
     #[command(flatten)]
     pub budgets: BudgetArgs,
     /// The task wanted (text-generation, embedding, text-classification).
@@ -149,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some("text-classification") => Some(Task::TextClassification),
         Some(other) => anyhow::bail!("unknown task {other:?}; one of text-generation, embedding, text-classification"),
     };
-    let desc = plan::describe(&store::resolve_model(&args.model, None)?)?;
+    let desc = plan::describe(&store::resolve_model(args.model.name(), None)?)?;
     let dir = desc.gguf.as_deref().and_then(|g| g.parent()).unwrap_or(&desc.path).to_path_buf();
     let machine = match &args.machine {
         Some(file) => {
