@@ -64,3 +64,35 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_args(argv: &[&str]) -> Result<commands::plan::Args, clap::Error> {
+        let mut all = vec!["diskformer", "plan"];
+        all.extend_from_slice(argv);
+        match Cli::try_parse_from(all)?.command {
+            Command::Plan(a) => Ok(a),
+            _ => unreachable!("parsed the plan subcommand"),
+        }
+    }
+
+    /// `plan` (and `describe`, which shares the argument) takes the model first or with `-m`,
+    /// as `run` and `bench` do, and its GPU budget as `--gpu-budget` (or `--budget`); no model
+    /// or two models are errors.
+    #[test]
+    fn plan_takes_the_model_either_way_and_the_gpu_budget_by_its_run_name() {
+        for argv in [&["m.gguf"][..], &["-m", "m.gguf"], &["--model", "m.gguf"]] {
+            assert_eq!(plan_args(argv).unwrap().model.name(), "m.gguf", "{argv:?}");
+        }
+        for flag in ["--gpu-budget", "--budget"] {
+            let a = plan_args(&["m.gguf", flag, "4G"]).unwrap();
+            assert_eq!(a.budgets.budget, Some(4 << 30), "{flag}");
+        }
+        assert!(plan_args(&[]).is_err());
+        assert!(plan_args(&["a.gguf", "-m", "b.gguf"]).is_err());
+        let describe = Cli::try_parse_from(["diskformer", "describe", "-m", "m.gguf"]).unwrap();
+        assert!(matches!(describe.command, Command::Describe(ref a) if a.model.name() == "m.gguf"));
+    }
+}
