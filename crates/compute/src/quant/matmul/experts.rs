@@ -23,6 +23,10 @@ use crate::quant::{MatmulMode, QuantError, WeightRows};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+/// Polls of an expert's ready flag before the waiting thread yields its core (a few
+/// microseconds: an expert's last gate/up rows normally land within that).
+const SPINS_BEFORE_YIELD: u32 = 4096;
+
 /// One expert's matrices: `gate` and `up` `[n_ff, k]` (no gate: an ungated expert), `down`
 /// `[k, n_ff]`.
 #[derive(Debug, Clone, Copy)]
@@ -257,11 +261,19 @@ pub fn experts_one_token(
     };
     let down_rows = |start: usize, end: usize| {
         for i in start / span_down..end.div_ceil(span_down) {
+            let mut spins = 0u32;
             while !ready[i].load(Ordering::Acquire) {
                 if aborted.load(Ordering::Acquire) {
                     return;
                 }
-                std::hint::spin_loop();
+                // A producer the OS has descheduled (more runnable threads than cores) gets
+                // the core back instead of waiting out this thread's time slice.
+                spins += 1;
+                if spins > SPINS_BEFORE_YIELD {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
             let (lo, hi) = (start.max(i * span_down) - i * span_down, (end - i * span_down).min(span_down));
             // SAFETY: `ready[i]` was acquired just above.
