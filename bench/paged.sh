@@ -190,6 +190,7 @@ upload_bps = float(re.search(r"upload ([0-9.]+) GB/s measured", lines[head]).gro
 row = next(l.split() for l in lines[head:] if l.split()[:1] == ["all"])
 selected, hits, misses, uploads, up_mib, cpu = int(row[1]), int(row[2]), int(row[3]), int(row[4]), float(row[5]), int(row[6])
 host_reads = int(row[8]) if len(row) > 9 else 0
+evicted = int(row[7])  # uploads that replaced a pooled expert; the others filled empty slots once
 profile = next((l for l in lines if l.startswith("tier host time per step")), "")
 placement = next((l for l in lines if l.startswith("GPU placement:")), "")
 tokens = 1 + reps * n_gen  # bench's warm-up token is decoded too
@@ -205,6 +206,7 @@ lb_tg = next((x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0),
 rec = {"model": model, "size_bytes": size_bytes, "gpu_budget": budget, "moe_miss": miss,
        "df_pp": pp.get("pp_tok_s"), "df_tg": tg["tg_tok_s"], "lb_pp": lb_pp, "lb_tg": lb_tg, "lb_flags": lb_flags,
        "hit_rate": hits / max(selected, 1), "uploads_per_token": uploads / tokens, "cpu_experts_per_token": cpu / tokens,
+       "replacements_per_token": evicted / tokens, "fill_uploads": uploads - evicted,
        "bytes_uploaded_per_token": bytes_per_token, "upload_bps": upload_bps,
        "tg_limit_upload": upload_bps / bytes_per_token if bytes_per_token else None, "placement": placement,
        "resident_pp": res.get("pp_tok_s"), "resident_tg": res.get("tg_tok_s"),
@@ -229,7 +231,9 @@ if res:
     print(f"| pp, every expert on the GPU | {fmt(res.get('pp_tok_s'))} | {fmt(lb_pp)} | {ratio(res.get('pp_tok_s'), lb_pp)} |")
     print(f"| tg, every expert on the GPU | {fmt(res.get('tg_tok_s'))} | {fmt(lb_tg)} | {ratio(res.get('tg_tok_s'), lb_tg)} |")
 limit = rec["tg_limit_upload"]
-print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_per_token']:.1f} experts uploaded and "
+print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_per_token']:.1f} experts uploaded "
+      f"({uploads} in all: {uploads - evicted} into empty slots, {evicted} replacing a pooled expert, "
+      f"{evicted / tokens:.1f} per token) and "
       f"{rec['cpu_experts_per_token']:.1f} computed on the CPU per token, {bytes_per_token / 2**20:.1f} MiB uploaded "
       f"per token; upload {upload_bps / 1e9:.2f} GB/s (measured by the tier) -> at most "
       f"{'inf' if limit is None else f'{limit:.1f}'} tok/s from uploads alone at this hit rate")
