@@ -37,7 +37,7 @@ mod on_gpu {
     use models::refcheck::{argmax, check_with, fixture_root, format_row, gguf_arch, list_cases};
     use models::{load, load_on, LoadOptions, Outputs, Runner, SUPPORTED_ARCHITECTURES};
     use pager::placement::{activation_scratch_bytes, WgpuSizes};
-    use pager::{CachePolicy, GpuPlacement, Pager, PagerOptions};
+    use pager::{CachePolicy, GpuPlacement, MappedExperts, Pager, PagerOptions};
     use std::path::{Path, PathBuf};
     use std::sync::Arc;
 
@@ -115,8 +115,14 @@ mod on_gpu {
         slot_bytes: u64,
         miss: MissPolicy,
     ) -> WgpuBackend {
-        let ram = Pager::budget_for_slots(model, 2).expect("experts indexed");
-        let store = Arc::new(Pager::open(model, &PagerOptions::new(ram, CachePolicy::Lru)).expect("pager opens"));
+        // The split runs without a RAM budget, over the model's map (as `plan::tier` wires it):
+        // that store guesses the next layer's experts, so the split's read ahead runs too.
+        let store: Arc<dyn compute::ExpertStore> = if miss == MissPolicy::Split {
+            Arc::new(MappedExperts::open(model).expect("experts indexed"))
+        } else {
+            let ram = Pager::budget_for_slots(model, 2).expect("experts indexed");
+            Arc::new(Pager::open(model, &PagerOptions::new(ram, CachePolicy::Lru)).expect("pager opens"))
+        };
         let policy = if n_slots == 1 { SlotPolicy::Lru } else { SlotPolicy::Lfu };
         let topts = ExpertTierOptions { miss, policy, ..ExpertTierOptions::new(n_slots, slot_bytes) };
         device.clone().with_expert_store(store, topts).expect("tier builds")

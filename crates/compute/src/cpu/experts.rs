@@ -150,3 +150,67 @@ fn experts_in_two_regions(
     let mut ys: Vec<&mut [f32]> = down.chunks_mut(n_embd).collect();
     quant::matmul_each(&ws, ff, &xs, &mut ys, mode)
 }
+
+/// Bytes read per piece of work when experts are read into the cache: small enough that a
+/// read stops within a microsecond or two once `keep_going` says so.
+const READ_AHEAD_PIECE: usize = 64 * 1024;
+
+/// Reads every 64-byte line of `experts`' matrices once, on all but one of the pool's threads
+/// (the caller's host thread keeps a core), so that a computation soon after finds them in the
+/// caches rather than in RAM; stops early when `keep_going` turns false (checked before each
+/// 64 KiB piece). Returns the bytes read.
+///
+/// Why: under the GPU expert tier's split miss mode the CPU's experts share the RAM with the
+/// GPU's reads of host memory while the GPU waits for the CPU, and both idle while the GPU
+/// computes the next layer's attention. Reading the next layer's guessed CPU experts then
+/// moves their RAM traffic out of the part of the layer where both links compete for it.
+pub fn read_experts_into_cache(experts: &[HostExpert<'_>], keep_going: &(dyn Fn() -> bool + Sync)) -> u64 {
+    use rayon::prelude::*;
+    let pieces: Vec<&[u8]> = experts
+        .iter()
+        .flat_map(|e| e.gate.iter().chain([&e.up, &e.down]).map(|m| m.bytes))
+        .flat_map(|b| b.chunks(READ_AHEAD_PIECE))
+        .collect();
+    let tasks = rayon::current_num_threads().saturating_sub(1).max(1);
+    let per_task = pieces.len().div_ceil(tasks).max(1);
+    pieces
+        .par_chunks(per_task)
+        .map(|mine| {
+            let mut read = 0u64;
+            let mut sum = 0u8;
+            for piece in mine {
+                if !keep_going() {
+                    break;
+                }
+                // One byte per cache line: the load brings in the line (and the prefetchers
+                // the ones after it); the sum keeps the loads from being optimized away.
+                sum = piece.iter().step_by(64).fold(sum, |s, &b| s.wrapping_add(b));
+                read += piece.len() as u64;
+            }
+            std::hint::black_box(sum);
+            read
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::GgmlType;
+
+    /// Every byte of every matrix is counted once while `keep_going` holds; nothing once it
+    /// does not.
+    #[test]
+    fn read_into_cache_reads_everything_or_stops() {
+        fn m(bytes: &[u8]) -> HostMatrix<'_> {
+            HostMatrix { dtype: GgmlType::Q8_0, bytes, n_out: 1, k: 1 }
+        }
+        let b: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+        let experts = [
+            HostExpert { id: 0, gate: Some(m(&b[..100_000])), up: m(&b[100_000..150_000]), down: m(&b[150_000..]) },
+            HostExpert { id: 1, gate: None, up: m(&b[..7]), down: m(&b[7..70_000]) },
+        ];
+        assert_eq!(read_experts_into_cache(&experts, &|| true), 300_000 + 70_000);
+        assert_eq!(read_experts_into_cache(&experts, &|| false), 0);
+    }
+}
