@@ -78,20 +78,6 @@ pub trait ExpertStore: Send + Sync + std::fmt::Debug {
     /// layer's experts from it (that layer's router on this input). A hint: the default ignores
     /// it.
     fn note_input(&self, _layer: usize, _x: &[f32], _k: usize) {}
-
-    /// A guess of the experts the next MoE layer after `layer` selects for the row `x`
-    /// (`[n_embd]`, this layer's input), `k` per token: that layer's index and the ids, best
-    /// first. `None` (the default) when the store keeps no routers to guess with.
-    fn guess_next(&self, _layer: usize, _x: &[f32], _k: usize) -> Option<(usize, Vec<u32>)> {
-        None
-    }
-
-    /// Reads experts `ids` of `layer` into the CPU's caches ahead of their computation, where
-    /// they are in host memory already (no read from disk), stopping when `keep_going` turns
-    /// false; returns the bytes read. A hint: the default reads nothing.
-    fn read_into_cache(&self, _layer: usize, _ids: &[u32], _keep_going: &(dyn Fn() -> bool + Sync)) -> u64 {
-        0
-    }
 }
 
 /// Routing result: for each token, `k` expert ids and their weights.

@@ -892,12 +892,6 @@ impl ExpertStore for Pager {
         s.lock().guess_ids[next] = ids;
     }
 
-    fn guess_next(&self, layer: usize, x: &[f32], k: usize) -> Option<(usize, Vec<u32>)> {
-        let next = self.shared.next_moe_layer(layer)?;
-        let ids = self.guesses.as_ref()?.guess(next, x, k, k);
-        (!ids.is_empty()).then_some((next, ids))
-    }
-
     fn with_host_experts(
         &self,
         layer: usize,
@@ -1012,9 +1006,6 @@ impl ExpertStore for Pager {
 pub struct MappedExperts {
     model: Arc<GgufModel>,
     layers: Vec<Option<LayerExperts>>,
-    /// The routers in Q8_0 for [`ExpertStore::guess_next`] (~0.3 MB per layer of
-    /// Qwen3-30B-A3B), outside any budget: this store is used only without a RAM budget.
-    guesses: Guesses,
 }
 
 impl std::fmt::Debug for MappedExperts {
@@ -1029,29 +1020,7 @@ impl MappedExperts {
     /// # Errors
     /// [`PagerError::NoExperts`] and [`PagerError::BadExpertTensor`] as [`Pager::open`].
     pub fn open(model: &Arc<GgufModel>) -> Result<MappedExperts, PagerError> {
-        let layers = index_layers(model)?;
-        let has_experts: Vec<bool> = layers.iter().map(|l| l.is_some()).collect();
-        let guesses = Guesses::from_model(model, &has_experts);
-        Ok(MappedExperts { model: model.clone(), layers, guesses })
-    }
-
-    /// The experts `ids` of `layer` as slices of the map; the caller checked the ids.
-    fn lend<'a>(&'a self, le: &LayerExperts, ids: &[u32]) -> Vec<HostExpert<'a>> {
-        let files = self.model.files();
-        let take = |m: &Matrix, id: u32| {
-            let at = m.expert_offset(id) as usize;
-            // Offsets and sizes were checked against the file when it was opened.
-            let bytes = &files[m.file].raw_bytes()[at..at + m.bytes_per_expert];
-            HostMatrix { dtype: m.dtype, bytes, n_out: m.n_out, k: m.k }
-        };
-        ids.iter()
-            .map(|&id| HostExpert {
-                id,
-                gate: le.gate.as_ref().map(|g| take(g, id)),
-                up: take(&le.up, id),
-                down: take(&le.down, id),
-            })
-            .collect()
+        Ok(MappedExperts { model: model.clone(), layers: index_layers(model)? })
     }
 }
 
@@ -1063,19 +1032,22 @@ impl ExpertStore for MappedExperts {
         compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
     ) -> Result<(), OpError> {
         let le = layer_experts(&self.layers, layer, ids, "mapped experts", &self.model.path().display())?;
-        compute(&self.lend(le, ids))
-    }
-
-    fn guess_next(&self, layer: usize, x: &[f32], k: usize) -> Option<(usize, Vec<u32>)> {
-        let next = (layer + 1..self.layers.len()).find(|&l| self.layers[l].is_some())?;
-        let ids = self.guesses.guess(next, x, k, k);
-        (!ids.is_empty()).then_some((next, ids))
-    }
-
-    fn read_into_cache(&self, layer: usize, ids: &[u32], keep_going: &(dyn Fn() -> bool + Sync)) -> u64 {
-        let Ok(le) = layer_experts(&self.layers, layer, ids, "mapped experts", &self.model.path().display()) else {
-            return 0;
+        let files = self.model.files();
+        let take = |m: &Matrix, id: u32| {
+            let at = m.expert_offset(id) as usize;
+            // Offsets and sizes were checked against the file when it was opened.
+            let bytes = &files[m.file].raw_bytes()[at..at + m.bytes_per_expert];
+            HostMatrix { dtype: m.dtype, bytes, n_out: m.n_out, k: m.k }
         };
-        compute::cpu::read_experts_into_cache(&self.lend(le, ids), keep_going)
+        let lent: Vec<HostExpert<'_>> = ids
+            .iter()
+            .map(|&id| HostExpert {
+                id,
+                gate: le.gate.as_ref().map(|g| take(g, id)),
+                up: take(&le.up, id),
+                down: take(&le.down, id),
+            })
+            .collect();
+        compute(&lent)
     }
 }

@@ -115,8 +115,7 @@ mod on_gpu {
         slot_bytes: u64,
         miss: MissPolicy,
     ) -> WgpuBackend {
-        // The split runs without a RAM budget, over the model's map (as `plan::tier` wires it):
-        // that store guesses the next layer's experts, so the split's read ahead runs too.
+        // The split runs without a RAM budget, over the model's map, as `plan::tier` wires it.
         let store: Arc<dyn compute::ExpertStore> = if miss == MissPolicy::Split {
             Arc::new(MappedExperts::open(model).expect("experts indexed"))
         } else {

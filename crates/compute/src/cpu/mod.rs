@@ -21,7 +21,7 @@ use crate::quant::{self, MatmulMode};
 use crate::spec::{Act, AttnCall, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 use attention::{KvElem, KvRows, Rows, Simd};
-pub use experts::{experts_one_token, read_experts_into_cache, ExpertBiases};
+pub use experts::{experts_one_token, ExpertBiases};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::Arc;

@@ -237,12 +237,6 @@ struct TierProfile {
     /// results, and from the joins' ends to their submits' returns (the GPU waits through both).
     split_noticed_secs: f64,
     submit_after_join_secs: f64,
-    /// Reading ahead: the experts guessed for the CPU, those of them the CPU then computed,
-    /// the experts the CPU computed in layers that had a guess, and the bytes read.
-    read_ahead_guessed: u64,
-    read_ahead_right: u64,
-    read_ahead_cpu: u64,
-    read_ahead_bytes: u64,
 }
 
 impl TierProfile {
@@ -288,18 +282,7 @@ impl TierProfile {
                 per(self.split_join_wait_secs),
                 per(self.split_noticed_secs),
                 per(self.submit_after_join_secs),
-            ) + &if self.read_ahead_guessed > 0 {
-                format!(
-                    "read ahead: {:.1} experts guessed for the CPU per step, {:.1}% of them computed there ({:.1}% of its experts), \
-                     {:.1} MB read per step\n",
-                    self.read_ahead_guessed as f64 / self.steps.max(1) as f64,
-                    100.0 * self.read_ahead_right as f64 / self.read_ahead_guessed as f64,
-                    100.0 * self.read_ahead_right as f64 / self.read_ahead_cpu.max(1) as f64,
-                    self.read_ahead_bytes as f64 / 1e6 / self.steps.max(1) as f64,
-                )
-            } else {
-                String::new()
-            }
+            )
         } else {
             String::new()
         }
@@ -446,9 +429,6 @@ pub(super) struct ExpertTier {
     /// `DISKFORMER_SPLIT_HOST_PARTITION=1`: the host partitions the misses after its readback
     /// and submits the GPU's share then (the split's first version, for A/B).
     split_host_partition: bool,
-    /// `DISKFORMER_SPLIT_READ_AHEAD=0`: no reading of the next layer's guessed CPU experts
-    /// into the CPU's caches after each CPU job (for A/B runs).
-    split_read_ahead: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it ([`HOST_REPLACE_MARGIN`];
     /// DISKFORMER_HOST_REPLACE_MARGIN for experiments).
@@ -811,7 +791,6 @@ impl WgpuBackend {
             split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
             split_sync: super::env_flag("DISKFORMER_SPLIT_SYNC"),
             split_host_partition: super::env_flag("DISKFORMER_SPLIT_HOST_PARTITION"),
-            split_read_ahead: std::env::var("DISKFORMER_SPLIT_READ_AHEAD").map_or(true, |v| v.trim() != "0"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())

@@ -45,7 +45,7 @@ use crate::spec::MoeSpec;
 use crate::wgpu::{le_f32s, le_u32s, Deferred, JoinSeen, WgpuBackend, WgpuTensor};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The CPU's share of the misses before anything is measured.
@@ -102,13 +102,6 @@ pub(super) struct SplitShared {
     pub(super) join_wait_nanos: Arc<AtomicU64>,
     /// From a CPU job's end (or the join's start, when later) to the join taking its result.
     pub(super) noticed_nanos: Arc<AtomicU64>,
-    /// Bumped before each CPU job is spawned: the previous job's read ahead stops when it moves.
-    generation: AtomicU64,
-    /// The last read ahead's layer and experts, taken by that layer's call to count how many
-    /// of them the CPU computed.
-    read_ahead: Mutex<Option<(usize, Vec<u32>)>>,
-    /// Bytes read ahead, summed.
-    read_ahead_bytes: AtomicU64,
 }
 
 impl Default for SplitShared {
@@ -121,9 +114,6 @@ impl Default for SplitShared {
             queued_nanos: Arc::default(),
             join_wait_nanos: Arc::default(),
             noticed_nanos: Arc::default(),
-            generation: AtomicU64::new(0),
-            read_ahead: Mutex::new(None),
-            read_ahead_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -151,43 +141,6 @@ impl SplitShared {
     }
 }
 
-/// What a CPU job reads into the caches once its result is sent: the experts of the next MoE
-/// layer that the CPU would compute if that layer selected what its router picks on this
-/// layer's input (the store's guess), by the rule of [`cpu_misses`] on the pool as it is now.
-///
-/// Why: the CPU's experts and the GPU's reads of the host tier both come from RAM while the
-/// GPU waits for the CPU (on the H200 a job's experts ran ~40% slower inside the split than
-/// alone), and neither uses it while the GPU computes the next layer's attention and the ids
-/// travel (~120 us per layer). Read then, the CPU's share is in the caches (the H200 host's
-/// 32 MB of L2 and 300 MB of L3) when its job starts. The next job's spawn stops the read.
-struct ReadAhead {
-    /// The next MoE layer and which of its experts hold a pool slot.
-    next: usize,
-    in_pool: Vec<bool>,
-    share_q: u32,
-    /// The generation of [`SplitShared`] this read belongs to.
-    generation: u64,
-    shared: Arc<SplitShared>,
-}
-
-impl ReadAhead {
-    fn run(&self, store: &dyn crate::backend::ExpertStore, layer: usize, x: &[f32], k: usize) {
-        let Some((next, guess)) = store.guess_next(layer, x, k) else { return };
-        if next != self.next {
-            return;
-        }
-        let is_miss = |e: u32| !self.in_pool.get(e as usize).copied().unwrap_or(false);
-        let cpu = cpu_misses(&guess, is_miss, self.share_q);
-        if cpu.is_empty() {
-            return;
-        }
-        *lock(&self.shared.read_ahead) = Some((next, cpu.clone()));
-        let current = || self.shared.generation.load(Ordering::Relaxed) == self.generation;
-        let read = store.read_into_cache(next, &cpu, &current);
-        self.shared.read_ahead_bytes.fetch_add(read, Ordering::Relaxed);
-    }
-}
-
 /// The CPU's part of one split layer, owned, so that it runs while the caller goes on.
 struct CpuJob {
     store: Arc<dyn crate::backend::ExpertStore>,
@@ -201,8 +154,6 @@ struct CpuJob {
     biases: Arc<HostBiases>,
     spec: MoeSpec,
     mode: crate::quant::MatmulMode,
-    /// Decode only: the next layer's guessed CPU experts to read into the caches afterwards.
-    read_ahead: Option<ReadAhead>,
 }
 
 impl CpuJob {
@@ -334,14 +285,6 @@ impl WgpuBackend {
             s.host_reads -= n_cpu as u64;
             s.cpu_computed += n_cpu as u64;
         }
-        if let Some((guessed_layer, guessed)) = lock(&tier.split.read_ahead).take() {
-            if guessed_layer == layer {
-                let mut prof = lock(&tier.profile);
-                prof.read_ahead_guessed += guessed.len() as u64;
-                prof.read_ahead_right += guessed.iter().filter(|e| cpu.binary_search(e).is_ok()).count() as u64;
-                prof.read_ahead_cpu += n_cpu as u64;
-            }
-        }
         let t_decided = Instant::now();
 
         let y = match y_gpu {
@@ -372,18 +315,6 @@ impl WgpuBackend {
             // layer meanwhile, and the next submit waits for the sum (`Deferred`).
             let cpu_sum = self.alloc("moe cpu experts", &[n, n_embd])?;
             let (send, result) = std::sync::mpsc::channel();
-            // The previous job's read ahead stops here: this job's experts come first.
-            let generation = tier.split.generation.fetch_add(1, Ordering::Relaxed) + 1;
-            let read_ahead = (tier.split_read_ahead && n == 1)
-                .then(|| (layer + 1..st.slot_of.len()).find(|&l| !st.slot_of[l].is_empty()))
-                .flatten()
-                .map(|next| ReadAhead {
-                    next,
-                    in_pool: st.slot_of[next].iter().map(|&s| s != NO_SLOT).collect(),
-                    share_q,
-                    generation,
-                    shared: tier.split.clone(),
-                });
             let job = CpuJob {
                 store: tier.store.clone(),
                 layer,
@@ -395,7 +326,6 @@ impl WgpuBackend {
                 biases,
                 spec: *spec,
                 mode: tier.opts.cpu_matmul,
-                read_ahead,
             };
             let spawned = Instant::now();
             let (secs, queued) = (tier.split.cpu_nanos.clone(), tier.split.queued_nanos.clone());
@@ -406,9 +336,6 @@ impl WgpuBackend {
                 secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 // The receiver is gone only if the back end was dropped: nothing to tell.
                 let _ = send.send((out, Instant::now()));
-                if let Some(ahead) = &job.read_ahead {
-                    ahead.run(&*job.store, job.layer, &job.xs, job.k);
-                }
             });
             let shared = tier.split.clone();
             let adapt = tier.split_fixed.is_none() && n_misses > 0;
@@ -440,7 +367,6 @@ impl WgpuBackend {
         prof.split_join_wait_secs = tier.split.join_wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_noticed_secs = tier.split.noticed_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.submit_after_join_secs = self.ctx.submit_after_join_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
-        prof.read_ahead_bytes = tier.split.read_ahead_bytes.load(Ordering::Relaxed);
         prof.split_misses += n_misses as u64;
         prof.split_cpu_experts += n_cpu as u64;
         Ok(y)
@@ -492,73 +418,6 @@ mod tests {
         assert_eq!(share_in_256ths(0.02), 5);
         assert_eq!(share_in_256ths(-1.0), 0);
         assert_eq!(share_in_256ths(2.0), 256);
-    }
-
-    /// A store that guesses fixed ids for one layer and records what it is asked to read.
-    #[derive(Debug)]
-    struct Guessing {
-        next: usize,
-        guess: Vec<u32>,
-        asked: Mutex<Vec<(usize, Vec<u32>)>>,
-        /// Read ahead only while `keep_going` holds, checked once per expert.
-        bytes_per_expert: u64,
-    }
-
-    impl crate::backend::ExpertStore for Guessing {
-        fn with_host_experts(
-            &self,
-            _: usize,
-            _: &[u32],
-            _: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
-        ) -> Result<(), OpError> {
-            unreachable!("a read ahead computes nothing")
-        }
-
-        fn guess_next(&self, _: usize, _: &[f32], _: usize) -> Option<(usize, Vec<u32>)> {
-            Some((self.next, self.guess.clone()))
-        }
-
-        fn read_into_cache(&self, layer: usize, ids: &[u32], keep_going: &(dyn Fn() -> bool + Sync)) -> u64 {
-            lock(&self.asked).push((layer, ids.to_vec()));
-            ids.iter().take_while(|_| keep_going()).map(|_| self.bytes_per_expert).sum()
-        }
-    }
-
-    /// The read ahead asks the store for the guessed experts the partition rule would give the
-    /// CPU on the pool as it was, leaves a guess of another layer alone, and reads nothing once
-    /// a newer job was spawned.
-    #[test]
-    fn read_ahead_reads_the_guessed_cpu_share_until_the_next_job() {
-        let store = Guessing {
-            next: 3,
-            guess: vec![9, 2, 7, 4, 11, 5, 1, 8],
-            asked: Mutex::new(Vec::new()),
-            bytes_per_expert: 100,
-        };
-        let shared = Arc::new(SplitShared::default());
-        let mut in_pool = vec![false; 16];
-        in_pool[2] = true;
-        in_pool[8] = true;
-        let ahead = |next: usize, generation: u64| ReadAhead {
-            next,
-            in_pool: in_pool.clone(),
-            share_q: 128,
-            generation,
-            shared: shared.clone(),
-        };
-        // Six misses (2 and 8 hold slots), half to the CPU: the three lowest ids.
-        ahead(3, 0).run(&store, 2, &[0.0; 4], 8);
-        assert_eq!(*lock(&store.asked), vec![(3, vec![1, 4, 5])]);
-        assert_eq!(*lock(&shared.read_ahead), Some((3, vec![1, 4, 5])));
-        assert_eq!(shared.read_ahead_bytes.load(Ordering::Relaxed), 300);
-        // The store guesses layer 3; a job expecting layer 5 next reads nothing.
-        ahead(5, 0).run(&store, 4, &[0.0; 4], 8);
-        assert_eq!(lock(&store.asked).len(), 1);
-        // A newer job was spawned (generation 1): the read stops at once.
-        shared.generation.store(1, Ordering::Relaxed);
-        ahead(3, 0).run(&store, 2, &[0.0; 4], 8);
-        assert_eq!(lock(&store.asked).len(), 2);
-        assert_eq!(shared.read_ahead_bytes.load(Ordering::Relaxed), 300);
     }
 
     /// The partition kernel parses and validates (naga) at the per-pair kernels' pair limit.
