@@ -1491,6 +1491,27 @@ mod gpu_ops {
         );
     }
 
+    /// Where a host round trip's time goes, by phase and by how the host learns the GPU is
+    /// done (`WgpuBackend::perf_round_trip_parts`); medians over 300 trips of each case.
+    #[test]
+    #[ignore = "measurement, not a check: run on a real GPU"]
+    fn perf_round_trip_parts() {
+        let Some(g) = gpu("perf_round_trip_parts") else { return };
+        for c in g.perf_round_trip_parts(300).expect("round trip probe") {
+            println!(
+                "round trip [{}]: encode {:.1} us, submit {:.1}, to done {:.1}, read {:.1}; total median {:.1} us (p10 {:.1}, p90 {:.1})",
+                c.case,
+                c.encode_secs * 1e6,
+                c.submit_secs * 1e6,
+                c.done_secs * 1e6,
+                c.read_secs * 1e6,
+                c.total_secs * 1e6,
+                c.total_p10_secs * 1e6,
+                c.total_p90_secs * 1e6
+            );
+        }
+    }
+
     #[test]
     #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
     fn perf_dispatch() {

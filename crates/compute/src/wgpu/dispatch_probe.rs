@@ -20,6 +20,7 @@
 
 use super::shaders::Plain;
 use super::{adapters, instance, OpError, WgpuBackend};
+use std::sync::Arc;
 
 /// A 64-value update by one workgroup: the smallest kernel that writes memory.
 const TINY: &str = "
@@ -634,6 +635,170 @@ impl WgpuBackend {
                     out.push(probe.measure(&case.label, &case.names, &case.items, timing)?);
                 }
             }
+        }
+        Ok(out)
+    }
+}
+
+/// One way of making a host round trip, timed in phases by [`WgpuBackend::perf_round_trip_parts`]:
+/// medians over the trips, in seconds.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct RoundTripParts {
+    /// What the trip does.
+    pub case: String,
+    /// Recording the commands and finishing the command buffer.
+    pub encode_secs: f64,
+    /// The `submit` call itself.
+    pub submit_secs: f64,
+    /// From the submit's return to the host seeing the work done (the map's callback, or the
+    /// queue's work-done callback, whichever the case waits for first).
+    pub done_secs: f64,
+    /// After that: mapping the readback buffer (when not already part of `done_secs`), copying
+    /// its bytes out and unmapping.
+    pub read_secs: f64,
+    /// The whole trip, and its 10th and 90th percentiles.
+    pub total_secs: f64,
+    pub total_p10_secs: f64,
+    pub total_p90_secs: f64,
+}
+
+/// How a round trip learns that the GPU is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Done {
+    /// The readback buffer's `map_async` callback, polling in a loop (the back end's way).
+    MapSpin,
+    /// The same, blocking in the driver (`DISKFORMER_READBACK_BLOCK=1`).
+    MapBlock,
+    /// `on_submitted_work_done`'s callback, polling in a loop; the buffer mapped after.
+    WorkDoneSpin,
+}
+
+impl WgpuBackend {
+    /// Where a host round trip's time goes (issue 6: one per MoE layer under the split miss
+    /// mode, ~55 us bare on the H200 where the layer's attention section adds ~30): `trips`
+    /// trips of each case on a second device of this back end's adapter, each a tiny kernel
+    /// writing an 8 KiB hidden state, its copy into a `MAP_READ` buffer and the read, timed in
+    /// phases; plus a trip with no kernel (an empty command buffer: submit and completion
+    /// alone).
+    ///
+    /// # Errors
+    /// The adapter refuses a second device, or the device is lost.
+    #[doc(hidden)]
+    pub fn perf_round_trip_parts(&self, trips: usize) -> Result<Vec<RoundTripParts>, OpError> {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        use std::time::Instant;
+        let probe = Probe::open(self.ctx.adapter.index)?;
+        const BYTES: u64 = 8192;
+        let tiny = probe.pipeline("probe tiny", TINY, true);
+        let params = probe.uniform(&[64, 0, 0, 0]);
+        let state = probe.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("probe state"),
+            size: BYTES,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let readback = probe.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("probe round trip"),
+            size: BYTES,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let bind = probe.bind(&tiny, &[&state, &params]);
+        let lost = |e: wgpu::PollError| failed(format!("device lost while waiting: {e}"));
+        let spin_until = |flag: &AtomicU8| -> Result<(), OpError> {
+            while flag.load(Ordering::Acquire) == 0 {
+                probe.device.poll(wgpu::PollType::Poll).map_err(lost)?;
+                std::hint::spin_loop();
+            }
+            Ok(())
+        };
+        let cases: [(&str, bool, Done); 4] = [
+            ("kernel + copy, map callback, spinning (the back end's readback)", true, Done::MapSpin),
+            ("kernel + copy, map callback, blocking", true, Done::MapBlock),
+            ("kernel + copy, work-done callback spinning, then map", true, Done::WorkDoneSpin),
+            ("empty command buffer, work-done callback spinning", false, Done::WorkDoneSpin),
+        ];
+        let mut out = Vec::new();
+        for (label, with_kernel, done) in cases {
+            let mut phases: Vec<[f64; 5]> = Vec::with_capacity(trips);
+            for trip in 0..trips + 20 {
+                let t0 = Instant::now();
+                let mut enc = probe.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+                if with_kernel {
+                    {
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                        pass.set_pipeline(&tiny);
+                        pass.set_bind_group(0, &bind, &[]);
+                        pass.dispatch_workgroups(1, 1, 1);
+                    }
+                    enc.copy_buffer_to_buffer(&state, 0, &readback, 0, BYTES);
+                }
+                let cmd = enc.finish();
+                let t1 = Instant::now();
+                probe.queue.submit([cmd]);
+                let t2 = Instant::now();
+                let work_done = Arc::new(AtomicU8::new(0));
+                let mapped = Arc::new(AtomicU8::new(0));
+                let map = |mapped: &Arc<AtomicU8>| {
+                    let flag = mapped.clone();
+                    readback.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                        flag.store(if r.is_ok() { 1 } else { 2 }, Ordering::Release);
+                    });
+                };
+                match done {
+                    Done::MapSpin => {
+                        if with_kernel {
+                            map(&mapped);
+                            spin_until(&mapped)?;
+                        }
+                    }
+                    Done::MapBlock => {
+                        map(&mapped);
+                        probe.device.poll(wgpu::PollType::wait_indefinitely()).map_err(lost)?;
+                    }
+                    Done::WorkDoneSpin => {
+                        let flag = work_done.clone();
+                        probe.queue.on_submitted_work_done(move || flag.store(1, Ordering::Release));
+                        spin_until(&work_done)?;
+                    }
+                }
+                let t3 = Instant::now();
+                if with_kernel {
+                    if done == Done::WorkDoneSpin {
+                        map(&mapped);
+                        spin_until(&mapped)?;
+                    }
+                    if mapped.load(Ordering::Acquire) != 1 {
+                        return Err(failed("round trip mapping failed".into()));
+                    }
+                    let view = readback.slice(..).get_mapped_range().map_err(|e| failed(format!("{e:?}")))?;
+                    std::hint::black_box(view.to_vec());
+                    drop(view);
+                    readback.unmap();
+                }
+                let t4 = Instant::now();
+                if trip >= 20 {
+                    let s = |a: Instant, b: Instant| (b - a).as_secs_f64();
+                    phases.push([s(t0, t1), s(t1, t2), s(t2, t3), s(t3, t4), s(t0, t4)]);
+                }
+            }
+            let median = |i: usize| {
+                let mut v: Vec<f64> = phases.iter().map(|p| p[i]).collect();
+                v.sort_by(f64::total_cmp);
+                (v[v.len() / 2], v[v.len() / 10], v[v.len() * 9 / 10])
+            };
+            let total = median(4);
+            out.push(RoundTripParts {
+                case: label.to_string(),
+                encode_secs: median(0).0,
+                submit_secs: median(1).0,
+                done_secs: median(2).0,
+                read_secs: median(3).0,
+                total_secs: total.0,
+                total_p10_secs: total.1,
+                total_p90_secs: total.2,
+            });
         }
         Ok(out)
     }

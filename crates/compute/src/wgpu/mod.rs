@@ -57,7 +57,7 @@ use crate::error::OpError;
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 #[doc(hidden)]
-pub use dispatch_probe::DispatchCost;
+pub use dispatch_probe::{DispatchCost, RoundTripParts};
 pub use fused::AttnKernel;
 pub use int8::Q8Act;
 use layout::TypeLayout;
