@@ -253,9 +253,9 @@ if expert_bytes and link_bps and ram_bps:
     print(f"  diskformer, misses over the link: {gib(link_b)} per token (misses {gib(miss_b)}, refills "
           f"{gib(bytes_per_token)}) -> at most {link_bps / link_b:.1f} tok/s" if link_b else "  no bytes over the link")
     if miss_b:
-        # Both read the same RAM: the RAM's rate bounds the two together.
-        print(f"  diskformer, misses shared by the link and the CPU, both reading the same RAM: at most "
-              f"{ram_bps / miss_b:.1f} tok/s")
+        # Both read the same RAM, and so do the refills' copies: the RAM's rate bounds them together.
+        print(f"  diskformer, misses shared by the link and the CPU and the refills, all read from the same RAM: "
+              f"{gib(miss_b + bytes_per_token)} per token -> at most {ram_bps / (miss_b + bytes_per_token):.1f} tok/s")
     print(f"  llama.cpp, every selected expert from RAM by the CPU: {gib(peer_b)} per token -> at most "
           f"{ram_bps / peer_b:.1f} tok/s" + (f" (measured {lb_tg:.1f}; 2x that is {2 * lb_tg:.1f})" if lb_tg else ""))
 if profile:
