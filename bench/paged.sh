@@ -24,6 +24,9 @@
 #   RAM_BUDGET []           empty: misses read from the memory map (the page cache is the host
 #                           tier); a size: through the pager's RAM cache of that size
 #   P [512]  N [128]  REPS [2]  THREADS [0: every core]
+#   ROUNDS [1]              decode rounds: after the first (which gives the statistics), ROUNDS-1
+#                           more of diskformer and llama.cpp alternating, so that a lease whose
+#                           speed drifts moves both; the table's decode figures are the rounds' means
 #   MODELS_DIR [/tmp/diskformer-paged]   where the model is written (needs ~18 GB for the default)
 #   PEER [1]  PEER_BIN [$BIN, else bench/gpu.sh's CUDA build in $WORK/peer/build-cuda/bin]
 #   LB_FLAGS [-ngl 99 -ot exps=CPU]
@@ -62,6 +65,7 @@ RAM_BUDGET=${RAM_BUDGET:-}
 P=${P:-512}
 N=${N:-128}
 REPS=${REPS:-2}
+ROUNDS=${ROUNDS:-1}
 THREADS=${THREADS:-0}
 MODELS_DIR=${MODELS_DIR:-/tmp/diskformer-paged}
 PEER=${PEER:-1}
@@ -167,9 +171,24 @@ if [ "$PEER" = 1 ] && [ -f "$LB" ] && [ -x "$LB" ]; then
 elif [ "$PEER" = 1 ]; then
   echo "note: no llama-bench at $LB: diskformer only" >&2
 fi
+# More decode rounds, the two engines alternating (decode only: prefill varies less).
+rounds_json="[]"
+for ((round = 2; round <= ROUNDS; round++)); do
+  df_r=$("$DF" bench -m "$model" -p 0 -n "$N" "${flags[@]}" --json 2>>"$out_dir/paged-$stamp-rounds.err") || df_r='{}'
+  lb_r="[]"
+  if [ "$lb_json" != "[]" ]; then
+    # shellcheck disable=SC2086 # LB_FLAGS is a list of flags
+    lb_r=$(LD_LIBRARY_PATH="$PEER_BIN:${LD_LIBRARY_PATH:-}" "$LB" -m "$model" -p 0 -n "$N" -r "$REPS" \
+      $LB_FLAGS -o json 2>>"$out_dir/paged-$stamp-rounds.err") || lb_r="[]"
+  fi
+  rounds_json=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); d=json.loads(sys.argv[2]); l=json.loads(sys.argv[3])
+r.append({"df_tg": d.get("tg_tok_s"), "lb_tg": next((x["avg_ts"] for x in l if x["n_gen"] > 0), None)}); print(json.dumps(r))' \
+    "$rounds_json" "$df_r" "$lb_r")
+  echo "decode round $round: $rounds_json" >&2
+done
 
 python3 - "$df_pp" "$df_tg" "$lb_json" "$tg_stats" "$N" "$REPS" "$model" "$size_bytes" "$GPU_BUDGET" "${MISS:-default}" \
-  "$LB_FLAGS" "$raw" "$df_res" "$smi_log" "$smi_idle" "$smi_ctx_log" "$tg_stats" "$probe_json" <<'PY'
+  "$LB_FLAGS" "$raw" "$df_res" "$smi_log" "$smi_idle" "$smi_ctx_log" "$tg_stats" "$probe_json" "$rounds_json" <<'PY'
 import json, re, sys
 pp, tg, lb = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 res = json.loads(sys.argv[13])
@@ -203,8 +222,14 @@ ram_bps = (probe.get("memory") or {}).get("bandwidth_bytes_per_s")
 bytes_per_token = up_mib * 2**20 / tokens
 lb_pp = next((x["avg_ts"] for x in lb if x["n_prompt"] > 0 and x["n_gen"] == 0), None)
 lb_tg = next((x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0), None)
+# Decode rounds: the first run of each engine, then the alternating ones; the means go in the table.
+rounds = [{"df_tg": tg["tg_tok_s"], "lb_tg": lb_tg}] + json.loads(sys.argv[19])
+mean = lambda vs: sum(vs) / len(vs) if vs else None
+df_tg_mean = mean([r["df_tg"] for r in rounds if r["df_tg"]])
+lb_tg_mean = mean([r["lb_tg"] for r in rounds if r["lb_tg"]])
 rec = {"model": model, "size_bytes": size_bytes, "gpu_budget": budget, "moe_miss": miss,
-       "df_pp": pp.get("pp_tok_s"), "df_tg": tg["tg_tok_s"], "lb_pp": lb_pp, "lb_tg": lb_tg, "lb_flags": lb_flags,
+       "df_pp": pp.get("pp_tok_s"), "df_tg": df_tg_mean, "lb_pp": lb_pp, "lb_tg": lb_tg_mean, "lb_flags": lb_flags,
+       "tg_rounds": rounds,
        "hit_rate": hits / max(selected, 1), "uploads_per_token": uploads / tokens, "cpu_experts_per_token": cpu / tokens,
        "replacements_per_token": evicted / tokens, "fill_uploads": uploads - evicted,
        "bytes_uploaded_per_token": bytes_per_token, "upload_bps": upload_bps,
@@ -226,7 +251,9 @@ print()
 print("| test | diskformer t/s | llama.cpp t/s | diskformer / llama.cpp |")
 print("|---|---|---|---|")
 print(f"| pp | {fmt(rec['df_pp'])} | {fmt(lb_pp)} | {ratio(rec['df_pp'], lb_pp)} |")
-print(f"| tg | {fmt(rec['df_tg'])} | {fmt(lb_tg)} | {ratio(rec['df_tg'], lb_tg)} |")
+print(f"| tg{f' (mean of {len(rounds)} alternating rounds)' if len(rounds) > 1 else ''} | {fmt(rec['df_tg'])} | "
+      f"{fmt(lb_tg_mean)} | {ratio(rec['df_tg'], lb_tg_mean)} |")
+lb_tg = lb_tg_mean
 if res:
     print(f"| pp, every expert on the GPU | {fmt(res.get('pp_tok_s'))} | {fmt(lb_pp)} | {ratio(res.get('pp_tok_s'), lb_pp)} |")
     print(f"| tg, every expert on the GPU | {fmt(res.get('tg_tok_s'))} | {fmt(lb_tg)} | {ratio(res.get('tg_tok_s'), lb_tg)} |")
@@ -237,6 +264,9 @@ print(f"\ndecode: GPU pool hit rate {100 * rec['hit_rate']:.1f}%, {rec['uploads_
       f"{rec['cpu_experts_per_token']:.1f} computed on the CPU per token, {bytes_per_token / 2**20:.1f} MiB uploaded "
       f"per token; upload {upload_bps / 1e9:.2f} GB/s (measured by the tier) -> at most "
       f"{'inf' if limit is None else f'{limit:.1f}'} tok/s from uploads alone at this hit rate")
+if len(rounds) > 1:
+    print("decode rounds (diskformer, llama.cpp, ratio): " + "; ".join(
+        f"{fmt(r['df_tg'])}, {fmt(r['lb_tg'])}, {ratio(r['df_tg'], r['lb_tg'])}" for r in rounds))
 if host_reads:
     print(f"misses read by the GPU from host memory: {host_reads / tokens:.1f} experts per token")
 if expert_bytes and link_bps and ram_bps:
