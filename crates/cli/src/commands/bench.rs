@@ -188,6 +188,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for line in compute::wgpu::profile_reports() {
         eprintln!("{line}");
     }
+    // DISKFORMER_TRACE=FILE: the host's timeline of GPU work.
+    #[cfg(feature = "gpu")]
+    match compute::wgpu::write_trace() {
+        Some(Ok(path)) => eprintln!("trace written to {}", path.display()),
+        Some(Err(e)) => eprintln!("warning: the trace (DISKFORMER_TRACE) was not written: {e}"),
+        None => {}
+    }
     Ok(())
 }
 

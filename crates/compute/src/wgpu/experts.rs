@@ -1858,8 +1858,10 @@ impl WgpuBackend {
         st.ensure_layer(layer, spec.n_expert);
         let region = st.region(layer, &tier.regions);
         if st.last_layer.is_none_or(|l| layer <= l) {
+            super::trace::mark("step", Some(layer));
             lock(&tier.profile).steps += 1;
             self.refill_pool(tier, st)?;
+            super::trace::mark("refilled", Some(layer));
         }
         st.last_layer = Some(layer);
         let t_fill = Instant::now();

@@ -44,6 +44,7 @@ pub mod layout;
 mod moe;
 mod norm;
 mod shaders;
+mod trace;
 
 pub use crate::ExpertTierStats;
 pub use experts::{
@@ -58,6 +59,7 @@ use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 #[doc(hidden)]
 pub use dispatch_probe::{DispatchCost, RoundTripParts};
+pub use trace::write_trace;
 pub use fused::AttnKernel;
 pub use int8::Q8Act;
 use layout::TypeLayout;
@@ -740,6 +742,7 @@ impl Ctx {
             t.resolve(&mut enc, &stamps);
         }
         let commands = enc.finish();
+        trace::mark("encoded", None);
         // The CPU results this submit reads are waited for only now, with its commands encoded:
         // their `write_buffer`s still land before them (wgpu runs a submit's pending writes
         // first), and the encoding overlapped the CPU's work.
@@ -749,7 +752,11 @@ impl Ctx {
             self.join_deferred(d);
         }
         let joined = joined_any.then(std::time::Instant::now);
+        if joined_any {
+            trace::mark("joined", None);
+        }
         self.queue.submit([commands]);
+        trace::mark("submitted", None);
         if let Some(t) = joined {
             // What the GPU waits for after the CPU's result, besides the result itself.
             let nanos = t.elapsed().as_nanos() as u64;
@@ -1159,6 +1166,7 @@ impl WgpuBackend {
         const FAILED: u8 = 2;
         let failed = |why: String| OpError::Unsupported { op, backend: "wgpu", why };
         let waiting = self.ctx.profile.as_ref().map(|_| std::time::Instant::now());
+        trace::mark("readback wait", None);
         let state = Arc::new(std::sync::atomic::AtomicU8::new(PENDING));
         let flag = state.clone();
         buffer.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
@@ -1179,6 +1187,7 @@ impl WgpuBackend {
         } else {
             self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(lost)?;
         }
+        trace::mark(op, None);
         if let (Some(p), Some(t)) = (&self.ctx.profile, waiting) {
             let mut p = lock(p);
             p.wait_secs += t.elapsed().as_secs_f64();

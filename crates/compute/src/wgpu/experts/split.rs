@@ -42,7 +42,7 @@ use crate::backend::{Backend, Experts, HostExpert, Routing};
 use crate::cpu::experts_one_token;
 use crate::error::OpError;
 use crate::spec::MoeSpec;
-use crate::wgpu::{le_f32s, le_u32s, Deferred, JoinSeen, WgpuBackend, WgpuTensor};
+use crate::wgpu::{le_f32s, le_u32s, trace, Deferred, JoinSeen, WgpuBackend, WgpuTensor};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -215,6 +215,7 @@ impl WgpuBackend {
         place: LayerPlace<'_>,
     ) -> Result<WgpuTensor, OpError> {
         let layer = experts.layer;
+        trace::mark("split", Some(layer));
         let (n, n_embd, k) = (x.rows(), x.width(), routing.k);
         let nk = n * k;
         let x_bytes = 4 * (n * n_embd) as u64;
@@ -235,6 +236,7 @@ impl WgpuBackend {
         let weight_bytes = if gpu_routed { 8 } else { 4 } * nk as u64;
         let queued =
             self.queue_tier_readback(tier, &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)]);
+        trace::mark("readback queued", Some(layer));
         // With the ids on the GPU, the GPU partitions the misses itself and its share is
         // submitted before the host waits: it runs while the ids travel and the host decides.
         let partitioned_on_gpu = gpu_routed && !tier.split_host_partition;
@@ -255,7 +257,9 @@ impl WgpuBackend {
         } else {
             None
         };
+        trace::mark("gpu share submitted", Some(layer));
         let parts = self.finish_tier_readback(tier, queued, true)?;
+        trace::mark("ids", Some(layer));
         let weights = le_f32s(&parts[0][..4 * nk]);
         let ids = if gpu_routed { le_u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
         let xs = le_f32s(&parts[1]);
@@ -329,12 +333,15 @@ impl WgpuBackend {
             };
             let spawned = Instant::now();
             let (secs, queued) = (tier.split.cpu_nanos.clone(), tier.split.queued_nanos.clone());
+            trace::mark("spawn", Some(layer));
             rayon::spawn(move || {
+                trace::mark("job start", Some(job.layer));
                 let started = Instant::now();
                 queued.fetch_add((started - spawned).as_nanos() as u64, Ordering::Relaxed);
                 let out = job.run();
                 secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 // The receiver is gone only if the back end was dropped: nothing to tell.
+                trace::mark("job end", Some(job.layer));
                 let _ = send.send((out, Instant::now()));
             });
             let shared = tier.split.clone();
@@ -353,6 +360,7 @@ impl WgpuBackend {
             y
         };
 
+        trace::mark("split end", Some(layer));
         let mut prof = lock(&tier.profile);
         prof.calls += 1;
         // The readback's submit and wait are counted by `read_back_tier_parts`.
