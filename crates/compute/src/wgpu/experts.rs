@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+mod admission;
 mod split;
 
 /// What happens to an expert the router picked that holds no GPU slot.
@@ -88,7 +89,8 @@ pub const LFU_DECAY: f32 = 0.9;
 
 /// Under [`MissPolicy::Host`] with LFU: a missed expert replaces a pooled one between steps
 /// only if its score, less the selection that missed, exceeds the pooled expert's by this many
-/// selections. A replacement costs one copy of the expert over PCIe, and a hit saves one read
+/// selections, to start with: the replacements' measured yield then moves it (`admission`:
+/// up when they do not pay for their copies, as under uniform routing). A replacement costs one copy of the expert over PCIe, and a hit saves one read
 /// of it over PCIe; an LFU score is about the selections of the next 1 / (1 − [`LFU_DECAY`])
 /// calls, so the replacement pays when it brings at least one more hit than it evicts. Without
 /// the margin, uniform routing (where the last selection says nothing of the next) replaced
@@ -237,6 +239,9 @@ struct TierProfile {
     /// results, and from the joins' ends to their submits' returns (the GPU waits through both).
     split_noticed_secs: f64,
     submit_after_join_secs: f64,
+    /// The host tier's replacement margin at the last refill, and the yield it was moved by.
+    replace_margin: f32,
+    replace_yield: Option<f32>,
 }
 
 impl TierProfile {
@@ -269,7 +274,18 @@ impl TierProfile {
             } else {
                 String::new()
             },
-        ) + &if self.split_layers > 0 {
+        ) + &if self.replace_margin > 0.0 {
+            format!(
+                "replacements between steps: LFU margin {:.2} at the last step{}\n",
+                self.replace_margin,
+                self.replace_yield.map_or_else(
+                    || " (too few replacements to measure their yield)".to_string(),
+                    |y| format!(", moved by their yield of {y:.2} net hits per replacement")
+                ),
+            )
+        } else {
+            String::new()
+        } + &if self.split_layers > 0 {
             format!(
                 "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers; \
                  per step, us: CPU jobs queued {:.0}, host waiting at the joins {:.0}, results taken {:.0} after they were there, \
@@ -388,6 +404,9 @@ struct HostTierState {
     log_used: u64,
     /// Misses (layer, expert) seen since the last refill, in order.
     pending_misses: Vec<(u32, u32)>,
+    /// Under LFU, the margin a miss's score must exceed a pooled expert's by to replace it,
+    /// and what the replacements earned (`None` until the first refill sets it up).
+    admission: Option<admission::Admission>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -430,9 +449,11 @@ pub(super) struct ExpertTier {
     /// and submits the GPU's share then (the split's first version, for A/B).
     split_host_partition: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
-    /// missed expert's score must show to replace it ([`HOST_REPLACE_MARGIN`];
-    /// DISKFORMER_HOST_REPLACE_MARGIN for experiments).
+    /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),
+    /// moved by the replacements' measured yield ([`admission`]) unless
+    /// DISKFORMER_HOST_REPLACE_MARGIN fixes it (`replace_margin_fixed`, for experiments).
     replace_margin: f32,
+    replace_margin_fixed: Option<f32>,
 }
 
 impl std::fmt::Debug for ExpertTier {
@@ -769,6 +790,8 @@ impl WgpuBackend {
             })
             .collect();
         let n_slots = opts.n_slots;
+        let replace_margin_fixed: Option<f32> =
+            std::env::var("DISKFORMER_HOST_REPLACE_MARGIN").ok().and_then(|v| v.parse().ok());
         let regions =
             (0..pool.len()).map(|b| b * slots_per_buffer..((b + 1) * slots_per_buffer).min(n_slots)).collect();
         let mut tier = ExpertTier {
@@ -783,10 +806,8 @@ impl WgpuBackend {
             readback: Mutex::new(None),
             profile: Mutex::new(TierProfile::default()),
             spin_readback: !super::env_flag("DISKFORMER_READBACK_BLOCK"),
-            replace_margin: std::env::var("DISKFORMER_HOST_REPLACE_MARGIN")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(HOST_REPLACE_MARGIN),
+            replace_margin: replace_margin_fixed.unwrap_or(HOST_REPLACE_MARGIN),
+            replace_margin_fixed,
             split: Arc::default(),
             split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
             split_sync: super::env_flag("DISKFORMER_SPLIT_SYNC"),
@@ -1956,7 +1977,11 @@ impl WgpuBackend {
         }
         st.stats[layer].selections += used.len() as u64;
         for e in used {
-            match st.slot_of[layer][e as usize] {
+            let slot = st.slot_of[layer][e as usize];
+            if let Some(a) = st.host.admission.as_mut() {
+                a.selected(layer, e as usize, slot != NO_SLOT);
+            }
+            match slot {
                 NO_SLOT => {
                     st.stats[layer].misses += 1;
                     st.stats[layer].host_reads += 1;
@@ -2052,9 +2077,24 @@ impl WgpuBackend {
             misses
                 .sort_by(|a, b| st.score[b.0 as usize][b.1 as usize].total_cmp(&st.score[a.0 as usize][a.1 as usize]));
         }
+        let adapt = tier.replace_margin_fixed.is_none();
+        let admission =
+            st.host.admission.get_or_insert_with(|| admission::Admission::new(tier.replace_margin, adapt));
+        admission.start_step();
+        let margin = admission.margin();
+        if tier.opts.policy == SlotPolicy::Lfu {
+            let mut prof = lock(&tier.profile);
+            prof.replace_margin = margin;
+            prof.replace_yield = admission.yield_per_replacement();
+        }
         let busy = vec![false; tier.opts.n_slots];
         let tick = st.tick;
         let mut refills = 0;
+        // Regions where no later miss can replace anything: under LFU the misses come in falling
+        // score order and a region's lowest score only rises as it takes them, so once one miss
+        // does not beat a region's victim, none after it will (each victim search scans the
+        // region, ~1200 slots at 4 GB: searching for every miss of a step took ~0.8 ms).
+        let mut closed = vec![false; tier.regions.len()];
         for (layer, e) in misses {
             let (l, e) = (layer as usize, e as usize);
             if st.slot_of[l][e] != NO_SLOT {
@@ -2064,14 +2104,21 @@ impl WgpuBackend {
                 break;
             }
             let Some(host_mats) = st.host.layers.get(l).and_then(|h| h.as_ref()).map(|h| h.mats[e]) else { continue };
-            let range = tier.regions[st.region(l, &tier.regions)].clone();
-            let Some(slot) = st.victim(tier.opts.policy, &busy, range) else { continue };
+            let region = st.region(l, &tier.regions);
+            if closed[region] {
+                continue;
+            }
+            let Some(slot) = st.victim(tier.opts.policy, &busy, tier.regions[region].clone()) else { continue };
             if let (SlotPolicy::Lfu, Some((ol, oe))) = (tier.opts.policy, st.owner[slot]) {
                 // The score counts the selection that missed; without it, it is what the
                 // expert's history says about its next calls. See `HOST_REPLACE_MARGIN`.
-                if st.score[l][e] - 1.0 < st.score[ol as usize][oe as usize] + tier.replace_margin {
+                if st.score[l][e] - 1.0 < st.score[ol as usize][oe as usize] + margin {
+                    closed[region] = true;
                     continue;
                 }
+            }
+            if let Some(a) = st.host.admission.as_mut() {
+                a.copied(l, e, st.owner[slot].map(|(ol, oe)| (ol as usize, oe as usize)));
             }
             if let Some((ol, oe)) = st.owner[slot].take() {
                 let (ol, oe) = (ol as usize, oe as usize);
