@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Summarizes a DISKFORMER_TRACE timeline of a split decode (GPU expert tier, --moe-miss split).
+
+Usage: bench/trace-summary.py TRACE.tsv [--skip-steps N]
+
+`DISKFORMER_TRACE=FILE diskformer bench ... --gpu-budget 4G` writes one line per mark (us, thread,
+layer, mark). This prints, over the steady steps (the first N, default 10, skipped), the step's
+length and per MoE layer the mean, median and 90th percentile of each phase: the host's
+recording and encoding of the next layer (which overlap the CPU job), the wait at the join, the
+submit, the trip from the readback's submit to the ids on the host, the CPU job's queueing and
+run, and the critical path from one layer's submit to the next; plus what each step spends
+before its first MoE layer (the refills) and after its last (the token's readback and the next
+step's first recording).
+"""
+import collections
+import statistics
+import sys
+
+
+def load(path):
+    marks = []
+    with open(path) as f:
+        next(f)  # header
+        for line in f:
+            us, thread, layer, what = line.rstrip("\n").split("\t")
+            marks.append((float(us), int(thread), None if layer == "-" else int(layer), what))
+    return marks
+
+
+def layers_of(step):
+    """Per MoE layer, the first time of each mark the main thread made during its split call;
+    the flush marks (no layer) count for the layer whose call is open; the CPU jobs' marks apart."""
+    per = collections.defaultdict(dict)
+    jobs = collections.defaultdict(dict)
+    current, last_end = None, None
+    for at, _, layer, what in step:
+        if what in ("job start", "job end"):
+            jobs[layer].setdefault(what, at)
+            continue
+        if what == "split":
+            current = layer
+            per[layer]["split"] = at
+            per[layer]["previous end"] = last_end
+        elif layer is None and current is not None:
+            n = 1
+            while f"{what} {n}" in per[current]:
+                n += 1
+            per[current][f"{what} {n}"] = at
+        elif layer is not None:
+            per[layer].setdefault(what, at)
+        if what == "split end":
+            last_end = at
+    return per, jobs
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if args else 2)
+    skip = 10
+    if "--skip-steps" in args:
+        i = args.index("--skip-steps")
+        skip = int(args[i + 1])
+        del args[i : i + 2]
+    marks = load(args[0])
+    starts = [i for i, m in enumerate(marks) if m[3] == "step"]
+    if len(starts) < skip + 2:
+        sys.exit(f"{args[0]}: {len(starts)} steps, fewer than --skip-steps {skip} + 2")
+    phases = collections.defaultdict(list)
+    step_us = []
+    for a, b in zip(starts[skip:], starts[skip + 1 :]):
+        step = marks[a:b]
+        t0, t1 = marks[a][0], marks[b][0]
+        step_us.append(t1 - t0)
+        per, jobs = layers_of(step)
+        if not per:
+            continue
+        phases["step start -> first MoE call (refills)"].append(min(p["split"] for p in per.values()) - t0)
+        phases["last MoE call's end -> next step"].append(t1 - max(p.get("split end", t0) for p in per.values()))
+        for layer, p in sorted(per.items()):
+            try:
+                encoded, submitted = p["encoded 1"], p["submitted 1"]
+                joined = p.get("joined 1")
+                if p["previous end"] is not None:
+                    phases["host records the layer (during the job)"].append(p["split"] - p["previous end"])
+                phases["host encodes it (during the job)"].append(encoded - p["split"])
+                if joined is not None:
+                    phases["host waits at the join"].append(joined - encoded)
+                phases["submit after the join"].append(submitted - (joined if joined is not None else encoded))
+                phases["GPU share recorded and submitted"].append(p["gpu share submitted"] - p["readback queued"])
+                phases["readback submit -> ids on the host"].append(p["ids"] - submitted)
+                phases["ids -> CPU job spawned"].append(p["spawn"] - p["ids"])
+                job = jobs.get(layer, {})
+                if "job start" in job and "job end" in job:
+                    phases["CPU job queued"].append(job["job start"] - p["spawn"])
+                    phases["CPU job runs"].append(job["job end"] - job["job start"])
+                    nxt = per.get(layer + 1, {})
+                    if "joined 1" in nxt:
+                        phases["CPU job end -> joined"].append(nxt["joined 1"] - job["job end"])
+                nxt = per.get(layer + 1, {})
+                if "submitted 1" in nxt:
+                    phases["critical path: submit -> next layer's submit"].append(nxt["submitted 1"] - submitted)
+            except KeyError:
+                phases["layers with marks missing"].append(0.0)
+    print(f"{args[0]}: {len(step_us)} steps after the first {skip}: {statistics.mean(step_us):.0f} us per step "
+          f"(median {statistics.median(step_us):.0f})")
+    print(f"{'phase':52s} {'n':>6s} {'mean':>9s} {'median':>9s} {'p90':>9s}  (us)")
+    for name, v in phases.items():
+        v = sorted(v)
+        print(f"{name:52s} {len(v):6d} {statistics.mean(v):9.1f} {statistics.median(v):9.1f} {v[int(len(v) * 0.9)]:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
