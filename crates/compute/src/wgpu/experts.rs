@@ -2078,8 +2078,7 @@ impl WgpuBackend {
                 .sort_by(|a, b| st.score[b.0 as usize][b.1 as usize].total_cmp(&st.score[a.0 as usize][a.1 as usize]));
         }
         let adapt = tier.replace_margin_fixed.is_none();
-        let admission =
-            st.host.admission.get_or_insert_with(|| admission::Admission::new(tier.replace_margin, adapt));
+        let admission = st.host.admission.get_or_insert_with(|| admission::Admission::new(tier.replace_margin, adapt));
         admission.start_step();
         let margin = admission.margin();
         if tier.opts.policy == SlotPolicy::Lfu {

@@ -59,7 +59,6 @@ use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
 use crate::weight::HostWeight;
 #[doc(hidden)]
 pub use dispatch_probe::{DispatchCost, RoundTripParts};
-pub use trace::write_trace;
 pub use fused::AttnKernel;
 pub use int8::Q8Act;
 use layout::TypeLayout;
@@ -69,6 +68,7 @@ use shaders::Plain;
 pub use shaders::{AttnDecodeShape, MatvecShape, Q8Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+pub use trace::write_trace;
 
 /// Why the GPU back end could not start.
 #[derive(Debug, thiserror::Error)]
@@ -1620,7 +1620,9 @@ impl Backend for WgpuBackend {
 
     fn to_host(&self, t: &WgpuTensor) -> Result<Vec<f32>, OpError> {
         let bytes = self.read_back(&t.buf.buffer, 4 * t.len() as u64)?;
-        Ok(le_f32s(&bytes))
+        let values = le_f32s(&bytes);
+        trace::mark("to_host copied", None);
+        Ok(values)
     }
 
     fn shape<'a>(&self, t: &'a WgpuTensor) -> &'a [usize] {
