@@ -355,7 +355,7 @@ pub fn plan_with(desc: &ModelDescription, machine: &Machine, opts: &PlanOptions)
                       gpu_paged: its missed experts (uniform routing) read at the GPU's host read rate, the rest at its bandwidth; \
                       experts read from disk add their time at the probe's disk read rate (none measured: no speed). \
                       A bound, which GPU decode reaches a fraction of (H200, Qwen3-30B-A3B Q4_K at a 4 GiB budget: 34 tok/s of 57 with every miss read over the link, \
-                      44-55 on the sixteenth session's leases with the default split, whose CPU share this model leaves out); \
+                      44-55 on the sixteenth session's leases with the default split and on the seventeenth's 47-55 (uniform routing) and 56-60 (skew 0.3), whose CPU share this model leaves out); \
                       paged from disk on the CPU an estimate (this 2-core VM, OLMoE-1B-7B Q4_0 at a 2 GiB RAM budget: 2.0 estimated, 2.23 measured)"
             .into(),
         assumptions,
