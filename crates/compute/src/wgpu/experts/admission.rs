@@ -122,7 +122,10 @@ impl Admission {
     }
 
     /// Expert `e` of `layer` was copied into a slot, evicting `evicted` (layer, expert) if the
-    /// slot held one.
+    /// slot held one. A copy into an empty slot counts its hits as gains too, though it is no
+    /// replacement: while the pool is young that keeps the margin low, so that the experts the
+    /// routing favours can still displace those of the first fill, whose replacements' gains
+    /// only show over the following steps (the measured version; not counting them is untried).
     pub(super) fn copied(&mut self, layer: usize, e: usize, evicted: Option<(usize, usize)>) {
         Self::mark(&mut self.copied_at, layer, e, self.step);
         if let Some((ol, oe)) = evicted {
