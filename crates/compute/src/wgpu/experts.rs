@@ -980,7 +980,7 @@ impl WgpuBackend {
     ) -> Result<Vec<Vec<u8>>, OpError> {
         let used = q.lens.last().map_or(0, |&n| q.starts[q.starts.len() - 1] + n);
         let waiting = Instant::now();
-        let out = self.read_mapped("route", &q.rb, q.total, used, tier.spin_readback);
+        let out = self.read_mapped("route", &q.rb, q.total, used, tier.spin_readback, <[u8]>::to_vec);
         let mut prof = lock(&tier.profile);
         if routing {
             prof.readback_submit_secs += (q.submitted - q.started).as_secs_f64();
@@ -2048,7 +2048,7 @@ impl WgpuBackend {
         }
         let t1 = Instant::now();
         let used = st.host.log_used;
-        let bytes = self.read_mapped("route", &log, log.size(), used, true)?;
+        let bytes = self.read_mapped("route", &log, log.size(), used, true, <[u8]>::to_vec)?;
         let words = super::le_u32s(&bytes);
         for (layer, n_ids, at) in std::mem::take(&mut st.host.log_entries) {
             let w0 = (at / 4) as usize;

@@ -1178,7 +1178,7 @@ impl WgpuBackend {
         let out = if n_bytes == 0 {
             Ok(read(&[]))
         } else {
-            self.read_mapped_with("to_host", &staging, size, n_bytes, self.ctx.spin_readback, read)
+            self.read_mapped("to_host", &staging, size, n_bytes, self.ctx.spin_readback, read)
         };
         if out.is_ok() && staging.size() <= READBACK_KEEP_MAX {
             let mut cache = lock(&self.ctx.readback_staging);
@@ -1198,19 +1198,10 @@ impl WgpuBackend {
     /// it without a futex wake-up (slow in a VM); after a few thousand polls the thread yields, so
     /// a long wait does not starve the thread pool. Every readback spins unless
     /// `DISKFORMER_READBACK_BLOCK=1`.
-    fn read_mapped(
-        &self,
-        op: &'static str,
-        buffer: &wgpu::Buffer,
-        size: u64,
-        n_bytes: u64,
-        spin: bool,
-    ) -> Result<Vec<u8>, OpError> {
-        self.read_mapped_with(op, buffer, size, n_bytes, spin, <[u8]>::to_vec)
-    }
-
-    /// [`Self::read_mapped`], handing the first `n_bytes` of the mapped range to `read`.
-    fn read_mapped_with<T>(
+    ///
+    /// `read` gets the first `n_bytes` of the mapped range and copies out what it needs
+    /// (`<[u8]>::to_vec` for the bytes).
+    fn read_mapped<T>(
         &self,
         op: &'static str,
         buffer: &wgpu::Buffer,
