@@ -89,11 +89,11 @@ pub const LFU_DECAY: f32 = 0.9;
 
 /// Under [`MissPolicy::Host`] with LFU: a missed expert replaces a pooled one between steps
 /// only if its score, less the selection that missed, exceeds the pooled expert's by this many
-/// selections, to start with: the replacements' measured yield then moves it (`admission`:
-/// up when they do not pay for their copies, as under uniform routing). A replacement costs one copy of the expert over PCIe, and a hit saves one read
-/// of it over PCIe; an LFU score is about the selections of the next 1 / (1 − [`LFU_DECAY`])
-/// calls, so the replacement pays when it brings at least one more hit than it evicts. Without
-/// the margin, uniform routing (where the last selection says nothing of the next) replaced
+/// selections, to start with: the replacements' measured yield then moves it (`admission`: up
+/// when they do not pay for their copies, as under uniform routing). A replacement costs one
+/// copy of the expert over PCIe, and a hit saves one read of it over PCIe; an LFU score is
+/// about the selections of the next 1 / (1 − [`LFU_DECAY`]) calls, so the replacement pays when
+/// it brings at least one more hit than it evicts. Without the margin, uniform routing (where the last selection says nothing of the next) replaced
 /// ~235 experts per token on Qwen3-30B-A3B at a 4 GB budget for a hit rate no better than a
 /// pool filled once: 24.5 tok/s on the H200, against 32.7 with no refills at all and 35.2 with
 /// 32 per step (the pool filling up, few replacements). With the margin: 32.5 tok/s uniform and
@@ -2048,8 +2048,7 @@ impl WgpuBackend {
         }
         let t1 = Instant::now();
         let used = st.host.log_used;
-        let bytes = self.read_mapped("route", &log, log.size(), used, true, <[u8]>::to_vec)?;
-        let words = super::le_u32s(&bytes);
+        let words = self.read_mapped("route", &log, log.size(), used, true, super::le_u32s)?;
         for (layer, n_ids, at) in std::mem::take(&mut st.host.log_entries) {
             let w0 = (at / 4) as usize;
             let ids = words[w0..w0 + n_ids].to_vec();
