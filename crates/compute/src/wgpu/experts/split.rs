@@ -340,8 +340,8 @@ impl WgpuBackend {
                 queued.fetch_add((started - spawned).as_nanos() as u64, Ordering::Relaxed);
                 let out = job.run();
                 secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                // The receiver is gone only if the back end was dropped: nothing to tell.
                 trace::mark("job end", Some(job.layer));
+                // The receiver is gone only if the back end was dropped: nothing to tell.
                 let _ = send.send((out, Instant::now()));
             });
             let shared = tier.split.clone();
