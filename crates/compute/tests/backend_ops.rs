@@ -1696,6 +1696,151 @@ mod gpu_ops {
         );
     }
 
+    /// A decode layer of Qwen3-30B-A3B up to its routing, replayed (issue 6: under the split miss
+    /// mode the host waits for each MoE layer's ids, and the seventeenth session's trace put the
+    /// readback's submit to the ids on the host at ~118 us per layer on the H200, of which the
+    /// trip is ~25): the attention norm, q/k/v in one product (Q4_K), the per-head q/k norms,
+    /// rope and decode attention at position 255 of a 256-position cache, the o-proj adding into
+    /// the residual, the FFN norm, the f32 router, the routing. 48 layers cycling over 4 weight
+    /// sets; wall time per layer when each layer's routing is read back (the split's chain) and
+    /// when only the token's end is (the sections' GPU time back to back).
+    #[test]
+    #[ignore = "measurement, not a check: run on a real GPU"]
+    fn perf_moe_attention_section() {
+        let Some(g) = gpu("perf_moe_attention_section") else { return };
+        let g = g.with_matmul_mode(MatmulMode::QuantizedActivations);
+        let (d, n_head, n_kv, hd, n_expert) = (2048usize, 32usize, 4usize, 128usize, 128usize);
+        const N_DISTINCT: usize = 4;
+        const N_LAYERS: usize = 48;
+        const CTX: usize = 256;
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut tensors = Vec::new();
+        for l in 0..N_DISTINCT {
+            for (name, rows, k) in
+                [("q", n_head * hd, d), ("k", n_kv * hd, d), ("v", n_kv * hd, d), ("o", d, n_head * hd)]
+            {
+                tensors.push((format!("{name}{l}"), GgmlType::Q4_K, vec![rows, k], Vec::new()));
+            }
+            tensors.push((
+                format!("router{l}"),
+                GgmlType::F32,
+                vec![n_expert, d],
+                rand_vec(&mut rng, n_expert * d, 0.05),
+            ));
+        }
+        let file = WeightFile::new("backend-ops-perf-moe-attention", &tensors);
+        let w = |name: &str| g.weight(&file.get(name)).expect("upload");
+        struct Layer {
+            q: compute::wgpu::WgpuWeight,
+            k: compute::wgpu::WgpuWeight,
+            v: compute::wgpu::WgpuWeight,
+            o: compute::wgpu::WgpuWeight,
+            router: compute::wgpu::WgpuWeight,
+            attn_norm: compute::wgpu::WgpuTensor,
+            ffn_norm: compute::wgpu::WgpuTensor,
+            q_norm: compute::wgpu::WgpuTensor,
+            k_norm: compute::wgpu::WgpuTensor,
+        }
+        let layers: Vec<Layer> = (0..N_DISTINCT)
+            .map(|l| Layer {
+                q: w(&format!("q{l}")),
+                k: w(&format!("k{l}")),
+                v: w(&format!("v{l}")),
+                o: w(&format!("o{l}")),
+                router: w(&format!("router{l}")),
+                attn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
+                ffn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
+                q_norm: g.from_host(&rand_vec(&mut rng, hd, 1.0), &[hd]).unwrap(),
+                k_norm: g.from_host(&rand_vec(&mut rng, hd, 1.0), &[hd]).unwrap(),
+            })
+            .collect();
+        let mut caches: Vec<_> =
+            (0..N_LAYERS).map(|_| g.new_cache(CTX, n_kv * hd, n_kv * hd).expect("cache")).collect();
+        let spec = AttnSpec {
+            n_head,
+            n_head_kv: n_kv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        let rope = RopeSpec {
+            head_dim: hd,
+            n_rot: hd,
+            base: 1e6,
+            neox: true,
+            freq_factors: None,
+            position_scale: 1.0,
+            yarn: None,
+        };
+        let route = RouteSpec {
+            k: 8,
+            gating: Gating::Softmax,
+            has_selection_bias: false,
+            groups: None,
+            normalize: true,
+            scale: 1.0,
+        };
+        let x0 = rand_vec(&mut rng, d, 1.0);
+        let pos = CTX - 1;
+        let positions = [pos as u32];
+        let mut token = |read_each_layer: bool| -> Result<(), compute::OpError> {
+            let mut res = g.from_host(&x0, &[1, d])?;
+            for (l, cache) in caches.iter_mut().enumerate() {
+                let lw = &layers[l % N_DISTINCT];
+                let h = g.rms_norm(&res, Some(&lw.attn_norm), 1e-6)?;
+                let [q, k, v] = g.matmul_many(&h, [&lw.q, &lw.k, &lw.v])?;
+                let per_head = |t: compute::wgpu::WgpuTensor, heads: usize, norm| -> Result<_, compute::OpError> {
+                    let t = g.reshape(t, &[heads, hd])?;
+                    let t = g.rms_norm(&t, Some(norm), 1e-6)?;
+                    g.reshape(t, &[1, heads * hd])
+                };
+                let q = per_head(q, n_head, &lw.q_norm)?;
+                let k = per_head(k, n_kv, &lw.k_norm)?;
+                let step = AttnStep {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    pos0: pos,
+                    positions: &positions,
+                    rope: Some(&rope),
+                    spec: &spec,
+                    sinks: None,
+                };
+                let a = g.rope_attention(&step, cache)?;
+                res = g.matmul_add(&a, &lw.o, res)?;
+                let h = g.rms_norm(&res, Some(&lw.ffn_norm), 1e-6)?;
+                let logits = g.matmul(&h, &lw.router)?;
+                let routing = g.route(&logits, None, &route)?;
+                if read_each_layer {
+                    std::hint::black_box(g.to_host(&routing.weights)?);
+                }
+            }
+            std::hint::black_box(g.to_host(&res)?);
+            Ok(())
+        };
+        for read_each_layer in [true, false, true, false] {
+            let warm = std::time::Instant::now();
+            while warm.elapsed().as_secs_f64() < 0.5 {
+                token(read_each_layer).expect("token");
+            }
+            let mut times: Vec<f64> = (0..7)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    token(read_each_layer).expect("token");
+                    t0.elapsed().as_secs_f64()
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            println!(
+                "Qwen3-30B-A3B attention section to the routing, {N_LAYERS} layers at position {pos}: {:.1} us per layer {}",
+                times[times.len() / 2] * 1e6 / N_LAYERS as f64,
+                if read_each_layer { "with each layer's routing read back (the split's chain)" } else { "back to back (one read per token)" }
+            );
+        }
+    }
+
     /// The GPU's reads of host memory by size: a window of a 1 GiB host buffer per dispatch, a
     /// different window each time, from one expert of Qwen3-30B-A3B Q4_K (2.66 MB) to 256 MiB.
     /// Whether the host tier's MoE kernels (~35-39 GB/s over a link the 256 MiB stream reads at
