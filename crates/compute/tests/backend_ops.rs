@@ -1512,6 +1512,33 @@ mod gpu_ops {
         }
     }
 
+    /// Host-mapped mailboxes carry data both ways while the GPU runs (`mailbox.rs`): 200 round
+    /// trips through polled memory, inside one kernel and as chains of dispatches, none timing
+    /// out and none seeing the other side's data older than its flag. Prints the round times.
+    /// On a GPU only: run on the device (`--exact gpu_ops::mailbox_round_trips`).
+    #[test]
+    fn mailbox_round_trips() {
+        let Some(g) = gpu("mailbox_round_trips") else { return };
+        if g.adapter().device_type == "Cpu" {
+            // lavapipe fails the third case (the split does not use mailboxes there).
+            println!("mailbox_round_trips: skipped on a CPU adapter ({})", g.adapter().name);
+            return;
+        }
+        let lines = g.perf_mailbox(200).expect("mailbox probe");
+        for l in &lines {
+            println!("mailbox [{l}]");
+        }
+        assert_eq!(lines.len(), 3, "a case stopped: {lines:#?}");
+        for l in &lines {
+            assert!(
+                l.contains("200 rounds")
+                    && l.contains("timed out at round 0,")
+                    && l.contains("stale data 0x, host saw stale data 0x"),
+                "{l}"
+            );
+        }
+    }
+
     #[test]
     #[ignore = "measurement, not a check: bench/gpu.sh runs it on a real GPU"]
     fn perf_dispatch() {

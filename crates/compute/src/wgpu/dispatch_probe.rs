@@ -803,3 +803,286 @@ impl WgpuBackend {
         Ok(out)
     }
 }
+
+/// `perf_mailbox`'s kernels. The host writes words 16..80 of U and then its word 0 (round i);
+/// the GPU checks those words, writes words 16..80 of D and then D's word 0. D's word 1 records
+/// a round whose wait ran out of spins, word 2 counts rounds that saw stale data. U lies in the
+/// GPU's memory (mailbox.rs: the H200 never saw a second host write to system memory that it
+/// had read once), D in system memory.
+const MAILBOX_PING_PONG: &str = "
+@group(0) @binding(0) var<storage, read_write> U: array<atomic<u32>>;
+@group(0) @binding(1) var<storage, read_write> D: array<atomic<u32>>;
+@group(0) @binding(2) var<uniform> P: vec4<u32>;
+
+@compute @workgroup_size(1)
+fn main() {
+    for (var i = 1u; i <= P.x; i++) {
+        var spins = 0u;
+        loop {
+            if (atomicLoad(&U[0]) == i) { break; }
+            spins += 1u;
+            if (spins >= P.y) { atomicStore(&D[1], i); return; }
+        }
+        var bad = 0u;
+        for (var w = 16u; w < 80u; w++) {
+            if (atomicLoad(&U[w]) != i) { bad += 1u; }
+        }
+        if (bad > 0u) { atomicAdd(&D[2], 1u); }
+        for (var w = 16u; w < 80u; w++) {
+            atomicStore(&D[w], i);
+        }
+        atomicStore(&D[0], i);
+    }
+}
+";
+
+/// A chain's wait: round `C[0] + 1` starts when the host's U[0] says so (one invocation spins,
+/// the workgroup then checks the host's data).
+const MAILBOX_WAIT: &str = "
+@group(0) @binding(0) var<storage, read_write> U: array<atomic<u32>>;
+@group(0) @binding(1) var<storage, read_write> D: array<atomic<u32>>;
+@group(0) @binding(2) var<storage, read_write> C: array<u32>;
+@group(0) @binding(3) var<uniform> P: vec4<u32>;
+
+var<workgroup> timed_out: u32;
+var<workgroup> round: u32;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    // One invocation reads the round and shares it (all must wait for the same one).
+    if (lid == 0u) {
+        round = select(C[0] + 1u, P.z, P.z != 0u);
+    }
+    workgroupBarrier();
+    let want = round;
+    if (lid == 0u) {
+        timed_out = 0u;
+        var spins = 0u;
+        loop {
+            if (atomicLoad(&U[0]) == want) { break; }
+            spins += 1u;
+            if (spins >= P.y) { atomicStore(&D[1], want); timed_out = 1u; break; }
+        }
+    }
+    // A storage barrier (not only workgroupBarrier, which orders workgroup memory alone):
+    // without it the compiler may read the data before the flag was seen (lavapipe did).
+    storageBarrier();
+    workgroupBarrier();
+    if (timed_out == 0u && atomicLoad(&U[16u + lid]) != want) {
+        atomicAdd(&D[2], 1u);
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        C[0] = want;
+    }
+}
+";
+
+/// A chain's signal: the round's data (D's words 16..80) by 64 invocations, then its flag (D[0]).
+const MAILBOX_SIGNAL: &str = "
+@group(0) @binding(0) var<storage, read_write> D: array<atomic<u32>>;
+@group(0) @binding(1) var<storage, read_write> C: array<u32>;
+@group(0) @binding(2) var<uniform> P: vec4<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    let v = select(C[0], P.z, P.z != 0u);
+    atomicStore(&D[16u + lid], v);
+    storageBarrier();
+    if (lid == 0u) {
+        atomicStore(&D[0], v);
+    }
+}
+";
+
+impl WgpuBackend {
+    /// Whether host-mapped mailboxes (`mailbox.rs`) carry data both ways while the GPU runs, and
+    /// how fast: `rounds` host-GPU round trips through memory polling, (1) inside one kernel,
+    /// (2) as a chain of dispatches (wait, a tiny kernel, signal) submitted at once, (3) the
+    /// same chain with each round's command buffer submitted while the GPU waits in the round
+    /// before (how the split would use it). Each line: the case, the median and 90th
+    /// percentile per round, rounds that timed out or saw stale data. On a second device of
+    /// this back end's adapter.
+    ///
+    /// # Errors
+    /// Not Vulkan, no host-coherent memory, or the device is lost.
+    #[doc(hidden)]
+    pub fn perf_mailbox(&self, rounds: usize) -> Result<Vec<String>, OpError> {
+        use super::mailbox::{Mailbox, Toward};
+        use std::time::{Duration, Instant};
+        let probe = Probe::open(self.ctx.adapter.index)?;
+        let new = |toward| {
+            Mailbox::new(&probe.device, 256, toward)
+                .map_err(failed)?
+                .ok_or_else(|| failed("no Vulkan device or no host-coherent memory for a mailbox".into()))
+        };
+        let (up, down) = (new(Toward::Gpu)?, new(Toward::Host)?);
+        // ~0.3-1 s of polling over PCIe on the H200, less on a CPU adapter: a GPU that never sees
+        // the host's flag stops waiting by itself.
+        const SPIN_LIMIT: u32 = 1 << 18;
+        let timeout = Duration::from_secs(1);
+        let lost = |e: wgpu::PollError| failed(format!("device lost: {e}"));
+        let mut out = Vec::new();
+        let summary = |label: &str, mut secs: Vec<f64>, down: &Mailbox, host_stale: usize| -> String {
+            secs.sort_by(f64::total_cmp);
+            let at = |q: f64| secs.get(((secs.len() as f64 * q) as usize).min(secs.len().saturating_sub(1))).copied();
+            let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}", v * 1e6));
+            format!(
+                "{label}: {} rounds, median {} us, p90 {} us; GPU timed out at round {}, GPU saw stale data {}x, host saw stale data {host_stale}x",
+                secs.len(),
+                us(at(0.5)),
+                us(at(0.9)),
+                down.load(1),
+                down.load(2),
+            )
+        };
+        let reset = || {
+            up.write(0, &[0; 256]);
+            down.write(0, &[0; 256]);
+        };
+        // The host's side of round i: data, flag, then the GPU's answer and its data.
+        let round = |i: u32, stale: &mut usize| -> Result<f64, OpError> {
+            let t = Instant::now();
+            up.write(16, &[i; 64]);
+            up.store(0, i);
+            down.wait_for(0, i, timeout).map_err(|seen| {
+                failed(format!("round {i}: the GPU's flag stayed at {seen} (timed out at {})", down.load(1)))
+            })?;
+            let secs = t.elapsed().as_secs_f64();
+            let mut got = [0u32; 64];
+            down.read(16, &mut got);
+            if got.iter().any(|&g| g != i) {
+                *stale += 1;
+            }
+            Ok(secs)
+        };
+
+        // (1) One kernel.
+        reset();
+        let pp = probe.pipeline("mailbox ping-pong", MAILBOX_PING_PONG, true);
+        let params = probe.uniform(&[rounds as u32, SPIN_LIMIT, 0, 0]);
+        let bind = probe.bind(&pp, &[up.buffer(), down.buffer(), &params]);
+        let mut enc = probe.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&pp);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        probe.queue.submit([enc.finish()]);
+        let (mut secs, mut stale) = (Vec::new(), 0);
+        let mut failure = None;
+        for i in 1..=rounds as u32 {
+            match round(i, &mut stale) {
+                Ok(s) => secs.push(s),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        probe.device.poll(wgpu::PollType::wait_indefinitely()).map_err(lost)?;
+        out.push(summary("one kernel, ping-pong", secs, &down, stale));
+        if let Some(e) = failure {
+            out.push(format!("  stopped: {e}"));
+        }
+        // As it goes: a device that hangs in a later case still shows this one.
+        eprintln!("mailbox probe: {}", out.join(" / "));
+
+        // (2) and (3): chains of dispatches.
+        let wait = probe.pipeline("mailbox wait", MAILBOX_WAIT, true);
+        let signal = probe.pipeline("mailbox signal", MAILBOX_SIGNAL, true);
+        let tiny = probe.pipeline("probe tiny", TINY, true);
+        let tiny_params = probe.uniform(&[64, 0, 0, 0]);
+        let state = probe.storage(8192);
+        let bind_tiny = probe.bind(&tiny, &[&state, &tiny_params]);
+        for per_round_submit in [false, true] {
+            reset();
+            let counter = probe.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("mailbox round"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                // wgpu zeroes a buffer before its first use.
+                mapped_at_creation: false,
+            });
+            // One submission: the rounds count on the GPU (C); one per round: each names its
+            // round in its parameters, as the split's kernels do.
+            let binds = |round: u32| {
+                let p = probe.uniform(&[rounds as u32, SPIN_LIMIT, round, 0]);
+                (
+                    probe.bind(&wait, &[up.buffer(), down.buffer(), &counter, &p]),
+                    probe.bind(&signal, &[down.buffer(), &counter, &p]),
+                )
+            };
+            let record = |n: usize, round: u32| {
+                let (bind_wait, bind_signal) = binds(round);
+                let mut enc = probe.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+                {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                    for _ in 0..n {
+                        for (p, b) in [(&wait, &bind_wait), (&tiny, &bind_tiny), (&signal, &bind_signal)] {
+                            pass.set_pipeline(p);
+                            pass.set_bind_group(0, b, &[]);
+                            pass.dispatch_workgroups(1, 1, 1);
+                        }
+                    }
+                }
+                enc.finish()
+            };
+            let (mut secs, mut stale) = (Vec::new(), 0);
+            let mut failure = None;
+            if per_round_submit {
+                let mut cmds: Vec<wgpu::CommandBuffer> = (1..=rounds as u32).map(|i| record(1, i)).collect();
+                cmds.reverse();
+                let mut next = cmds.pop();
+                for i in 1..=rounds as u32 {
+                    // Round i's buffer went in before; round i + 1's goes in while the GPU waits.
+                    if i == 1 {
+                        probe.queue.submit(next.take());
+                        next = cmds.pop();
+                    }
+                    let t = Instant::now();
+                    if let Some(c) = next.take() {
+                        probe.queue.submit([c]);
+                        next = cmds.pop();
+                    }
+                    match round(i, &mut stale) {
+                        // The submit counts: the host pays it within the round.
+                        Ok(_) => secs.push(t.elapsed().as_secs_f64()),
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
+                }
+            } else {
+                probe.queue.submit([record(rounds, 0)]);
+                for i in 1..=rounds as u32 {
+                    match round(i, &mut stale) {
+                        Ok(s) => secs.push(s),
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            // A failed round leaves the GPU waiting: release every later round.
+            if failure.is_some() {
+                up.store(0, u32::MAX);
+            }
+            probe.device.poll(wgpu::PollType::wait_indefinitely()).map_err(lost)?;
+            let label = if per_round_submit {
+                "chain wait/tiny/signal, each round submitted while the GPU waits in the one before"
+            } else {
+                "chain wait/tiny/signal, all rounds in one submission"
+            };
+            out.push(summary(label, secs, &down, stale));
+            if let Some(e) = failure {
+                out.push(format!("  stopped: {e}"));
+            }
+            eprintln!("mailbox probe: {}", out.join(" / "));
+        }
+        Ok(out)
+    }
+}

@@ -228,6 +228,8 @@ struct TierProfile {
     /// [`MissPolicy::Split`]: layers split, those whose GPU part was done when the CPU's was,
     /// their misses and the experts the CPU computed of them.
     split_layers: u64,
+    /// Of them, those whose ids and CPU sum went through the mailboxes (`split::SplitMailboxes`).
+    split_mailbox_layers: u64,
     split_gpu_first: u64,
     split_misses: u64,
     split_cpu_experts: u64,
@@ -287,13 +289,16 @@ impl TierProfile {
             String::new()
         } + &if self.split_layers > 0 {
             format!(
-                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers; \
+                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers \
+                 ({} of {} layers through the mailboxes, where the GPU waits for the sum); \
                  per step, us: CPU jobs queued {:.0}, host waiting at the joins {:.0}, results taken {:.0} after they were there, \
                  submits returning {:.0} after the joins\n",
                 100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
                 self.split_misses as f64 / self.steps.max(1) as f64,
                 100.0 * self.split_gpu_first as f64 / self.split_joins.max(1) as f64,
                 self.split_joins,
+                self.split_mailbox_layers,
+                self.split_layers,
                 per(self.split_queued_secs),
                 per(self.split_join_wait_secs),
                 per(self.split_noticed_secs),
@@ -367,6 +372,10 @@ struct TierState {
     host: HostTierState,
     /// Under [`MissPolicy::Split`], each layer's expert biases on the host (read once).
     split_biases: Vec<Option<Arc<HostBiases>>>,
+    /// The split's mailboxes (`split::SplitMailboxes`), made on its first call that can use
+    /// them; `mailbox_unavailable` once the device had none to give (not Vulkan).
+    split_mailboxes: Option<split::SplitMailboxes>,
+    mailbox_unavailable: bool,
 }
 
 /// One layer's experts in the host tier: a buffer in host memory and where each expert's
@@ -404,6 +413,8 @@ struct HostTierState {
     log_used: u64,
     /// Misses (layer, expert) seen since the last refill, in order.
     pending_misses: Vec<(u32, u32)>,
+    /// Experts copied into the pool in this step (at most `refill_max`).
+    refills_this_step: usize,
     /// Under LFU, the margin a miss's score must exceed a pooled expert's by to replace it,
     /// and what the replacements earned (`None` until the first refill sets it up).
     admission: Option<admission::Admission>,
@@ -448,6 +459,12 @@ pub(super) struct ExpertTier {
     /// `DISKFORMER_SPLIT_HOST_PARTITION=1`: the host partitions the misses after its readback
     /// and submits the GPU's share then (the split's first version, for A/B).
     split_host_partition: bool,
+    /// `DISKFORMER_SPLIT_MAILBOX=0`: hand the ids to the host and the CPU's sum back through
+    /// submissions and readbacks instead of the mailboxes (`split::SplitMailboxes`; for A/B).
+    split_mailbox: bool,
+    /// `DISKFORMER_SPLIT_STEP_REFILL=1`: the split's pool replacements between steps, as under
+    /// [`MissPolicy::Host`], instead of per layer (`refill_layer`; for A/B).
+    split_step_refill: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),
     /// moved by the replacements' measured yield ([`admission`]) unless
@@ -812,6 +829,8 @@ impl WgpuBackend {
             split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
             split_sync: super::env_flag("DISKFORMER_SPLIT_SYNC"),
             split_host_partition: super::env_flag("DISKFORMER_SPLIT_HOST_PARTITION"),
+            split_mailbox: std::env::var("DISKFORMER_SPLIT_MAILBOX").map_or(true, |v| v != "0"),
+            split_step_refill: super::env_flag("DISKFORMER_SPLIT_STEP_REFILL"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -831,6 +850,8 @@ impl WgpuBackend {
                 last_layer: None,
                 host: HostTierState::default(),
                 split_biases: Vec::new(),
+                split_mailboxes: None,
+                mailbox_unavailable: false,
             }),
         };
         tier.upload_bytes_per_s = self.measure_upload(&tier)?;
@@ -1016,6 +1037,13 @@ impl WgpuBackend {
         let mut t = ExpertTierStats::default();
         stats.iter().for_each(|s| t.add(s));
         Some(t)
+    }
+
+    /// Split layers whose ids and CPU sum went through the mailboxes (`split::SplitMailboxes`)
+    /// since the profile was last reset (tests: that a Vulkan device takes that path).
+    #[doc(hidden)]
+    pub fn split_mailbox_layers(&self) -> u64 {
+        self.experts.as_ref().map_or(0, |t| lock(&t.profile).split_mailbox_layers)
     }
 
     /// Sets the tier's counters and host-time profile to zero (the pool keeps its contents).
@@ -2065,10 +2093,72 @@ impl WgpuBackend {
     /// Between steps: counts the previous step's selections, then copies its misses from the
     /// host tier into pool slots (a GPU copy, ordered before this step's kernels) where the
     /// policy says they are worth more than the slot's expert (LFU: a higher score; LRU:
-    /// always), and updates the slot table.
+    /// always), and updates the slot table. Under [`MissPolicy::Split`] the copies are made
+    /// per layer instead, at its split call ([`Self::refill_layer`]).
     fn refill_pool(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
         self.drain_log(tier, st)?;
-        let mut misses = std::mem::take(&mut st.host.pending_misses);
+        let adapt = tier.replace_margin_fixed.is_none();
+        let admission = st.host.admission.get_or_insert_with(|| admission::Admission::new(tier.replace_margin, adapt));
+        admission.start_step();
+        if tier.opts.policy == SlotPolicy::Lfu {
+            let mut prof = lock(&tier.profile);
+            prof.replace_margin = admission.margin();
+            prof.replace_yield = admission.yield_per_replacement();
+        }
+        st.host.refills_this_step = 0;
+        if tier.opts.miss == MissPolicy::Split && !tier.split_step_refill {
+            return Ok(());
+        }
+        let misses = std::mem::take(&mut st.host.pending_misses);
+        self.replace_misses(tier, st, misses).map(|_| ())
+    }
+
+    /// Under [`MissPolicy::Split`], after a layer's CPU job started: the replacements of the
+    /// layer's misses (as [`Self::refill_pool`] makes them for the whole step under
+    /// [`MissPolicy::Host`]), their copies and the slot table's changed rows submitted at once,
+    /// so that the GPU makes them while the CPU computes, not before the next step's first
+    /// layer (where ~20 copies of 2.5 MiB over the link held its ids back by ~0.8 ms on the
+    /// H200). Each later layer's partition and the host's (`cpu_misses`) read the new table
+    /// alike: both come after this in the queue and on the host.
+    fn refill_layer(&self, tier: &ExpertTier, st: &mut TierState, layer: usize) -> Result<(), OpError> {
+        if tier.split_step_refill {
+            return Ok(());
+        }
+        let mut mine = Vec::new();
+        st.host.pending_misses.retain(|&(l, e)| {
+            let of_layer = l as usize == layer;
+            if of_layer {
+                mine.push((l, e));
+            }
+            !of_layer
+        });
+        if mine.is_empty() {
+            return Ok(());
+        }
+        let was_dirty = st.host.table_dirty;
+        let Some((lo, hi)) = self.replace_misses(tier, st, mine)? else { return Ok(()) };
+        if was_dirty {
+            self.write_slot_table(st)?;
+        } else if let Some(table) = st.host.table_gpu.clone() {
+            let bytes: &[u8] = bytemuck::cast_slice(&st.host.table[lo..=hi]);
+            let staged = self.upload("expert slot table rows", bytes)?;
+            self.copy(&staged.buffer, 0, &table, 16 * lo as u64, bytes.len() as u64);
+            st.host.table_dirty = false;
+        }
+        let mut p = lock(&self.ctx.pending);
+        self.ctx.flush_locked(&mut p);
+        Ok(())
+    }
+
+    /// Copies `misses` from the host tier into pool slots where the policy says they are worth
+    /// more than the slot's expert, in falling score order (LFU), updating the slot table's
+    /// host copy; the range of table entries changed, if any.
+    fn replace_misses(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        mut misses: Vec<(u32, u32)>,
+    ) -> Result<Option<(usize, usize)>, OpError> {
         misses.sort_unstable();
         misses.dedup();
         if tier.opts.policy == SlotPolicy::Lfu {
@@ -2078,16 +2168,13 @@ impl WgpuBackend {
         }
         let adapt = tier.replace_margin_fixed.is_none();
         let admission = st.host.admission.get_or_insert_with(|| admission::Admission::new(tier.replace_margin, adapt));
-        admission.start_step();
         let margin = admission.margin();
-        if tier.opts.policy == SlotPolicy::Lfu {
-            let mut prof = lock(&tier.profile);
-            prof.replace_margin = margin;
-            prof.replace_yield = admission.yield_per_replacement();
-        }
         let busy = vec![false; tier.opts.n_slots];
         let tick = st.tick;
-        let mut refills = 0;
+        let mut changed: Option<(usize, usize)> = None;
+        let mut touch = |entry: usize| {
+            changed = Some(changed.map_or((entry, entry), |(lo, hi)| (lo.min(entry), hi.max(entry))));
+        };
         // Regions where no later miss can replace anything: under LFU the misses come in falling
         // score order and a region's lowest score only rises as it takes them, so once one miss
         // does not beat a region's victim, none after it will (each victim search scans the
@@ -2098,7 +2185,7 @@ impl WgpuBackend {
             if st.slot_of[l][e] != NO_SLOT {
                 continue;
             }
-            if refills >= tier.refill_max {
+            if st.host.refills_this_step >= tier.refill_max {
                 break;
             }
             let Some(host_mats) = st.host.layers.get(l).and_then(|h| h.as_ref()).map(|h| h.mats[e]) else { continue };
@@ -2124,6 +2211,7 @@ impl WgpuBackend {
                 st.stats[l].evictions += 1;
                 if let Some(h) = st.host.layers.get(ol).and_then(|h| h.as_ref()) {
                     st.host.table[ol * st.host.row + oe] = table_entry(IN_HOST, &h.mats[oe]);
+                    touch(ol * st.host.row + oe);
                 }
             }
             let (buf, base) = tier.slot_base(slot);
@@ -2145,14 +2233,15 @@ impl WgpuBackend {
             st.mats[slot] = Some(slot_mats);
             st.last_use[slot] = tick;
             st.host.table[l * st.host.row + e] = table_entry(IN_POOL, &slot_mats);
+            touch(l * st.host.row + e);
             st.host.table_dirty = true;
-            refills += 1;
+            st.host.refills_this_step += 1;
             let s = &mut st.stats[l];
             s.uploads += 1;
             s.refills += 1;
             s.bytes_uploaded += mats_bytes(&slot_mats);
         }
-        Ok(())
+        Ok(changed)
     }
 
     /// Writes the slot table's host copy to the GPU when it changed (a copy in recording order,

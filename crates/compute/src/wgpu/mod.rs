@@ -41,6 +41,7 @@ mod fused;
 mod gpu_timer;
 mod int8;
 pub mod layout;
+mod mailbox;
 mod moe;
 mod norm;
 mod shaders;
@@ -406,7 +407,9 @@ struct Ctx {
     pending: Mutex<Pending>,
     /// The error of a [`Deferred`] computation, returned by the next readback (every result
     /// the caller sees comes through one, so none is taken from a buffer the CPU failed to fill).
-    deferred_error: Mutex<Option<OpError>>,
+    /// Shared with the split's CPU jobs under its mailboxes, which fill the GPU's input
+    /// themselves (experts/split.rs).
+    deferred_error: Arc<Mutex<Option<OpError>>>,
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pooling: bool,
     dummy: wgpu::Buffer,
@@ -921,7 +924,7 @@ impl WgpuBackend {
             params_align: (limits.min_uniform_buffer_offset_alignment as usize).max(16),
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending::default()),
-            deferred_error: Mutex::new(None),
+            deferred_error: Arc::default(),
             pool: Mutex::new(HashMap::new()),
             pooling: !env_flag("DISKFORMER_NO_POOL"),
             dummy,

@@ -42,6 +42,7 @@ use crate::backend::{Backend, Experts, HostExpert, Routing};
 use crate::cpu::experts_one_token;
 use crate::error::OpError;
 use crate::spec::MoeSpec;
+use crate::wgpu::mailbox::{Mailbox, Toward};
 use crate::wgpu::{le_f32s, le_u32s, trace, Deferred, JoinSeen, WgpuBackend, WgpuTensor};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +77,57 @@ pub(super) fn cpu_misses(ids: &[u32], is_miss: impl Fn(u32) -> bool, share_q: u3
     let mut cpu: Vec<u32> = keyed[..n_cpu].iter().map(|&(_, e)| e).collect();
     cpu.sort_unstable();
     cpu
+}
+
+/// The mailboxes' kernels: the routing and hidden state to the host, the CPU's sum back.
+const MAILBOX_SIGNAL: &str = include_str!("../shaders/mailbox_signal.wgsl");
+const MAILBOX_WAIT_ADD: &str = include_str!("../shaders/mailbox_wait_add.wgsl");
+
+/// Calls in flight at once through the mailboxes: a slot's data is written again two calls
+/// later, when the GPU has added it (the next call's flag comes after that add in queue order)
+/// and the host has read it (before it spawned the call's CPU job).
+const MAILBOX_SLOTS: usize = 2;
+/// Words of the down mailbox: the flags at 0..MAILBOX_SLOTS, the sequence number of a wait
+/// that ran out of polls, whether each slot's wait had to poll; the data from `MAILBOX_DATA`.
+const DOWN_TIMEOUT: usize = 2;
+const DOWN_WAITED: usize = 4;
+const MAILBOX_DATA: usize = 64;
+
+/// How long the host waits for the GPU's flag before it reports the GPU stuck.
+const HOST_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Polls of the GPU's wait for the CPU's sum before it gives up (`DISKFORMER_SPLIT_SPIN_LIMIT`):
+/// ~2^26, several seconds of polling on the H200, far past any CPU job, and a bound on a GPU
+/// left waiting by a host that died.
+fn split_wait_spin_limit() -> u32 {
+    static LIMIT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("DISKFORMER_SPLIT_SPIN_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 26)
+    })
+}
+
+/// The split's two mailboxes (`wgpu/mailbox.rs`): down (system memory) carries a layer's
+/// routing and hidden state to the host, written by `mailbox_signal.wgsl`; up (the GPU's
+/// memory through the BAR) carries the CPU's sum back, added by `mailbox_wait_add.wgsl`, which
+/// waits for it on the GPU. A layer then costs no readback's round trip and no submit after the
+/// CPU's work: the next layer is submitted while the CPU computes (docs/PAGING.md).
+pub(in crate::wgpu) struct SplitMailboxes {
+    up: Arc<Mailbox>,
+    down: Mailbox,
+    /// Words of one slot's data.
+    slot_words: usize,
+    /// The last call's sequence number (flags start at 0, so calls count from 1).
+    seq: u32,
+    /// The slot whose wait kernel's "had to poll" word the next call reads.
+    unread_wait: Option<usize>,
+}
+
+/// One call's place in the mailboxes.
+struct MailboxCall {
+    seq: u32,
+    slot: usize,
+    /// First word of the slot's data (the same in both mailboxes).
+    data_at: usize,
 }
 
 /// The partition kernel's source, sized for the per-pair kernels' most pairs.
@@ -234,12 +286,44 @@ impl WgpuBackend {
         // weights in the same buffer; a host router's are already here.
         let gpu_routed = routing.ids.is_empty();
         let weight_bytes = if gpu_routed { 8 } else { 4 } * nk as u64;
-        let queued =
-            self.queue_tier_readback(tier, &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)]);
-        trace::mark("readback queued", Some(layer));
         // With the ids on the GPU, the GPU partitions the misses itself and its share is
         // submitted before the host waits: it runs while the ids travel and the host decides.
         let partitioned_on_gpu = gpu_routed && !tier.split_host_partition;
+        let route_words = (weight_bytes / 4) as usize;
+        let mailbox = if partitioned_on_gpu && tier.split_mailbox && !tier.split_sync {
+            self.split_mailbox_call(st, route_words + n * n_embd)?
+        } else {
+            None
+        };
+        let queued =
+            match &mailbox {
+                Some(call) => {
+                    let mb = st.split_mailboxes.as_ref().expect("made by split_mailbox_call");
+                    self.dispatch(
+                        self.ctx.pipeline_with("mailbox_signal", || MAILBOX_SIGNAL.to_string(), true),
+                        &[&routing.weights.buf.buffer, &x.buf.buffer, mb.down.buffer()],
+                        &[
+                            route_words as u32,
+                            (n * n_embd) as u32,
+                            call.data_at as u32,
+                            call.slot as u32,
+                            call.seq,
+                            0,
+                            0,
+                            0,
+                        ],
+                        [1, 1, 1],
+                    );
+                    let mut p = lock(&self.ctx.pending);
+                    self.ctx.flush_locked(&mut p);
+                    None
+                }
+                None => Some(self.queue_tier_readback(
+                    tier,
+                    &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)],
+                )),
+            };
+        trace::mark("readback queued", Some(layer));
         let y_gpu = if partitioned_on_gpu {
             let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
             self.dispatch(
@@ -258,11 +342,22 @@ impl WgpuBackend {
             None
         };
         trace::mark("gpu share submitted", Some(layer));
-        let parts = self.finish_tier_readback(tier, queued, true)?;
+        let (weights, ids, xs) = match (queued, &mailbox) {
+            (Some(queued), _) => {
+                let parts = self.finish_tier_readback(tier, queued, true)?;
+                let ids = if gpu_routed { le_u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
+                (le_f32s(&parts[0][..4 * nk]), ids, le_f32s(&parts[1]))
+            }
+            (None, Some(call)) => {
+                let mb = st.split_mailboxes.as_ref().expect("made by split_mailbox_call");
+                let words = self.split_mailbox_receive(tier, mb, call, route_words + n * n_embd)?;
+                st.split_mailboxes.as_mut().expect("made by split_mailbox_call").unread_wait = None;
+                let f32s = |w: &[u32]| w.iter().map(|&b| f32::from_bits(b)).collect::<Vec<f32>>();
+                (f32s(&words[..nk]), words[nk..2 * nk].to_vec(), f32s(&words[route_words..]))
+            }
+            (None, None) => unreachable!("a readback is queued unless a mailbox call is"),
+        };
         trace::mark("ids", Some(layer));
-        let weights = le_f32s(&parts[0][..4 * nk]);
-        let ids = if gpu_routed { le_u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
-        let xs = le_f32s(&parts[1]);
         if let Some(&bad) = ids.iter().find(|&&e| e as usize >= spec.n_expert) {
             return Err(OpError::ShapeMismatch {
                 op: "moe_ffn (split)",
@@ -308,6 +403,7 @@ impl WgpuBackend {
         };
         let t_submitted = Instant::now();
         let y = if cpu.is_empty() {
+            self.refill_layer(tier, st, layer)?;
             if n_misses > 0 && tier.split_fixed.is_none() {
                 // The share rounds to no expert for the CPU: no join will measure the balance,
                 // so it grows until one does (else a share near 0 would stay there for good).
@@ -317,8 +413,6 @@ impl WgpuBackend {
         } else {
             // The CPU's sum goes into a buffer that the add reads; the model records the next
             // layer meanwhile, and the next submit waits for the sum (`Deferred`).
-            let cpu_sum = self.alloc("moe cpu experts", &[n, n_embd])?;
-            let (send, result) = std::sync::mpsc::channel();
             let job = CpuJob {
                 store: tier.store.clone(),
                 layer,
@@ -333,6 +427,60 @@ impl WgpuBackend {
             };
             let spawned = Instant::now();
             let (secs, queued) = (tier.split.cpu_nanos.clone(), tier.split.queued_nanos.clone());
+            if let Some(call) = &mailbox {
+                // The sum goes up through the mailbox, and the kernel that adds it waits for it
+                // on the GPU: recorded now, submitted with the next layer before the CPU is done.
+                let mb = st.split_mailboxes.as_mut().expect("made by split_mailbox_call");
+                let up = mb.up.clone();
+                let failed = self.ctx.deferred_error.clone();
+                let (data_at, flag_at, seq) = (call.data_at, call.slot, call.seq);
+                trace::mark("spawn", Some(layer));
+                rayon::spawn(move || {
+                    trace::mark("job start", Some(job.layer));
+                    let started = Instant::now();
+                    queued.fetch_add((started - spawned).as_nanos() as u64, Ordering::Relaxed);
+                    let out = job.run();
+                    secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    trace::mark("job end", Some(job.layer));
+                    match out {
+                        Ok(sum) => up.write(data_at, &sum.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()),
+                        Err(e) => {
+                            // The GPU is waiting for the flag whatever happened: it adds zeros,
+                            // and the next readback (or split call) returns the error.
+                            up.write(data_at, &vec![0; job.xs.len()]);
+                            lock(&failed).get_or_insert(e);
+                        }
+                    }
+                    up.store(flag_at, seq);
+                });
+                // The layer's replacements run on the GPU while the CPU computes (before the add).
+                self.refill_layer(tier, st, layer)?;
+                let mb = st.split_mailboxes.as_mut().expect("made by split_mailbox_call");
+                let out = self.alloc("moe split sum", &[n, n_embd])?;
+                let spin_limit = split_wait_spin_limit();
+                self.dispatch(
+                    self.ctx.pipeline_with("mailbox_wait_add", || MAILBOX_WAIT_ADD.to_string(), true),
+                    &[mb.up.buffer(), &y.buf.buffer, &out.buf.buffer, mb.down.buffer()],
+                    &[
+                        flag_at as u32,
+                        data_at as u32,
+                        (n * n_embd) as u32,
+                        seq,
+                        spin_limit,
+                        DOWN_TIMEOUT as u32,
+                        (DOWN_WAITED + call.slot) as u32,
+                        0,
+                    ],
+                    [(n * n_embd).div_ceil(2048).clamp(1, 64) as u32, 1, 1],
+                );
+                mb.unread_wait = Some(call.slot);
+                trace::mark("split end", Some(layer));
+                self.split_profile(tier, t_read, t_decided, t_submitted, n_misses, n_cpu);
+                lock(&tier.profile).split_mailbox_layers += 1;
+                return Ok(out);
+            }
+            let cpu_sum = self.alloc("moe cpu experts", &[n, n_embd])?;
+            let (send, result) = std::sync::mpsc::channel();
             trace::mark("spawn", Some(layer));
             rayon::spawn(move || {
                 trace::mark("job start", Some(job.layer));
@@ -344,6 +492,8 @@ impl WgpuBackend {
                 // The receiver is gone only if the back end was dropped: nothing to tell.
                 let _ = send.send((out, Instant::now()));
             });
+            // Before the deferred add (a submit would wait for the job then).
+            self.refill_layer(tier, st, layer)?;
             let shared = tier.split.clone();
             let adapt = tier.split_fixed.is_none() && n_misses > 0;
             lock(&self.ctx.pending).deferred.push(Deferred {
@@ -361,6 +511,20 @@ impl WgpuBackend {
         };
 
         trace::mark("split end", Some(layer));
+        self.split_profile(tier, t_read, t_decided, t_submitted, n_misses, n_cpu);
+        Ok(y)
+    }
+
+    /// The call's times and counts into the tier's profile.
+    fn split_profile(
+        &self,
+        tier: &ExpertTier,
+        t_read: Instant,
+        t_decided: Instant,
+        t_submitted: Instant,
+        n_misses: usize,
+        n_cpu: usize,
+    ) {
         let mut prof = lock(&tier.profile);
         prof.calls += 1;
         // The readback's submit and wait are counted by `read_back_tier_parts`.
@@ -377,7 +541,126 @@ impl WgpuBackend {
         prof.submit_after_join_secs = self.ctx.submit_after_join_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_misses += n_misses as u64;
         prof.split_cpu_experts += n_cpu as u64;
-        Ok(y)
+    }
+
+    /// The mailboxes' place for a call whose data is `words` long, making (or growing) them on
+    /// first use; `None` where the device has none (not Vulkan) or the pool has one thread (the
+    /// GPU's wait would then depend on a job only this thread could run). Returns a CPU job's
+    /// error from an earlier call, and reports a GPU that gave up waiting.
+    fn split_mailbox_call(&self, st: &mut TierState, words: usize) -> Result<Option<MailboxCall>, OpError> {
+        if let Some(e) = lock(&self.ctx.deferred_error).take() {
+            return Err(e);
+        }
+        if let Some(e) = self.split_failed_take(st) {
+            return Err(e);
+        }
+        if self.ctx.adapter.device_type == "Cpu" {
+            // lavapipe: a kernel polling a word the host writes from a later submission's
+            // point of view went on before the host's write (`perf_mailbox`, all 200 rounds
+            // of its third case on this VM's Mesa 22.3), and a spinning kernel would take a
+            // core from the CPU's own share anyway.
+            st.mailbox_unavailable = true;
+        }
+        if st.mailbox_unavailable || rayon::current_num_threads() < 2 {
+            return Ok(None);
+        }
+        if st.split_mailboxes.as_ref().is_none_or(|m| m.slot_words < words) {
+            let total = MAILBOX_DATA + MAILBOX_SLOTS * words;
+            let make = |toward| {
+                Mailbox::new(&self.ctx.device, total, toward).map_err(|why| OpError::Unsupported {
+                    op: "moe_ffn (split mailbox)",
+                    backend: "wgpu",
+                    why,
+                })
+            };
+            let (Some(up), Some(down)) = (make(Toward::Gpu)?, make(Toward::Host)?) else {
+                st.mailbox_unavailable = true;
+                return Ok(None);
+            };
+            // Earlier calls' kernels and jobs hold the old ones until they are done; the new
+            // ones start from sequence number 0, and every earlier wait was recorded before.
+            st.split_mailboxes =
+                Some(SplitMailboxes { up: Arc::new(up), down, slot_words: words, seq: 0, unread_wait: None });
+        }
+        let mb = st.split_mailboxes.as_mut().expect("made above");
+        mb.seq = mb.seq.wrapping_add(1).max(1);
+        let slot = mb.seq as usize % MAILBOX_SLOTS;
+        Ok(Some(MailboxCall { seq: mb.seq, slot, data_at: MAILBOX_DATA + slot * mb.slot_words }))
+    }
+
+    /// A CPU job's error from an earlier call, or the GPU having given up waiting for one.
+    fn split_failed_take(&self, st: &TierState) -> Option<OpError> {
+        let tier_failed = st.split_mailboxes.as_ref().map(|m| m.down.load(DOWN_TIMEOUT)).filter(|&s| s != 0);
+        if let Some(seq) = tier_failed {
+            return Some(OpError::Unsupported {
+                op: "moe_ffn (split)",
+                backend: "wgpu",
+                why: format!(
+                    "the GPU stopped waiting for the CPU's experts of call {seq} after {} polls (DISKFORMER_SPLIT_SPIN_LIMIT)",
+                    split_wait_spin_limit()
+                ),
+            });
+        }
+        None
+    }
+
+    /// Waits for the call's flag in the down mailbox and reads its `words` of data; also reads
+    /// whether the previous call's wait had to poll, which moves the CPU's share as a join does.
+    fn split_mailbox_receive(
+        &self,
+        tier: &ExpertTier,
+        mb: &SplitMailboxes,
+        call: &MailboxCall,
+        words: usize,
+    ) -> Result<Vec<u32>, OpError> {
+        let t0 = Instant::now();
+        let mut polls = 0u32;
+        while mb.down.load(call.slot) != call.seq {
+            // The previous call's CPU job went into this thread's queue: run it here if no
+            // worker took it yet (they may sleep; the GPU waits for it before handing this
+            // call over).
+            if rayon::yield_local().is_none() {
+                std::hint::spin_loop();
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(1024) {
+                if t0.elapsed() > HOST_WAIT {
+                    return Err(OpError::Unsupported {
+                        op: "moe_ffn (split)",
+                        backend: "wgpu",
+                        why: format!(
+                            "the GPU did not hand over call {} in {:?} (its flag says {})",
+                            call.seq,
+                            HOST_WAIT,
+                            mb.down.load(call.slot)
+                        ),
+                    });
+                }
+                // Now and then, other workers' queues too.
+                rayon::yield_now();
+            }
+        }
+        let mut words_out = vec![0u32; words];
+        mb.down.read(call.data_at, &mut words_out);
+        {
+            let mut prof = lock(&tier.profile);
+            prof.readback_wait_secs += t0.elapsed().as_secs_f64();
+            prof.readbacks += 1;
+        }
+        if let Some(prev) = mb.unread_wait {
+            // The previous call's add ran before this call's hand-over (queue order).
+            let gpu_waited = mb.down.load(DOWN_WAITED + prev) == 1;
+            let adapt = tier.split_fixed.is_none();
+            tier.split.joined(
+                JoinSeen {
+                    gpu_done: gpu_waited,
+                    waited: std::time::Duration::ZERO,
+                    taken_after: std::time::Duration::ZERO,
+                },
+                adapt,
+            );
+        }
+        Ok(words_out)
     }
 
     /// The layer's expert biases on the host, read back on its first split call.

@@ -1,0 +1,204 @@
+//! Host-mapped mailboxes: a buffer in host memory that kernels read and write while the host
+//! reads and writes it too, through a mapping kept for the buffer's whole life.
+//!
+//! Why: the split miss mode (experts/split.rs) crosses between the GPU and the CPU twice per
+//! MoE layer, and through wgpu each crossing is a submission's round trip: the ids come back
+//! when the fence of the submission that copied them signals and a `map_async` callback runs
+//! (~60 us per layer on the H200, measured by `perf_moe_attention_section`), and the CPU's sum
+//! goes up in the next submission, which the host can only make once the sum exists (its submit
+//! and the GPU's start, ~40 us). WebGPU forbids a buffer mapped while the GPU uses it; Vulkan
+//! does not. A mailbox is that Vulkan buffer (made with `ash` on wgpu's own device, handed to
+//! wgpu through its hal interop): a kernel writes the ids and then a flag, which the host sees
+//! by polling memory; a kernel waits for a flag the host writes when the CPU's sum is in place,
+//! so the next layer's work can be submitted before the sum exists.
+//!
+//! Visibility: the memory is `HOST_VISIBLE | HOST_COHERENT` (system memory, host-cached when
+//! offered); every word the two sides exchange while the GPU runs is read and written as an
+//! atomic on both sides, and a flag is written after the data it announces (the host fences
+//! between them, for write-combined memory). Vulkan's memory model promises this only at
+//! submission boundaries; `perf_mailbox` checks on a device that it holds within one.
+//!
+//! Only on Vulkan: elsewhere [`Mailbox::new`] returns `None` and callers keep their
+//! submission-based path.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Which way a mailbox carries data, which decides its memory (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Toward {
+    /// Kernels write, the host reads: system memory, cached by the host.
+    Host,
+    /// The host writes, kernels read: device-local host-visible memory when the device has it
+    /// (a GPU caches system memory in its L2, which the host's writes do not update).
+    Gpu,
+}
+
+/// A buffer in host-visible memory mapped for its whole life (see the module docs).
+pub(crate) struct Mailbox {
+    buffer: wgpu::Buffer,
+    /// The mapping's first word.
+    words: std::ptr::NonNull<AtomicU32>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain host memory that stays valid while `buffer` lives (wgpu-hal frees
+// the memory only when the buffer is destroyed, which `buffer`'s drop starts after every
+// submission using it finished), and every access goes through `AtomicU32`, so sharing it
+// between threads is as sound as sharing a `[AtomicU32]`.
+unsafe impl Send for Mailbox {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Mailbox {}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox").field("words", &self.len).finish()
+    }
+}
+
+impl Mailbox {
+    /// A mailbox of `words` 32-bit words, zeroed; `Ok(None)` when the device is not Vulkan or
+    /// has no host-visible coherent memory outside the GPU.
+    ///
+    /// # Errors
+    /// A Vulkan call failed (out of memory, usually).
+    pub(crate) fn new(device: &wgpu::Device, words: usize, toward: Toward) -> Result<Option<Mailbox>, String> {
+        use ash::vk;
+        let bytes = (4 * words.max(4) as u64).next_multiple_of(256);
+        // SAFETY: the hal device is only used to create, bind and map one buffer that wgpu then
+        // owns (`from_raw_managed`); nothing wgpu tracks is destroyed or changed.
+        let made = unsafe {
+            let Some(hal) = device.as_hal::<wgpu::hal::api::Vulkan>() else { return Ok(None) };
+            let raw = hal.raw_device();
+            let instance = hal.shared_instance().raw_instance();
+            let props = instance.get_physical_device_memory_properties(hal.raw_physical_device());
+            let info = vk::BufferCreateInfo::default()
+                .size(bytes)
+                .usage(
+                    vk::BufferUsageFlags::STORAGE_BUFFER
+                        | vk::BufferUsageFlags::TRANSFER_SRC
+                        | vk::BufferUsageFlags::TRANSFER_DST,
+                )
+                .sharing_mode(vk::SharingMode::EXCLUSIVE);
+            let buffer = raw.create_buffer(&info, None).map_err(|e| format!("vkCreateBuffer: {e}"))?;
+            let req = raw.get_buffer_memory_requirements(buffer);
+            let want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+            let types = &props.memory_types[..props.memory_type_count as usize];
+            let usable = |i: usize| req.memory_type_bits & (1 << i) != 0 && types[i].property_flags.contains(want);
+            let rank = |i: usize| {
+                let f = types[i].property_flags;
+                let device_local = f.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL);
+                let cached = f.contains(vk::MemoryPropertyFlags::HOST_CACHED);
+                match toward {
+                    // System memory (not ReBAR, which is the GPU's), host-cached: the host reads it.
+                    Toward::Host => (device_local, !cached),
+                    // The GPU's memory seen through the BAR: the GPU's L2 sees every write to it.
+                    Toward::Gpu => (!device_local, cached),
+                }
+            };
+            let Some(type_index) = (0..types.len()).filter(|&i| usable(i)).min_by_key(|&i| rank(i)) else {
+                raw.destroy_buffer(buffer, None);
+                return Ok(None);
+            };
+            let alloc =
+                vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(type_index as u32);
+            let memory = match raw.allocate_memory(&alloc, None) {
+                Ok(m) => m,
+                Err(e) => {
+                    raw.destroy_buffer(buffer, None);
+                    return Err(format!("vkAllocateMemory of {} bytes: {e}", req.size));
+                }
+            };
+            let mapped = raw
+                .bind_buffer_memory(buffer, memory, 0)
+                .and_then(|()| raw.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()));
+            let ptr = match mapped {
+                Ok(p) => p,
+                Err(e) => {
+                    raw.destroy_buffer(buffer, None);
+                    raw.free_memory(memory, None);
+                    return Err(format!("binding or mapping the mailbox: {e}"));
+                }
+            };
+            std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes as usize);
+            let hal_buffer = wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, req.size);
+            let desc = wgpu::BufferDescriptor {
+                label: Some("host mailbox"),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            };
+            drop(hal);
+            let wrapped = device.create_buffer_from_hal::<wgpu::hal::api::Vulkan>(hal_buffer, &desc);
+            (wrapped, ptr.cast::<AtomicU32>())
+        };
+        let (buffer, ptr) = made;
+        let words = std::ptr::NonNull::new(ptr).ok_or("vkMapMemory returned a null pointer")?;
+        Ok(Some(Mailbox { buffer, words, len: (bytes / 4) as usize }))
+    }
+
+    /// The buffer, to bind or copy into.
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    fn word(&self, i: usize) -> &AtomicU32 {
+        assert!(i < self.len, "mailbox word {i} of {}", self.len);
+        // SAFETY: `i` is within the mapping, which lives as long as `self` (see `Send`).
+        unsafe { &*self.words.as_ptr().add(i) }
+    }
+
+    /// Word `i` as the GPU last wrote it (acquire: reads after it see what was written before).
+    pub(crate) fn load(&self, i: usize) -> u32 {
+        self.word(i).load(Ordering::Acquire)
+    }
+
+    /// Writes word `i` after everything written before it is out (a flag for data).
+    pub(crate) fn store(&self, i: usize, v: u32) {
+        store_fence();
+        self.word(i).store(v, Ordering::Release);
+    }
+
+    /// Words `at..at + out.len()` into `out`.
+    pub(crate) fn read(&self, at: usize, out: &mut [u32]) {
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = self.word(at + k).load(Ordering::Relaxed);
+        }
+    }
+
+    /// Writes `data` at word `at` (no ordering: a later [`store`](Self::store) of a flag orders it).
+    pub(crate) fn write(&self, at: usize, data: &[u32]) {
+        for (k, &v) in data.iter().enumerate() {
+            self.word(at + k).store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Spins until word `i` equals `want` or `timeout` passes; the value last seen on timeout.
+    pub(crate) fn wait_for(&self, i: usize, want: u32, timeout: std::time::Duration) -> Result<(), u32> {
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let v = self.load(i);
+            if v == want {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) && start.elapsed() > timeout {
+                return Err(v);
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Orders the host's earlier stores before its later ones as a device sees them: x86 keeps
+/// ordinary stores in order, but not stores to write-combined memory, which a driver may give
+/// host-visible memory; `sfence` drains them.
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` has no preconditions (SSE, part of x86-64's baseline).
+    unsafe {
+        std::arch::x86_64::_mm_sfence();
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    std::sync::atomic::fence(Ordering::SeqCst);
+}
