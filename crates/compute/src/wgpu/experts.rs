@@ -459,11 +459,16 @@ pub(super) struct ExpertTier {
     /// `DISKFORMER_SPLIT_HOST_PARTITION=1`: the host partitions the misses after its readback
     /// and submits the GPU's share then (the split's first version, for A/B).
     split_host_partition: bool,
-    /// `DISKFORMER_SPLIT_MAILBOX=0`: hand the ids to the host and the CPU's sum back through
-    /// submissions and readbacks instead of the mailboxes (`split::SplitMailboxes`; for A/B).
+    /// `DISKFORMER_SPLIT_MAILBOX=1`: hand the ids to the host and the CPU's sum back through the
+    /// mailboxes (`split::SplitMailboxes`) instead of submissions and readbacks. Off by default:
+    /// on the H200 it decoded 53-57 tok/s in half its uniform runs (against 46-53 without) and
+    /// 18-39 in the other half, where the CPU jobs waited ~100 us each for a worker
+    /// (docs/PAGING.md, "Mailboxes").
     split_mailbox: bool,
-    /// `DISKFORMER_SPLIT_STEP_REFILL=1`: the split's pool replacements between steps, as under
-    /// [`MissPolicy::Host`], instead of per layer (`refill_layer`; for A/B).
+    /// Whether the split's pool replacements are made per layer (`refill_layer`,
+    /// `DISKFORMER_SPLIT_LAYER_REFILL=1`) instead of between steps as under
+    /// [`MissPolicy::Host`]. Off by default: measured on the H200 only with the mailboxes, where
+    /// it did not separate from the step's refill in three alternating rounds.
     split_step_refill: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),
@@ -829,8 +834,8 @@ impl WgpuBackend {
             split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
             split_sync: super::env_flag("DISKFORMER_SPLIT_SYNC"),
             split_host_partition: super::env_flag("DISKFORMER_SPLIT_HOST_PARTITION"),
-            split_mailbox: std::env::var("DISKFORMER_SPLIT_MAILBOX").map_or(true, |v| v != "0"),
-            split_step_refill: super::env_flag("DISKFORMER_SPLIT_STEP_REFILL"),
+            split_mailbox: super::env_flag("DISKFORMER_SPLIT_MAILBOX"),
+            split_step_refill: !super::env_flag("DISKFORMER_SPLIT_LAYER_REFILL"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -2093,8 +2098,9 @@ impl WgpuBackend {
     /// Between steps: counts the previous step's selections, then copies its misses from the
     /// host tier into pool slots (a GPU copy, ordered before this step's kernels) where the
     /// policy says they are worth more than the slot's expert (LFU: a higher score; LRU:
-    /// always), and updates the slot table. Under [`MissPolicy::Split`] the copies are made
-    /// per layer instead, at its split call ([`Self::refill_layer`]).
+    /// always), and updates the slot table. Under [`MissPolicy::Split`] with
+    /// `DISKFORMER_SPLIT_LAYER_REFILL=1` the copies are made per layer instead, at its split
+    /// call ([`Self::refill_layer`]).
     fn refill_pool(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
         self.drain_log(tier, st)?;
         let adapt = tier.replace_margin_fixed.is_none();
@@ -2113,7 +2119,8 @@ impl WgpuBackend {
         self.replace_misses(tier, st, misses).map(|_| ())
     }
 
-    /// Under [`MissPolicy::Split`], after a layer's CPU job started: the replacements of the
+    /// Under [`MissPolicy::Split`] with `DISKFORMER_SPLIT_LAYER_REFILL=1`, after a layer's CPU
+    /// job started: the replacements of the
     /// layer's misses (as [`Self::refill_pool`] makes them for the whole step under
     /// [`MissPolicy::Host`]), their copies and the slot table's changed rows submitted at once,
     /// so that the GPU makes them while the CPU computes, not before the next step's first

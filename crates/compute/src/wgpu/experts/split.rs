@@ -30,6 +30,14 @@
 //!    `DISKFORMER_SPLIT_HOST_PARTITION=1` partitions on the host after the readback (the first
 //!    version, A/B). Ids routed on the host (past the GPU router's limits) take that path too.
 //!
+//! With `DISKFORMER_SPLIT_MAILBOX=1` on a Vulkan GPU, steps 1-3 go through two host-mapped
+//! mailboxes instead ([`SplitMailboxes`], `wgpu/mailbox.rs`): a kernel writes the routing and
+//! the hidden state into host memory and then a flag the host polls (no readback's round trip),
+//! and the add of the CPU's sum is a kernel that waits on the GPU for the flag the CPU job
+//! writes after its sum, so the next layer is submitted before the job ends (no submit after
+//! it). The share then moves by whether that kernel had to wait. Off by default until the
+//! CPU jobs' pickup is reliable (see `ExpertTier::split_mailbox`).
+//!
 //! How the share is found: when the CPU's sum is taken, the host polls whether the GPU's queue
 //! is empty. If it is, the CPU was the longer of the two and its share shrinks, otherwise it
 //! grows, by [`SHARE_STEP`]; a share that rounds to no CPU expert grows too (no join would
