@@ -970,17 +970,18 @@ impl WgpuBackend {
             pass.dispatch_workgroups(1, 1, 1);
         }
         probe.queue.submit([enc.finish()]);
-        let (mut secs, mut stale) = (Vec::new(), 0);
-        let mut failure = None;
-        for i in 1..=rounds as u32 {
-            match round(i, &mut stale) {
-                Ok(s) => secs.push(s),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
+        // Every round after one submission: their times, stale reads, the first failure.
+        let all_rounds = || {
+            let (mut secs, mut stale) = (Vec::new(), 0);
+            for i in 1..=rounds as u32 {
+                match round(i, &mut stale) {
+                    Ok(s) => secs.push(s),
+                    Err(e) => return (secs, stale, Some(e)),
                 }
             }
-        }
+            (secs, stale, None)
+        };
+        let (secs, stale, failure) = all_rounds();
         probe.device.poll(wgpu::PollType::wait_indefinitely()).map_err(lost)?;
         out.push(summary("one kernel, ping-pong", secs, &down, stale));
         if let Some(e) = failure {
@@ -1029,9 +1030,9 @@ impl WgpuBackend {
                 }
                 enc.finish()
             };
-            let (mut secs, mut stale) = (Vec::new(), 0);
-            let mut failure = None;
-            if per_round_submit {
+            let (secs, stale, failure) = if per_round_submit {
+                let (mut secs, mut stale) = (Vec::new(), 0);
+                let mut failure = None;
                 let mut cmds: Vec<wgpu::CommandBuffer> = (1..=rounds as u32).map(|i| record(1, i)).collect();
                 cmds.reverse();
                 let mut next = cmds.pop();
@@ -1055,18 +1056,11 @@ impl WgpuBackend {
                         }
                     }
                 }
+                (secs, stale, failure)
             } else {
                 probe.queue.submit([record(rounds, 0)]);
-                for i in 1..=rounds as u32 {
-                    match round(i, &mut stale) {
-                        Ok(s) => secs.push(s),
-                        Err(e) => {
-                            failure = Some(e);
-                            break;
-                        }
-                    }
-                }
-            }
+                all_rounds()
+            };
             // A failed round leaves the GPU waiting: release every later round.
             if failure.is_some() {
                 up.store(0, u32::MAX);

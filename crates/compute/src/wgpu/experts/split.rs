@@ -217,6 +217,18 @@ struct CpuJob {
 }
 
 impl CpuJob {
+    /// [`Self::run`] on a worker, its time from `spawned` to its start added to `queued` and
+    /// its running time to `secs` (the profile's counters), marked in the trace.
+    fn run_timed(&self, spawned: Instant, queued: &AtomicU64, secs: &AtomicU64) -> Result<Vec<f32>, OpError> {
+        trace::mark("job start", Some(self.layer));
+        let started = Instant::now();
+        queued.fetch_add((started - spawned).as_nanos() as u64, Ordering::Relaxed);
+        let out = self.run();
+        secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        trace::mark("job end", Some(self.layer));
+        out
+    }
+
     /// The sum of its experts' outputs, `[n, n_embd]`, each added in ascending id order.
     fn run(&self) -> Result<Vec<f32>, OpError> {
         let (k, nk) = (self.k, self.ids.len());
@@ -445,13 +457,7 @@ impl WgpuBackend {
                 let (data_at, flag_at, seq) = (call.data_at, call.slot, call.seq);
                 trace::mark("spawn", Some(layer));
                 rayon::spawn(move || {
-                    trace::mark("job start", Some(job.layer));
-                    let started = Instant::now();
-                    queued.fetch_add((started - spawned).as_nanos() as u64, Ordering::Relaxed);
-                    let out = job.run();
-                    secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    trace::mark("job end", Some(job.layer));
-                    match out {
+                    match job.run_timed(spawned, &queued, &secs) {
                         Ok(sum) => up.write(data_at, &sum.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()),
                         Err(e) => {
                             // The GPU is waiting for the flag whatever happened: it adds zeros,
@@ -492,12 +498,7 @@ impl WgpuBackend {
             let (send, result) = std::sync::mpsc::channel();
             trace::mark("spawn", Some(layer));
             rayon::spawn(move || {
-                trace::mark("job start", Some(job.layer));
-                let started = Instant::now();
-                queued.fetch_add((started - spawned).as_nanos() as u64, Ordering::Relaxed);
-                let out = job.run();
-                secs.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                trace::mark("job end", Some(job.layer));
+                let out = job.run_timed(spawned, &queued, &secs);
                 // The receiver is gone only if the back end was dropped: nothing to tell.
                 let _ = send.send((out, Instant::now()));
             });
