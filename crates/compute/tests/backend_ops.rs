@@ -1546,6 +1546,35 @@ mod gpu_ops {
         dispatch_costs(&g);
     }
 
+    /// One replayed layer's attention weights and its two block norms (`q{l}`, `k{l}`, `v{l}`,
+    /// `o{l}` of the test file; norm weights drawn from `rng`), as the perf replays use them.
+    struct ReplayAttention {
+        q: compute::wgpu::WgpuWeight,
+        k: compute::wgpu::WgpuWeight,
+        v: compute::wgpu::WgpuWeight,
+        o: compute::wgpu::WgpuWeight,
+        attn_norm: compute::wgpu::WgpuTensor,
+        ffn_norm: compute::wgpu::WgpuTensor,
+    }
+
+    impl ReplayAttention {
+        fn load(
+            g: &WgpuBackend,
+            w: &dyn Fn(&str) -> compute::wgpu::WgpuWeight,
+            l: usize,
+            d: usize,
+            rng: &mut StdRng,
+        ) -> ReplayAttention {
+            ReplayAttention {
+                q: w(&format!("q{l}")),
+                k: w(&format!("k{l}")),
+                v: w(&format!("v{l}")),
+                o: w(&format!("o{l}")),
+                attn_norm: g.from_host(&rand_vec(rng, d, 1.0), &[d]).unwrap(),
+                ffn_norm: g.from_host(&rand_vec(rng, d, 1.0), &[d]).unwrap(),
+            }
+        }
+    }
     /// The products of an 8B decode layer where a token meets them (issue 5: alone they read
     /// Q4_0 at ~66% of the stream, in a token the o-proj and down projection averaged 19 us).
     /// First each plain decode shape alone, a chain of the same product (o-proj 4096 x 4096,
@@ -1659,27 +1688,17 @@ mod gpu_ops {
         }
 
         struct Layer {
-            q: compute::wgpu::WgpuWeight,
-            k: compute::wgpu::WgpuWeight,
-            v: compute::wgpu::WgpuWeight,
-            o: compute::wgpu::WgpuWeight,
+            a: ReplayAttention,
             gate: compute::wgpu::WgpuWeight,
             up: compute::wgpu::WgpuWeight,
             down: compute::wgpu::WgpuWeight,
-            attn_norm: compute::wgpu::WgpuTensor,
-            ffn_norm: compute::wgpu::WgpuTensor,
         }
         let layers: Vec<Layer> = (0..N_DISTINCT)
             .map(|l| Layer {
-                q: w(&format!("q{l}")),
-                k: w(&format!("k{l}")),
-                v: w(&format!("v{l}")),
-                o: w(&format!("o{l}")),
+                a: ReplayAttention::load(&g, &w, l, d, &mut rng),
                 gate: w(&format!("gate{l}")),
                 up: w(&format!("up{l}")),
                 down: w(&format!("down{l}")),
-                attn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
-                ffn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
             })
             .collect();
         let x0 = rand_vec(&mut rng, d, 1.0);
@@ -1687,10 +1706,10 @@ mod gpu_ops {
             let mut res = g.from_host(&x0, &[1, d])?;
             for l in 0..N_LAYERS {
                 let w = &layers[l % N_DISTINCT];
-                let h = g.rms_norm(&res, Some(&w.attn_norm), 1e-5)?;
-                let [q, _k, _v] = g.matmul_many(&h, [&w.q, &w.k, &w.v])?;
-                res = g.matmul_add(&q, &w.o, res)?;
-                let h = g.rms_norm(&res, Some(&w.ffn_norm), 1e-5)?;
+                let h = g.rms_norm(&res, Some(&w.a.attn_norm), 1e-5)?;
+                let [q, _k, _v] = g.matmul_many(&h, [&w.a.q, &w.a.k, &w.a.v])?;
+                res = g.matmul_add(&q, &w.a.o, res)?;
+                let h = g.rms_norm(&res, Some(&w.a.ffn_norm), 1e-5)?;
                 let a = g.matmul_glu(&h, &w.gate, &w.up, Glu::Plain(Act::Silu))?;
                 res = g.matmul_add(&a, &w.down, res)?;
             }
@@ -1758,25 +1777,15 @@ mod gpu_ops {
         let file = WeightFile::new("backend-ops-perf-moe-attention", &tensors);
         let w = |name: &str| g.weight(&file.get(name)).expect("upload");
         struct Layer {
-            q: compute::wgpu::WgpuWeight,
-            k: compute::wgpu::WgpuWeight,
-            v: compute::wgpu::WgpuWeight,
-            o: compute::wgpu::WgpuWeight,
+            a: ReplayAttention,
             router: compute::wgpu::WgpuWeight,
-            attn_norm: compute::wgpu::WgpuTensor,
-            ffn_norm: compute::wgpu::WgpuTensor,
             q_norm: compute::wgpu::WgpuTensor,
             k_norm: compute::wgpu::WgpuTensor,
         }
         let layers: Vec<Layer> = (0..N_DISTINCT)
             .map(|l| Layer {
-                q: w(&format!("q{l}")),
-                k: w(&format!("k{l}")),
-                v: w(&format!("v{l}")),
-                o: w(&format!("o{l}")),
+                a: ReplayAttention::load(&g, &w, l, d, &mut rng),
                 router: w(&format!("router{l}")),
-                attn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
-                ffn_norm: g.from_host(&rand_vec(&mut rng, d, 1.0), &[d]).unwrap(),
                 q_norm: g.from_host(&rand_vec(&mut rng, hd, 1.0), &[hd]).unwrap(),
                 k_norm: g.from_host(&rand_vec(&mut rng, hd, 1.0), &[hd]).unwrap(),
             })
@@ -1816,8 +1825,8 @@ mod gpu_ops {
             let mut res = g.from_host(&x0, &[1, d])?;
             for (l, cache) in caches.iter_mut().enumerate() {
                 let lw = &layers[l % N_DISTINCT];
-                let h = g.rms_norm(&res, Some(&lw.attn_norm), 1e-6)?;
-                let [q, k, v] = g.matmul_many(&h, [&lw.q, &lw.k, &lw.v])?;
+                let h = g.rms_norm(&res, Some(&lw.a.attn_norm), 1e-6)?;
+                let [q, k, v] = g.matmul_many(&h, [&lw.a.q, &lw.a.k, &lw.a.v])?;
                 let per_head = |t: compute::wgpu::WgpuTensor, heads: usize, norm| -> Result<_, compute::OpError> {
                     let t = g.reshape(t, &[heads, hd])?;
                     let t = g.rms_norm(&t, Some(norm), 1e-6)?;
@@ -1836,8 +1845,8 @@ mod gpu_ops {
                     sinks: None,
                 };
                 let a = g.rope_attention(&step, cache)?;
-                res = g.matmul_add(&a, &lw.o, res)?;
-                let h = g.rms_norm(&res, Some(&lw.ffn_norm), 1e-6)?;
+                res = g.matmul_add(&a, &lw.a.o, res)?;
+                let h = g.rms_norm(&res, Some(&lw.a.ffn_norm), 1e-6)?;
                 let logits = g.matmul(&h, &lw.router)?;
                 let routing = g.route(&logits, None, &route)?;
                 if read_each_layer {
