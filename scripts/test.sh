@@ -11,8 +11,8 @@ cargo test --workspace --all-features "$@"
 # The GPU layouts a user can select instead of the defaults (DISKFORMER_Q4_0_LAYOUT=blocks,
 # DISKFORMER_Q4_K_LAYOUT=grouped; read once per process): the op and int8 kernel tests again,
 # with the persistent int8 kernels held to one workgroup so every subgroup loops over row slots;
-# and the split miss mode's opt-in paths (pool replacements per layer; the mailboxes, which a
-# CPU adapter such as lavapipe declines) through the tier tests.
+# and the split miss mode's other paths through the tier tests (pool replacements between steps,
+# the readbacks instead of the mailboxes, which a CPU adapter such as lavapipe declines anyway).
 DISKFORMER_Q4_0_LAYOUT=blocks DISKFORMER_Q4_K_LAYOUT=grouped DISKFORMER_Q8_PERSIST_GROUPS=1 \
-  DISKFORMER_SPLIT_LAYER_REFILL=1 DISKFORMER_SPLIT_MAILBOX=1 \
+  DISKFORMER_SPLIT_LAYER_REFILL=0 DISKFORMER_SPLIT_MAILBOX=0 \
   cargo test --workspace --all-features --test backend_ops --test gpu_int8 --test gpu_tier_moe --test gpu_tier "$@"

@@ -146,6 +146,15 @@ pub trait Backend: Send + Sync + Sized + Clone {
     /// A short name ("cpu", "wgpu").
     fn name(&self) -> &'static str;
 
+    /// Whether a model step's work reaches the host's thread pool often enough that its idle
+    /// workers should poll for it through the step instead of parking between jobs
+    /// (`cpu::warm::run_step` says why parking costs): the CPU back end's every op, a GPU's
+    /// expert tier whose misses the CPU computes while the GPU waits. False by default: a back
+    /// end that only waits on its device would have the polling threads burn cores for nothing.
+    fn step_feeds_thread_pool(&self) -> bool {
+        false
+    }
+
     // ---- data movement ----
     /// A tensor from host values.
     #[allow(clippy::wrong_self_convention)] // a method of the back end that makes a tensor, not a conversion of self

@@ -153,17 +153,16 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
     }
 }
 
-/// Runs a model step on a worker of the thread pool. On the CPU back end the other workers
-/// poll for the step's parallel tasks until it ends instead of parking between ops
-/// ([`compute::cpu::warm::run_step`], which says why); other back ends wait on the device
-/// between their few host-side parallel loops, where polling threads would only burn cores.
-/// `DISKFORMER_GPU_CPU_POLL=1` polls there too: for the GPU tier's split with its mailboxes,
-/// whose CPU jobs waited ~100 us for a parked worker in the H200's slow runs (docs/PAGING.md,
-/// "Mailboxes"); measured before only with the readback path, where it changed nothing.
+/// Runs a model step on a worker of the thread pool. Where the back end's step feeds the pool
+/// ([`Backend::step_feeds_thread_pool`]: the CPU back end, a GPU whose expert tier computes
+/// misses on the CPU), the other workers poll for its parallel tasks until it ends instead of
+/// parking between them ([`compute::cpu::warm::run_step`], which says why); other back ends wait
+/// on the device between their few host-side parallel loops, where polling threads would only
+/// burn cores. `DISKFORMER_GPU_CPU_POLL=0` lets a GPU step's workers park, for A/B runs.
 fn on_pool<B: Backend, R: Send>(b: &B, step: impl FnOnce() -> R + Send) -> R {
-    static GPU_POLL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let gpu_poll = *GPU_POLL.get_or_init(|| std::env::var("DISKFORMER_GPU_CPU_POLL").is_ok_and(|v| v.trim() == "1"));
-    if b.name() == "cpu" || gpu_poll {
+    static GPU_PARK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let gpu_park = *GPU_PARK.get_or_init(|| std::env::var("DISKFORMER_GPU_CPU_POLL").is_ok_and(|v| v.trim() == "0"));
+    if b.step_feeds_thread_pool() && (b.name() == "cpu" || !gpu_park) {
         compute::cpu::warm::run_step(step)
     } else {
         rayon::scope(|_| step())

@@ -410,6 +410,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn step_feeds_thread_pool(&self) -> bool {
+        true
+    }
+
     fn from_host(&self, data: &[f32], shape: &[usize]) -> Result<CpuTensor, OpError> {
         OpError::check_host_values(data, shape)?;
         Ok(CpuTensor::pooled(shape, pool::copy_of(data)))

@@ -287,7 +287,21 @@ impl TierProfile {
             )
         } else {
             String::new()
-        } + &if self.split_layers > 0 {
+        } + &if self.split_mailbox_layers > 0 {
+            format!(
+                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU's share was done before the CPU's in {:.1}% of {} layers \
+                 ({} of {} layers through the mailboxes); per step, us: the CPU's dispatcher waiting for the GPU's hand-overs {:.0}, \
+                 from a hand-over to its CPU job's start {:.0}\n",
+                100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
+                self.split_misses as f64 / self.steps.max(1) as f64,
+                100.0 * self.split_gpu_first as f64 / self.split_joins.max(1) as f64,
+                self.split_joins,
+                self.split_mailbox_layers,
+                self.split_layers,
+                per(self.split_join_wait_secs),
+                per(self.split_queued_secs),
+            )
+        } else if self.split_layers > 0 {
             format!(
                 "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers \
                  ({} of {} layers through the mailboxes, where the GPU waits for the sum); \
@@ -451,6 +465,8 @@ pub(super) struct ExpertTier {
     refill_max: usize,
     /// Under [`MissPolicy::Split`], the CPU's share and what its joins saw.
     split: Arc<split::SplitShared>,
+    /// The task that takes the split's layers handed over through the mailboxes.
+    dispatcher: Arc<split::Dispatcher>,
     /// `DISKFORMER_SPLIT_SHARE`: a fixed share instead (for A/B runs).
     split_fixed: Option<f64>,
     /// `DISKFORMER_SPLIT_SYNC=1`: wait for the CPU's share within its layer instead of while
@@ -459,16 +475,17 @@ pub(super) struct ExpertTier {
     /// `DISKFORMER_SPLIT_HOST_PARTITION=1`: the host partitions the misses after its readback
     /// and submits the GPU's share then (the split's first version, for A/B).
     split_host_partition: bool,
-    /// `DISKFORMER_SPLIT_MAILBOX=1`: hand the ids to the host and the CPU's sum back through the
-    /// mailboxes (`split::SplitMailboxes`) instead of submissions and readbacks. Off by default:
-    /// on the H200 it decoded 53-57 tok/s in half its uniform runs (against 46-53 without) and
-    /// 18-39 in the other half, where the CPU jobs waited ~100 us each for a worker
+    /// Hand the ids to the CPU and its sum back through the mailboxes (`split::SplitMailboxes`,
+    /// `split::Dispatcher`) instead of submissions and readbacks, where the device allows
+    /// (`DISKFORMER_SPLIT_MAILBOX=0`: never, for A/B runs). On the H200 with the pool's workers
+    /// polling, 53-60 tok/s uniform against 45-49 without in one lease's alternating rounds
     /// (docs/PAGING.md, "Mailboxes").
     split_mailbox: bool,
-    /// Whether the split's pool replacements are made per layer (`refill_layer`,
-    /// `DISKFORMER_SPLIT_LAYER_REFILL=1`) instead of between steps as under
-    /// [`MissPolicy::Host`]. Off by default: measured on the H200 only with the mailboxes, where
-    /// it did not separate from the step's refill in three alternating rounds.
+    /// Whether the split's pool replacements are made between steps as under
+    /// [`MissPolicy::Host`] (`DISKFORMER_SPLIT_LAYER_REFILL=0`, for A/B runs) instead of per
+    /// layer (`refill_layer`), which took the copies out of the step's tail: 55.9-59.7 tok/s
+    /// against 54.9-60.2 on the H200 (three alternating rounds; the CPU's share 70-72% against
+    /// 65-67%).
     split_step_refill: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),
@@ -831,11 +848,12 @@ impl WgpuBackend {
             replace_margin: replace_margin_fixed.unwrap_or(HOST_REPLACE_MARGIN),
             replace_margin_fixed,
             split: Arc::default(),
+            dispatcher: Arc::default(),
             split_fixed: std::env::var("DISKFORMER_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()),
             split_sync: super::env_flag("DISKFORMER_SPLIT_SYNC"),
             split_host_partition: super::env_flag("DISKFORMER_SPLIT_HOST_PARTITION"),
-            split_mailbox: super::env_flag("DISKFORMER_SPLIT_MAILBOX"),
-            split_step_refill: !super::env_flag("DISKFORMER_SPLIT_LAYER_REFILL"),
+            split_mailbox: !super::env_off("DISKFORMER_SPLIT_MAILBOX"),
+            split_step_refill: super::env_off("DISKFORMER_SPLIT_LAYER_REFILL"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -1032,6 +1050,9 @@ impl WgpuBackend {
         self.experts.as_ref().map(|t| {
             let mut st = lock(&t.state);
             let _ = self.drain_log(t, &mut st);
+            // The split's dispatched layers counted so far (all of them once the output of
+            // their step was read).
+            let _ = self.take_decided(t, &mut st);
             st.stats.clone()
         })
     }
@@ -1840,6 +1861,12 @@ impl WgpuBackend {
 const LOG_MIN_BYTES: u64 = 16 << 10;
 
 impl ExpertTier {
+    /// Whether the CPU computes misses during a step ([`MissPolicy::Cpu`], [`MissPolicy::Auto`],
+    /// [`MissPolicy::Split`]).
+    pub(super) fn computes_on_cpu(&self) -> bool {
+        matches!(self.opts.miss, MissPolicy::Cpu | MissPolicy::Auto | MissPolicy::Split)
+    }
+
     /// Whether misses are read from the host tier ([`MissPolicy::Host`], [`MissPolicy::Split`]).
     pub(super) fn reads_host(&self) -> bool {
         matches!(self.opts.miss, MissPolicy::Host | MissPolicy::Split)
@@ -1999,6 +2026,19 @@ impl WgpuBackend {
     /// Counts one call's selections (`ids`, any order, repeats allowed) of `layer`: policy
     /// scores, hits and misses as the pool stood during the call; misses wait for the refill.
     fn note_selections(&self, tier: &ExpertTier, st: &mut TierState, layer: usize, ids: &[u32]) {
+        self.note_selections_seen(tier, st, layer, ids, None);
+    }
+
+    /// [`Self::note_selections`] with each expert's hit or miss as `missed` says (the pool as
+    /// the call's kernels saw it, when the selections are counted later), else as the pool is.
+    fn note_selections_seen(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        layer: usize,
+        ids: &[u32],
+        missed: Option<&[bool]>,
+    ) {
         st.tick += 1;
         let tick = st.tick;
         let mut used = ids.to_vec();
@@ -2011,15 +2051,17 @@ impl WgpuBackend {
         st.stats[layer].selections += used.len() as u64;
         for e in used {
             let slot = st.slot_of[layer][e as usize];
+            let missed = missed.map_or(slot == NO_SLOT, |m| m[e as usize]);
             if let Some(a) = st.host.admission.as_mut() {
-                a.selected(layer, e as usize, slot != NO_SLOT);
+                a.selected(layer, e as usize, !missed);
             }
             match slot {
-                NO_SLOT => {
+                _ if missed => {
                     st.stats[layer].misses += 1;
                     st.stats[layer].host_reads += 1;
                     st.host.pending_misses.push((layer as u32, e));
                 }
+                NO_SLOT => st.stats[layer].hits += 1,
                 s => {
                     st.stats[layer].hits += 1;
                     st.last_use[s as usize] = tick;
@@ -2098,10 +2140,11 @@ impl WgpuBackend {
     /// Between steps: counts the previous step's selections, then copies its misses from the
     /// host tier into pool slots (a GPU copy, ordered before this step's kernels) where the
     /// policy says they are worth more than the slot's expert (LFU: a higher score; LRU:
-    /// always), and updates the slot table. Under [`MissPolicy::Split`] with
-    /// `DISKFORMER_SPLIT_LAYER_REFILL=1` the copies are made per layer instead, at its split
-    /// call ([`Self::refill_layer`]).
+    /// always), and updates the slot table. Under [`MissPolicy::Split`] the copies are made per
+    /// layer instead, at its split call ([`Self::refill_layer`]), unless
+    /// `DISKFORMER_SPLIT_LAYER_REFILL=0`.
     fn refill_pool(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
+        self.settle_dispatcher(tier, st)?;
         self.drain_log(tier, st)?;
         let adapt = tier.replace_margin_fixed.is_none();
         let admission = st.host.admission.get_or_insert_with(|| admission::Admission::new(tier.replace_margin, adapt));
@@ -2119,9 +2162,8 @@ impl WgpuBackend {
         self.replace_misses(tier, st, misses).map(|_| ())
     }
 
-    /// Under [`MissPolicy::Split`] with `DISKFORMER_SPLIT_LAYER_REFILL=1`, after a layer's CPU
-    /// job started: the replacements of the
-    /// layer's misses (as [`Self::refill_pool`] makes them for the whole step under
+    /// Under [`MissPolicy::Split`] (unless `DISKFORMER_SPLIT_LAYER_REFILL=0`), after a layer's
+    /// CPU job started: the replacements of the layer's misses (as [`Self::refill_pool`] makes them for the whole step under
     /// [`MissPolicy::Host`]), their copies and the slot table's changed rows submitted at once,
     /// so that the GPU makes them while the CPU computes, not before the next step's first
     /// layer (where ~20 copies of 2.5 MiB over the link held its ids back by ~0.8 ms on the

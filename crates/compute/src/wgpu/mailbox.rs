@@ -35,16 +35,21 @@ pub(crate) enum Toward {
 
 /// A buffer in host-visible memory mapped for its whole life (see the module docs).
 pub(crate) struct Mailbox {
-    buffer: wgpu::Buffer,
+    /// The GPU's view of the mapping; `None` for a mailbox in plain host memory (unit tests of
+    /// the host side, `in_host_memory`).
+    buffer: Option<wgpu::Buffer>,
     /// The mapping's first word.
     words: std::ptr::NonNull<AtomicU32>,
     len: usize,
+    /// The words of a mailbox in plain host memory, which `words` points into.
+    #[cfg(test)]
+    _host: Option<Box<[AtomicU32]>>,
 }
 
 // SAFETY: the mapping is plain host memory that stays valid while `buffer` lives (wgpu-hal frees
 // the memory only when the buffer is destroyed, which `buffer`'s drop starts after every
-// submission using it finished), and every access goes through `AtomicU32`, so sharing it
-// between threads is as sound as sharing a `[AtomicU32]`.
+// submission using it finished), or while `_host` does, and every access goes through
+// `AtomicU32`, so sharing it between threads is as sound as sharing a `[AtomicU32]`.
 unsafe impl Send for Mailbox {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Mailbox {}
@@ -133,12 +138,27 @@ impl Mailbox {
         };
         let (buffer, ptr) = made;
         let words = std::ptr::NonNull::new(ptr).ok_or("vkMapMemory returned a null pointer")?;
-        Ok(Some(Mailbox { buffer, words, len: (bytes / 4) as usize }))
+        Ok(Some(Mailbox {
+            buffer: Some(buffer),
+            words,
+            len: (bytes / 4) as usize,
+            #[cfg(test)]
+            _host: None,
+        }))
+    }
+
+    /// A mailbox of `words` zeroed words in plain host memory, with no GPU buffer: for tests of
+    /// the host side, where a thread plays the GPU.
+    #[cfg(test)]
+    pub(crate) fn in_host_memory(words: usize) -> Mailbox {
+        let host: Box<[AtomicU32]> = (0..words.max(1)).map(|_| AtomicU32::new(0)).collect();
+        let words_ptr = std::ptr::NonNull::from(&host[0]);
+        Mailbox { buffer: None, words: words_ptr, len: words, _host: Some(host) }
     }
 
     /// The buffer, to bind or copy into.
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {
-        &self.buffer
+        self.buffer.as_ref().expect("a mailbox made by `Mailbox::new` (host-memory ones exist only in unit tests)")
     }
 
     fn word(&self, i: usize) -> &AtomicU32 {

@@ -835,6 +835,11 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
+/// Whether the environment switches a default-on path off (`NAME=0`).
+fn env_off(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v.trim() == "0")
+}
+
 /// Workgroup counts for `n` groups: x up to 65535, the rest in y.
 fn grid(n: usize) -> [u32; 3] {
     let n = n.max(1);
@@ -1662,6 +1667,13 @@ impl Backend for WgpuBackend {
 
     fn name(&self) -> &'static str {
         "wgpu"
+    }
+
+    fn step_feeds_thread_pool(&self) -> bool {
+        // The split's CPU jobs come once per layer, ~300 us apart on the H200, and the GPU
+        // waits for each: with parked workers they queued 670-1250 us per step there, with
+        // polling ones 150-290 (docs/BENCHMARKS.md, nineteenth session).
+        self.experts.as_ref().is_some_and(|t| t.computes_on_cpu())
     }
 
     fn from_host(&self, data: &[f32], shape: &[usize]) -> Result<WgpuTensor, OpError> {

@@ -30,16 +30,22 @@
 //!    `DISKFORMER_SPLIT_HOST_PARTITION=1` partitions on the host after the readback (the first
 //!    version, A/B). Ids routed on the host (past the GPU router's limits) take that path too.
 //!
-//! With `DISKFORMER_SPLIT_MAILBOX=1` on a Vulkan GPU, steps 1-3 go through two host-mapped
-//! mailboxes instead ([`SplitMailboxes`], `wgpu/mailbox.rs`): a kernel writes the routing and
-//! the hidden state into host memory and then a flag the host polls (no readback's round trip),
-//! and the add of the CPU's sum is a kernel that waits on the GPU for the flag the CPU job
-//! writes after its sum, so the next layer is submitted before the job ends (no submit after
-//! it). The share then moves by whether that kernel had to wait. Off by default until the
-//! CPU jobs' pickup is reliable (see `ExpertTier::split_mailbox`).
+//! On a Vulkan GPU (not a CPU adapter; `DISKFORMER_SPLIT_MAILBOX=0` never), steps 1-3 go
+//! through two host-mapped mailboxes instead ([`SplitMailboxes`], `wgpu/mailbox.rs`), and the
+//! host waits for nothing: it records a kernel that writes the routing and the hidden state into
+//! host memory and then a flag, the GPU's share, a marker of that share's end, and a kernel that
+//! waits on the GPU for the flag the CPU writes after its sum and then adds it (submitted with
+//! the next layer's attention); then it hands the layer to the [`Dispatcher`], a pool task that
+//! polls the flag, decides the CPU's experts, computes them and writes the sum and its flag,
+//! and goes on recording the next layer. What the dispatcher found (the ids, for the statistics
+//! and the pool's replacements) comes back to the host at a later layer (`take_decided`). The
+//! share moves by whether the GPU's share was done (its marker) when the CPU's was. The pool's
+//! workers poll through such a step (`Backend::step_feeds_thread_pool`), so the dispatcher and
+//! the job's parallel regions are taken within microseconds rather than when a parked worker
+//! wakes (see `ExpertTier::split_mailbox`).
 //!
-//! How the share is found: when the CPU's sum is taken, the host polls whether the GPU's queue
-//! is empty. If it is, the CPU was the longer of the two and its share shrinks, otherwise it
+//! How the share is found (the readback path): when the CPU's sum is taken, the host polls
+//! whether the GPU's queue is empty. If it is, the CPU was the longer of the two and its share shrinks, otherwise it
 //! grows, by [`SHARE_STEP`]; a share that rounds to no CPU expert grows too (no join would
 //! measure it). It settles where both finish together, whatever the two memories' rates and the
 //! hit rate are, with no cost model to calibrate. `DISKFORMER_SPLIT_SHARE` fixes it (A/B).
@@ -93,12 +99,14 @@ const MAILBOX_WAIT_ADD: &str = include_str!("../shaders/mailbox_wait_add.wgsl");
 
 /// Calls in flight at once through the mailboxes: a slot's data is written again two calls
 /// later, when the GPU has added it (the next call's flag comes after that add in queue order)
-/// and the host has read it (before it spawned the call's CPU job).
+/// and the dispatcher has read it (before it ran the call's CPU job).
 const MAILBOX_SLOTS: usize = 2;
 /// Words of the down mailbox: the flags at 0..MAILBOX_SLOTS, the sequence number of a wait
-/// that ran out of polls, whether each slot's wait had to poll; the data from `MAILBOX_DATA`.
+/// that ran out of polls, whether each slot's wait had to poll, each slot's call once the GPU
+/// had computed its share; the data from `MAILBOX_DATA`.
 const DOWN_TIMEOUT: usize = 2;
 const DOWN_WAITED: usize = 4;
+const DOWN_GPU_DONE: usize = 8;
 const MAILBOX_DATA: usize = 64;
 
 /// How long the host waits for the GPU's flag before it reports the GPU stuck.
@@ -114,6 +122,204 @@ fn split_wait_spin_limit() -> u32 {
     })
 }
 
+/// Where a dispatched layer's GPU share runs: the pool's matrices, their biases, the slot table
+/// and the layer's row of it, the CPU's share in 256ths.
+pub(super) struct DispatchedPlace<'a> {
+    pub(super) fused: &'a moe::FusedMats<'a>,
+    pub(super) gpu_biases: [Option<&'a WgpuTensor>; 3],
+    pub(super) table: &'a wgpu::Buffer,
+    pub(super) slots_at: u32,
+    pub(super) share_q: u32,
+}
+
+/// A layer handed to the [`Dispatcher`]: its place in the mailboxes and what its CPU job needs
+/// once the GPU's flag says the routing and the hidden state are there.
+struct Handoff {
+    seq: u32,
+    slot: usize,
+    data_at: usize,
+    up: Arc<Mailbox>,
+    down: Arc<Mailbox>,
+    layer: usize,
+    n: usize,
+    n_embd: usize,
+    k: usize,
+    /// Which of the layer's experts missed the pool when its share was recorded (the table
+    /// the GPU's partition reads, in queue order).
+    missed: Vec<bool>,
+    share_q: u32,
+    adapt: bool,
+    store: Arc<dyn crate::backend::ExpertStore>,
+    biases: Arc<HostBiases>,
+    spec: MoeSpec,
+    mode: crate::quant::MatmulMode,
+    shared: Arc<SplitShared>,
+    failed: Arc<std::sync::Mutex<Option<OpError>>>,
+}
+
+/// What the dispatcher found of a layer, for the host's bookkeeping (`take_decided`).
+struct Decided {
+    layer: usize,
+    ids: Vec<u32>,
+    missed: Vec<bool>,
+    n_misses: usize,
+    n_cpu: usize,
+}
+
+/// The split's layers handed over through the mailboxes, and the one pool task at a time that
+/// takes them in order: it polls a layer's flag, decides the CPU's experts by the rule the
+/// GPU's partition applied ([`cpu_misses`]), computes them on its own worker (their parallel
+/// regions on the others) and writes the sum and its flag, which the GPU's add waits for.
+///
+/// Why a task and not the host: the host used to poll each layer's flag itself and record the
+/// next layer only after starting the CPU's job, so its own ~150-190 us of recording and
+/// submitting per layer stood between the CPU's end and the next layer's attention on the H200
+/// about as often as the CPU's job did. Handing the wait to a worker lets the host record ahead.
+#[derive(Default)]
+pub(super) struct Dispatcher {
+    /// Layers not yet taken, and whether a task is taking them (one lock for both, so that a
+    /// layer pushed just as the task finds the queue empty still gets a task).
+    queue: std::sync::Mutex<(std::collections::VecDeque<Handoff>, bool)>,
+    /// What the task found of the layers it took, oldest first, until the host takes it in.
+    decided: std::sync::Mutex<Vec<Decided>>,
+}
+
+impl Dispatcher {
+    fn push(self: &Arc<Self>, h: Handoff) {
+        let mut q = lock(&self.queue);
+        q.0.push_back(h);
+        if !q.1 {
+            q.1 = true;
+            let me = self.clone();
+            rayon::spawn(move || me.run());
+        }
+    }
+
+    /// Whether every layer handed over has been taken.
+    fn idle(&self) -> bool {
+        let q = lock(&self.queue);
+        q.0.is_empty() && !q.1
+    }
+
+    fn run(&self) {
+        loop {
+            let h = {
+                let mut q = lock(&self.queue);
+                match q.0.pop_front() {
+                    Some(h) => h,
+                    None => {
+                        q.1 = false;
+                        return;
+                    }
+                }
+            };
+            self.take(h);
+        }
+    }
+
+    /// One layer: its flag, the CPU's experts, the sum and its flag. Whatever fails, the GPU's
+    /// add gets a flag (with zeros) so that it does not wait for its spin limit, and the error
+    /// goes where the host's next split call or readback returns it.
+    fn take(&self, h: Handoff) {
+        let release = |h: &Handoff, e: Option<OpError>| {
+            if let Some(e) = e {
+                lock(&h.failed).get_or_insert(e);
+            }
+            h.up.write(h.data_at, &vec![0; h.n * h.n_embd]);
+            h.up.store(h.slot, h.seq);
+        };
+        let t_poll = Instant::now();
+        let mut polls = 0u32;
+        while h.down.load(h.slot) != h.seq {
+            std::hint::spin_loop();
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(1024) {
+                if t_poll.elapsed() > HOST_WAIT {
+                    let why = format!(
+                        "the GPU did not hand over call {} in {HOST_WAIT:?} (its flag says {})",
+                        h.seq,
+                        h.down.load(h.slot)
+                    );
+                    release(&h, Some(OpError::Unsupported { op: "moe_ffn (split)", backend: "wgpu", why }));
+                    return;
+                }
+                std::thread::yield_now();
+            }
+        }
+        let seen = Instant::now();
+        h.shared.join_wait_nanos.fetch_add((seen - t_poll).as_nanos() as u64, Ordering::Relaxed);
+        trace::mark("ids", Some(h.layer));
+        let nk = h.n * h.k;
+        let mut words = vec![0u32; 2 * nk + h.n * h.n_embd];
+        h.down.read(h.data_at, &mut words);
+        let ids = words[nk..2 * nk].to_vec();
+        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= h.missed.len()) {
+            let e = OpError::ShapeMismatch {
+                op: "moe_ffn (split)",
+                expected: format!("{nk} expert ids < {}", h.missed.len()),
+                got: vec![bad as usize],
+            };
+            release(&h, Some(e));
+            return;
+        }
+        let is_miss = |e: u32| h.missed[e as usize];
+        let cpu = cpu_misses(&ids, is_miss, h.share_q);
+        let n_misses = {
+            let mut used = ids.clone();
+            used.sort_unstable();
+            used.dedup();
+            used.iter().filter(|&&e| is_miss(e)).count()
+        };
+        let n_cpu = cpu.len();
+        // Before the sum's flag: the host, once it has read the step's output, finds every
+        // layer here.
+        lock(&self.decided).push(Decided {
+            layer: h.layer,
+            ids: ids.clone(),
+            missed: h.missed.clone(),
+            n_misses,
+            n_cpu,
+        });
+        if cpu.is_empty() {
+            release(&h, None);
+            if n_misses > 0 && h.adapt {
+                // No join will measure the balance: the share grows until one does (as on the
+                // readback path).
+                h.shared.step_share(SHARE_STEP);
+            }
+            return;
+        }
+        let weights: Vec<f32> = words[..nk].iter().map(|&b| f32::from_bits(b)).collect();
+        let xs: Vec<f32> = words[2 * nk..].iter().map(|&b| f32::from_bits(b)).collect();
+        let job = CpuJob {
+            store: h.store.clone(),
+            layer: h.layer,
+            experts: cpu,
+            ids,
+            weights,
+            xs,
+            k: h.k,
+            biases: h.biases.clone(),
+            spec: h.spec,
+            mode: h.mode,
+        };
+        match job.run_timed(seen, &h.shared.queued_nanos, &h.shared.cpu_nanos) {
+            Ok(sum) => {
+                // Whether the GPU's share was done before the CPU's: the balance, as a join
+                // measures it on the readback path.
+                let gpu_done = h.down.load(DOWN_GPU_DONE + h.slot) == h.seq;
+                h.up.write(h.data_at, &sum.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+                h.up.store(h.slot, h.seq);
+                h.shared.joined(
+                    JoinSeen { gpu_done, waited: std::time::Duration::ZERO, taken_after: std::time::Duration::ZERO },
+                    h.adapt,
+                );
+            }
+            Err(e) => release(&h, Some(e)),
+        }
+    }
+}
+
 /// The split's two mailboxes (`wgpu/mailbox.rs`): down (system memory) carries a layer's
 /// routing and hidden state to the host, written by `mailbox_signal.wgsl`; up (the GPU's
 /// memory through the BAR) carries the CPU's sum back, added by `mailbox_wait_add.wgsl`, which
@@ -121,13 +327,11 @@ fn split_wait_spin_limit() -> u32 {
 /// CPU's work: the next layer is submitted while the CPU computes (docs/PAGING.md).
 pub(in crate::wgpu) struct SplitMailboxes {
     up: Arc<Mailbox>,
-    down: Mailbox,
+    down: Arc<Mailbox>,
     /// Words of one slot's data.
     slot_words: usize,
     /// The last call's sequence number (flags start at 0, so calls count from 1).
     seq: u32,
-    /// The slot whose wait kernel's "had to poll" word the next call reads.
-    unread_wait: Option<usize>,
 }
 
 /// One call's place in the mailboxes.
@@ -315,35 +519,13 @@ impl WgpuBackend {
         } else {
             None
         };
+        if let Some(call) = mailbox {
+            let biases = self.split_host_biases(st, experts)?;
+            let call_place = DispatchedPlace { fused: &fused, gpu_biases, table: place.table, slots_at, share_q };
+            return self.split_through_mailboxes(tier, st, call, x, routing, experts, spec, call_place, biases);
+        }
         let queued =
-            match &mailbox {
-                Some(call) => {
-                    let mb = st.split_mailboxes.as_ref().expect("made by split_mailbox_call");
-                    self.dispatch(
-                        self.ctx.pipeline_with("mailbox_signal", || MAILBOX_SIGNAL.to_string(), true),
-                        &[&routing.weights.buf.buffer, &x.buf.buffer, mb.down.buffer()],
-                        &[
-                            route_words as u32,
-                            (n * n_embd) as u32,
-                            call.data_at as u32,
-                            call.slot as u32,
-                            call.seq,
-                            0,
-                            0,
-                            0,
-                        ],
-                        [1, 1, 1],
-                    );
-                    // Not submitted yet: the GPU's share goes in the same submission (the host
-                    // sees the flag when it is written, not when the submission is done), one
-                    // submit per layer instead of two (~20-45 us of the host's time each).
-                    None
-                }
-                None => Some(self.queue_tier_readback(
-                    tier,
-                    &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)],
-                )),
-            };
+            self.queue_tier_readback(tier, &[(&routing.weights.buf.buffer, weight_bytes), (&x.buf.buffer, x_bytes)]);
         trace::mark("readback queued", Some(layer));
         let y_gpu = if partitioned_on_gpu {
             let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
@@ -363,20 +545,10 @@ impl WgpuBackend {
             None
         };
         trace::mark("gpu share submitted", Some(layer));
-        let (weights, ids, xs) = match (queued, &mailbox) {
-            (Some(queued), _) => {
-                let parts = self.finish_tier_readback(tier, queued, true)?;
-                let ids = if gpu_routed { le_u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
-                (le_f32s(&parts[0][..4 * nk]), ids, le_f32s(&parts[1]))
-            }
-            (None, Some(call)) => {
-                let mb = st.split_mailboxes.as_ref().expect("made by split_mailbox_call");
-                let words = self.split_mailbox_receive(tier, mb, call, route_words + n * n_embd)?;
-                st.split_mailboxes.as_mut().expect("made by split_mailbox_call").unread_wait = None;
-                let f32s = |w: &[u32]| w.iter().map(|&b| f32::from_bits(b)).collect::<Vec<f32>>();
-                (f32s(&words[..nk]), words[nk..2 * nk].to_vec(), f32s(&words[route_words..]))
-            }
-            (None, None) => unreachable!("a readback is queued unless a mailbox call is"),
+        let (weights, ids, xs) = {
+            let parts = self.finish_tier_readback(tier, queued, true)?;
+            let ids = if gpu_routed { le_u32s(&parts[0][4 * nk..]) } else { routing.ids.clone() };
+            (le_f32s(&parts[0][..4 * nk]), ids, le_f32s(&parts[1]))
         };
         trace::mark("ids", Some(layer));
         if let Some(&bad) = ids.iter().find(|&&e| e as usize >= spec.n_expert) {
@@ -448,52 +620,6 @@ impl WgpuBackend {
             };
             let spawned = Instant::now();
             let (secs, queued) = (tier.split.cpu_nanos.clone(), tier.split.queued_nanos.clone());
-            if let Some(call) = &mailbox {
-                // The sum goes up through the mailbox, and the kernel that adds it waits for it
-                // on the GPU: recorded now, submitted with the next layer before the CPU is done.
-                let mb = st.split_mailboxes.as_mut().expect("made by split_mailbox_call");
-                let up = mb.up.clone();
-                let failed = self.ctx.deferred_error.clone();
-                let (data_at, flag_at, seq) = (call.data_at, call.slot, call.seq);
-                trace::mark("spawn", Some(layer));
-                rayon::spawn(move || {
-                    match job.run_timed(spawned, &queued, &secs) {
-                        Ok(sum) => up.write(data_at, &sum.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()),
-                        Err(e) => {
-                            // The GPU is waiting for the flag whatever happened: it adds zeros,
-                            // and the next readback (or split call) returns the error.
-                            up.write(data_at, &vec![0; job.xs.len()]);
-                            lock(&failed).get_or_insert(e);
-                        }
-                    }
-                    up.store(flag_at, seq);
-                });
-                // The layer's replacements run on the GPU while the CPU computes (before the add).
-                self.refill_layer(tier, st, layer)?;
-                let mb = st.split_mailboxes.as_mut().expect("made by split_mailbox_call");
-                let out = self.alloc("moe split sum", &[n, n_embd])?;
-                let spin_limit = split_wait_spin_limit();
-                self.dispatch(
-                    self.ctx.pipeline_with("mailbox_wait_add", || MAILBOX_WAIT_ADD.to_string(), true),
-                    &[mb.up.buffer(), &y.buf.buffer, &out.buf.buffer, mb.down.buffer()],
-                    &[
-                        flag_at as u32,
-                        data_at as u32,
-                        (n * n_embd) as u32,
-                        seq,
-                        spin_limit,
-                        DOWN_TIMEOUT as u32,
-                        (DOWN_WAITED + call.slot) as u32,
-                        0,
-                    ],
-                    [(n * n_embd).div_ceil(2048).clamp(1, 64) as u32, 1, 1],
-                );
-                mb.unread_wait = Some(call.slot);
-                trace::mark("split end", Some(layer));
-                self.split_profile(tier, t_read, t_decided, t_submitted, n_misses, n_cpu);
-                lock(&tier.profile).split_mailbox_layers += 1;
-                return Ok(out);
-            }
             let cpu_sum = self.alloc("moe cpu experts", &[n, n_embd])?;
             let (send, result) = std::sync::mpsc::channel();
             trace::mark("spawn", Some(layer));
@@ -590,7 +716,7 @@ impl WgpuBackend {
             // Earlier calls' kernels and jobs hold the old ones until they are done; the new
             // ones start from sequence number 0, and every earlier wait was recorded before.
             st.split_mailboxes =
-                Some(SplitMailboxes { up: Arc::new(up), down, slot_words: words, seq: 0, unread_wait: None });
+                Some(SplitMailboxes { up: Arc::new(up), down: Arc::new(down), slot_words: words, seq: 0 });
         }
         let mb = st.split_mailboxes.as_mut().expect("made above");
         mb.seq = mb.seq.wrapping_add(1).max(1);
@@ -614,63 +740,170 @@ impl WgpuBackend {
         None
     }
 
-    /// Waits for the call's flag in the down mailbox and reads its `words` of data; also reads
-    /// whether the previous call's wait had to poll, which moves the CPU's share as a join does.
-    fn split_mailbox_receive(
+    /// A decode layer through the mailboxes: its hand-over, the GPU's share and a marker of that
+    /// share's end are recorded and submitted, the add of the CPU's sum (a kernel that waits for
+    /// it on the GPU) recorded to go with the next layer, and the layer goes to the dispatcher
+    /// ([`Dispatcher`]),
+    /// which takes it when the GPU's flag is up, decides the CPU's experts, computes them and
+    /// writes the sum. The host returns at once and records the next layer while the GPU
+    /// computes this one's attention: it waits for nothing here. What the dispatcher found of
+    /// earlier layers (their ids, for the statistics and the pool's replacements) is taken in
+    /// after this layer's share is recorded, so the replacements' copies run while the GPU
+    /// waits for the CPU, not ahead of the hand-over.
+    #[allow(clippy::too_many_arguments)] // moe_ffn's inputs, the tier, its state and the call's place
+    fn split_through_mailboxes(
         &self,
         tier: &ExpertTier,
-        mb: &SplitMailboxes,
-        call: &MailboxCall,
-        words: usize,
-    ) -> Result<Vec<u32>, OpError> {
-        let t0 = Instant::now();
-        let mut polls = 0u32;
-        while mb.down.load(call.slot) != call.seq {
-            // The previous call's CPU job went into this thread's queue: run it here if no
-            // worker took it yet (they may sleep; the GPU waits for it before handing this
-            // call over).
-            if rayon::yield_local().is_none() {
-                std::hint::spin_loop();
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(1024) {
-                if t0.elapsed() > HOST_WAIT {
-                    return Err(OpError::Unsupported {
-                        op: "moe_ffn (split)",
-                        backend: "wgpu",
-                        why: format!(
-                            "the GPU did not hand over call {} in {:?} (its flag says {})",
-                            call.seq,
-                            HOST_WAIT,
-                            mb.down.load(call.slot)
-                        ),
-                    });
-                }
-                // Now and then, other workers' queues too.
-                rayon::yield_now();
-            }
-        }
-        let mut words_out = vec![0u32; words];
-        mb.down.read(call.data_at, &mut words_out);
+        st: &mut TierState,
+        call: MailboxCall,
+        x: &WgpuTensor,
+        routing: &Routing<Self>,
+        experts: &Experts<Self>,
+        spec: &MoeSpec,
+        place: DispatchedPlace<'_>,
+        biases: Arc<HostBiases>,
+    ) -> Result<WgpuTensor, OpError> {
+        let layer = experts.layer;
+        let (n, n_embd, k) = (x.rows(), x.width(), routing.k);
+        let nk = n * k;
+        let route_words = 2 * nk;
+        let t_start = Instant::now();
+        let (up, down) = {
+            let mb = st.split_mailboxes.as_ref().expect("made by split_mailbox_call");
+            (mb.up.clone(), mb.down.clone())
+        };
+        let signal = self.ctx.pipeline_with("mailbox_signal", || MAILBOX_SIGNAL.to_string(), true);
+        self.dispatch(
+            signal.clone(),
+            &[&routing.weights.buf.buffer, &x.buf.buffer, down.buffer()],
+            &[route_words as u32, (n * n_embd) as u32, call.data_at as u32, call.slot as u32, call.seq, 0, 0, 0],
+            [1, 1, 1],
+        );
+        // The GPU's share, by the same rule the dispatcher applies to the same table (taken now,
+        // in queue order with the table's updates).
+        let missed: Vec<bool> = st.slot_of[layer].iter().map(|&s| s == NO_SLOT).collect();
+        let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
+        self.dispatch(
+            // Workgroup memory written before it is read (the shader's phase 1).
+            self.ctx.pipeline_with("moe_split_partition", partition_source, true),
+            &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer],
+            &[nk as u32, nk as u32, place.slots_at, place.share_q],
+            [1, 1, 1],
+        );
+        let table = PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
+        let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?;
+        // The share's end marked for the dispatcher, which balances the CPU's share by it: the
+        // marker reads `y`, so it runs after every kernel that wrote it.
+        self.dispatch(
+            signal,
+            &[&routing.weights.buf.buffer, &y.buf.buffer, down.buffer()],
+            &[0, 0, 0, (DOWN_GPU_DONE + call.slot) as u32, call.seq, 0, 0, 0],
+            [1, 1, 1],
+        );
+        // Submitted now: the GPU computes its share while the hand-over travels.
         {
-            let mut prof = lock(&tier.profile);
-            prof.readback_wait_secs += t0.elapsed().as_secs_f64();
-            prof.readbacks += 1;
+            let mut p = lock(&self.ctx.pending);
+            self.ctx.flush_locked(&mut p);
         }
-        if let Some(prev) = mb.unread_wait {
-            // The previous call's add ran before this call's hand-over (queue order).
-            let gpu_waited = mb.down.load(DOWN_WAITED + prev) == 1;
-            let adapt = tier.split_fixed.is_none();
-            tier.split.joined(
-                JoinSeen {
-                    gpu_done: gpu_waited,
-                    waited: std::time::Duration::ZERO,
-                    taken_after: std::time::Duration::ZERO,
-                },
-                adapt,
-            );
+        // Earlier layers' replacements, in their own submission after this share (the flush in
+        // `refill_layer`): their copies run while the GPU waits for the CPU.
+        self.take_decided(tier, st)?;
+        let out = self.alloc("moe split sum", &[n, n_embd])?;
+        self.dispatch(
+            self.ctx.pipeline_with("mailbox_wait_add", || MAILBOX_WAIT_ADD.to_string(), true),
+            &[up.buffer(), &y.buf.buffer, &out.buf.buffer, down.buffer()],
+            &[
+                call.slot as u32,
+                call.data_at as u32,
+                (n * n_embd) as u32,
+                call.seq,
+                split_wait_spin_limit(),
+                DOWN_TIMEOUT as u32,
+                (DOWN_WAITED + call.slot) as u32,
+                0,
+            ],
+            [(n * n_embd).div_ceil(2048).clamp(1, 64) as u32, 1, 1],
+        );
+        // The add stays in the pending commands, submitted with the next layer's attention: the
+        // GPU goes from the CPU's sum to that attention within one submission (a submission's
+        // end between them cost ~60 us per layer on the H200, nineteenth session's call 5).
+        let t_submitted = Instant::now();
+        tier.dispatcher.push(Handoff {
+            seq: call.seq,
+            slot: call.slot,
+            data_at: call.data_at,
+            up,
+            down,
+            layer,
+            n,
+            n_embd,
+            k,
+            missed,
+            share_q: place.share_q,
+            adapt: tier.split_fixed.is_none(),
+            store: tier.store.clone(),
+            biases,
+            spec: *spec,
+            mode: tier.opts.cpu_matmul,
+            shared: tier.split.clone(),
+            failed: self.ctx.deferred_error.clone(),
+        });
+        trace::mark("split end", Some(layer));
+        let mut prof = lock(&tier.profile);
+        prof.calls += 1;
+        prof.record_secs += (t_submitted - t_start).as_secs_f64();
+        prof.split_layers += 1;
+        prof.split_mailbox_layers += 1;
+        Ok(out)
+    }
+
+    /// Takes in what the dispatcher found of the layers it has taken since the last call: their
+    /// selections counted, the CPU's experts in the statistics, and each layer's pool
+    /// replacements made (`refill_layer`).
+    pub(super) fn take_decided(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
+        let decided = std::mem::take(&mut *lock(&tier.dispatcher.decided));
+        for d in decided {
+            self.note_selections_seen(tier, st, d.layer, &d.ids, Some(&d.missed));
+            let s = &mut st.stats[d.layer];
+            s.host_reads -= d.n_cpu as u64;
+            s.cpu_computed += d.n_cpu as u64;
+            {
+                let mut prof = lock(&tier.profile);
+                prof.split_misses += d.n_misses as u64;
+                prof.split_cpu_experts += d.n_cpu as u64;
+                prof.cpu_secs = tier.split.cpu_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+                prof.split_gpu_first = tier.split.gpu_first.load(Ordering::Relaxed);
+                prof.split_joins = tier.split.joins.load(Ordering::Relaxed);
+                prof.split_queued_secs = tier.split.queued_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+                prof.split_join_wait_secs = tier.split.join_wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+            }
+            self.refill_layer(tier, st, d.layer)?;
         }
-        Ok(words_out)
+        Ok(())
+    }
+
+    /// Between steps: waits until the dispatcher has taken every layer handed to it (the host
+    /// has read the step's output, so the GPU has written every flag), then takes in what it
+    /// found. A layer it could not take (the GPU gave no flag in [`HOST_WAIT`]) left its error.
+    pub(super) fn settle_dispatcher(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
+        let t0 = Instant::now();
+        while !tier.dispatcher.idle() {
+            if t0.elapsed() > HOST_WAIT + std::time::Duration::from_secs(1) {
+                return Err(OpError::Unsupported {
+                    op: "moe_ffn (split)",
+                    backend: "wgpu",
+                    why: format!("the split's dispatcher still had layers after {HOST_WAIT:?}"),
+                });
+            }
+            if rayon::yield_now().is_none() {
+                std::thread::yield_now();
+            }
+        }
+        self.take_decided(tier, st)?;
+        if let Some(e) = lock(&self.ctx.deferred_error).take() {
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// The layer's expert biases on the host, read back on its first split call.
@@ -719,6 +952,236 @@ mod tests {
         assert_eq!(share_in_256ths(0.02), 5);
         assert_eq!(share_in_256ths(-1.0), 0);
         assert_eq!(share_in_256ths(2.0), 256);
+    }
+
+    /// f32 experts of one layer (gate and up `[n_ff, n_embd]`, down `[n_embd, n_ff]`), failing
+    /// every read of the layers in `fail_layers` as a disk would.
+    #[derive(Debug)]
+    struct F32Store {
+        n_embd: usize,
+        n_ff: usize,
+        gate: Vec<Vec<f32>>,
+        up: Vec<Vec<f32>>,
+        down: Vec<Vec<f32>>,
+        fail_layers: Vec<usize>,
+    }
+
+    impl crate::backend::ExpertStore for F32Store {
+        fn with_host_experts(
+            &self,
+            layer: usize,
+            ids: &[u32],
+            compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+        ) -> Result<(), OpError> {
+            if self.fail_layers.contains(&layer) {
+                return Err(OpError::Unsupported { op: "store", backend: "test", why: "disk unplugged".into() });
+            }
+            fn m(v: &[f32], n_out: usize, k: usize) -> crate::backend::HostMatrix<'_> {
+                crate::backend::HostMatrix { dtype: gguf::GgmlType::F32, bytes: bytemuck::cast_slice(v), n_out, k }
+            }
+            let (n_embd, n_ff) = (self.n_embd, self.n_ff);
+            let experts: Vec<HostExpert<'_>> = ids
+                .iter()
+                .map(|&e| {
+                    let e_ = e as usize;
+                    HostExpert {
+                        id: e,
+                        gate: Some(m(&self.gate[e_], n_ff, n_embd)),
+                        up: m(&self.up[e_], n_ff, n_embd),
+                        down: m(&self.down[e_], n_embd, n_ff),
+                    }
+                })
+                .collect();
+            compute(&experts)
+        }
+    }
+
+    /// The dispatcher against a thread playing the GPU, through mailboxes in host memory: the
+    /// GPU hands over a call's routing and hidden state, then (as its queue would) waits for
+    /// the CPU's sum before handing over the next. Each sum must be the CPU's experts (the
+    /// partition rule on the misses of the call's snapshot) computed by hand in f32; a call
+    /// whose store fails or whose ids are out of range must still get its flag, with zeros, and
+    /// leave its error; the share's rule must count the GPU's marker; every call that got its
+    /// ids must come back for the host's bookkeeping, in order.
+    #[test]
+    fn dispatcher_answers_each_hand_over_in_order() {
+        let (n_embd, n_ff, n_expert, k) = (32usize, 16usize, 8usize, 4usize);
+        let mut seed = 0x2545f4914f6cdd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let mat = |rnd: &mut dyn FnMut() -> f32, n: usize| (0..n).map(|_| rnd()).collect::<Vec<f32>>();
+        let store = Arc::new(F32Store {
+            n_embd,
+            n_ff,
+            gate: (0..n_expert).map(|_| mat(&mut rnd, n_ff * n_embd)).collect(),
+            up: (0..n_expert).map(|_| mat(&mut rnd, n_ff * n_embd)).collect(),
+            down: (0..n_expert).map(|_| mat(&mut rnd, n_embd * n_ff)).collect(),
+            fail_layers: vec![3],
+        });
+        // The reference: silu(gate · x) * (up · x), then down, weighted, summed, in f64.
+        let expert_out = |e: usize, x: &[f32]| -> Vec<f64> {
+            let dot = |row: &[f32], v: &[f64]| row.iter().zip(v).map(|(&a, &b)| a as f64 * b).sum::<f64>();
+            let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let h: Vec<f64> = (0..n_ff)
+                .map(|r| {
+                    let g = dot(&store.gate[e][r * n_embd..(r + 1) * n_embd], &xd);
+                    let u = dot(&store.up[e][r * n_embd..(r + 1) * n_embd], &xd);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            (0..n_embd).map(|r| dot(&store.down[e][r * n_ff..(r + 1) * n_ff], &h)).collect()
+        };
+
+        struct Call {
+            layer: usize,
+            ids: Vec<u32>,
+            weights: Vec<f32>,
+            x: Vec<f32>,
+            missed: Vec<bool>,
+            share_q: u32,
+            gpu_done_first: bool,
+            failed: Arc<std::sync::Mutex<Option<OpError>>>,
+        }
+        // Layers 0..6: layer 3's store fails, layer 5 names expert 99 of 8, layer 4 gives the
+        // CPU no share; odd layers' GPU shares are done before the CPU's.
+        let calls: Vec<Call> = (0..6)
+            .map(|layer| {
+                let mut ids: Vec<u32> = vec![(layer % n_expert) as u32, 2, 5, 7];
+                if layer == 5 {
+                    ids[1] = 99;
+                }
+                Call {
+                    layer,
+                    ids,
+                    weights: (0..k).map(|_| rnd() + 0.6).collect(),
+                    x: mat(&mut rnd, n_embd),
+                    missed: (0..n_expert).map(|e| e % 3 != layer % 3).collect(),
+                    share_q: if layer == 4 { 0 } else { 128 + 40 * (layer as u32 % 3) },
+                    gpu_done_first: layer % 2 == 1,
+                    failed: Arc::default(),
+                }
+            })
+            .collect();
+
+        let words = 2 * k + n_embd;
+        let up = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * words));
+        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * words));
+        let shared = Arc::new(SplitShared::default());
+        let dispatcher = Arc::new(Dispatcher::default());
+        let biases = Arc::new(HostBiases { gate: None, up: None, down: None });
+        let spec = MoeSpec { n_expert, n_ff, glu: crate::spec::Glu::Plain(crate::spec::Act::Silu) };
+        let place = |c: usize| {
+            let seq = c as u32 + 1;
+            let slot = seq as usize % MAILBOX_SLOTS;
+            (seq, slot, MAILBOX_DATA + slot * words)
+        };
+        // Handed over before the GPU has written anything: the dispatcher waits for each flag.
+        for (c, call) in calls.iter().enumerate() {
+            let (seq, slot, data_at) = place(c);
+            dispatcher.push(Handoff {
+                seq,
+                slot,
+                data_at,
+                up: up.clone(),
+                down: down.clone(),
+                layer: call.layer,
+                n: 1,
+                n_embd,
+                k,
+                missed: call.missed.clone(),
+                share_q: call.share_q,
+                adapt: false,
+                store: store.clone(),
+                biases: biases.clone(),
+                spec,
+                mode: crate::quant::MatmulMode::Exact,
+                shared: shared.clone(),
+                failed: call.failed.clone(),
+            });
+        }
+        // The GPU: a call's hand-over only after the previous call's sum (queue order).
+        let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut sums = Vec::new();
+                for (c, call) in calls.iter().enumerate() {
+                    let (seq, slot, data_at) = place(c);
+                    let mut data: Vec<u32> = call.weights.iter().map(|w| w.to_bits()).collect();
+                    data.extend(&call.ids);
+                    data.extend(call.x.iter().map(|v| v.to_bits()));
+                    down.write(data_at, &data);
+                    if call.gpu_done_first {
+                        down.store(DOWN_GPU_DONE + slot, seq);
+                    }
+                    down.store(slot, seq);
+                    up.wait_for(slot, seq, std::time::Duration::from_secs(30)).expect("the CPU's flag within 30 s");
+                    let mut sum = vec![0u32; n_embd];
+                    up.read(data_at, &mut sum);
+                    sums.push(sum.iter().map(|&b| f32::from_bits(b)).collect());
+                }
+                sums
+            })
+            .join()
+            .expect("the GPU's thread")
+        });
+
+        let t0 = Instant::now();
+        while !dispatcher.idle() {
+            assert!(t0.elapsed().as_secs() < 30, "the dispatcher still busy after every flag");
+            std::thread::yield_now();
+        }
+        let mut want_joins = 0;
+        let mut want_gpu_first = 0;
+        for (c, call) in calls.iter().enumerate() {
+            let got = &sums[c];
+            let err = lock(&call.failed).take();
+            match call.layer {
+                3 | 5 => {
+                    assert!(got.iter().all(|&v| v == 0.0), "layer {}: zeros after a failure, got {got:?}", call.layer);
+                    let e = err.unwrap_or_else(|| panic!("layer {}: no error left", call.layer)).to_string();
+                    let expect = if call.layer == 3 { "disk unplugged" } else { "99" };
+                    assert!(e.contains(expect), "layer {}: {e}", call.layer);
+                }
+                _ => {
+                    assert!(err.is_none(), "layer {}: {err:?}", call.layer);
+                    let cpu = cpu_misses(&call.ids, |e| call.missed[e as usize], call.share_q);
+                    if call.layer == 4 {
+                        assert!(cpu.is_empty());
+                    }
+                    let mut want = vec![0f64; n_embd];
+                    for &e in &cpu {
+                        let w = call.weights[call.ids.iter().position(|&i| i == e).unwrap()] as f64;
+                        for (o, v) in want.iter_mut().zip(expert_out(e as usize, &call.x)) {
+                            *o += w * v;
+                        }
+                    }
+                    for (r, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                            "layer {} row {r}: {g} vs {w}",
+                            call.layer
+                        );
+                    }
+                    if !cpu.is_empty() {
+                        want_joins += 1;
+                        want_gpu_first += call.gpu_done_first as u64;
+                    }
+                }
+            }
+        }
+        assert_eq!(shared.joins.load(Ordering::Relaxed), want_joins, "a join per CPU job");
+        assert_eq!(shared.gpu_first.load(Ordering::Relaxed), want_gpu_first, "the GPU's marker read at each join");
+        let decided = std::mem::take(&mut *lock(&dispatcher.decided));
+        let layers: Vec<usize> = decided.iter().map(|d| d.layer).collect();
+        assert_eq!(layers, vec![0, 1, 2, 3, 4], "every call with valid ids, in order (not layer 5's)");
+        for d in &decided {
+            let call = &calls[d.layer];
+            assert_eq!(d.ids, call.ids);
+            assert_eq!(d.n_cpu, cpu_misses(&call.ids, |e| call.missed[e as usize], call.share_q).len());
+        }
     }
 
     /// The partition kernel parses and validates (naga) at the per-pair kernels' pair limit.
