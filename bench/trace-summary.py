@@ -11,6 +11,11 @@ submit, the trip from the readback's submit to the ids on the host, the CPU job'
 run, and the critical path from one layer's submit to the next; plus what each step spends
 before its first MoE layer (the refills) and after its last (the token's readback and the next
 step's first recording).
+
+Through the mailboxes (the default on a Vulkan GPU) the host hands each layer to the dispatcher
+task and waits for nothing; the phases are then the dispatcher's (the chain from a CPU job's end
+to the next layer's ids, the ids to the job's start, the job) and the host's (its recording per
+layer, and how far ahead of the CPU it submits the next layer).
 """
 import collections
 import statistics
@@ -53,6 +58,33 @@ def layers_of(step):
     return per, jobs
 
 
+def dispatched_phases(per, jobs, phases):
+    """Per layer of a step through the mailboxes: the dispatcher's marks ("ids", "job start",
+    "job end") and the host's ("split", its first submit, "split end")."""
+    for layer, p in sorted(per.items()):
+        job, nxt = jobs.get(layer, {}), per.get(layer + 1, {})
+        try:
+            phases["host: split call to its submit"].append(p["submitted 1"] - p["split"])
+            phases["host: split call"].append(p["split end"] - p["split"])
+            if "split" in nxt:
+                phases["host: records the next layer's attention"].append(nxt["split"] - p["split end"])
+            if "ids" in p:
+                phases["share submitted -> ids at the dispatcher"].append(p["ids"] - p["submitted 1"])
+            if "job start" in job and "job end" in job:
+                phases["ids -> CPU job start"].append(job["job start"] - p["ids"])
+                phases["CPU job runs"].append(job["job end"] - job["job start"])
+                if "ids" in nxt:
+                    phases["chain: CPU job end -> next layer's ids"].append(nxt["ids"] - job["job end"])
+                if "submitted 1" in nxt:
+                    phases["host ahead: next layer submitted before the job's end"].append(
+                        job["job end"] - nxt["submitted 1"]
+                    )
+            if "ids" in p and "ids" in nxt:
+                phases["critical path: ids -> next layer's ids"].append(nxt["ids"] - p["ids"])
+        except KeyError:
+            phases["layers with marks missing"].append(0.0)
+
+
 def main():
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help"):
@@ -68,6 +100,7 @@ def main():
     if len(starts) < skip + 2:
         sys.exit(f"{args[0]}: {len(starts)} steps, fewer than --skip-steps {skip} + 2")
     phases = collections.defaultdict(list)
+    dispatched = not any(m[3] == "readback queued" for m in marks)
     step_us = []
     for a, b in zip(starts[skip:], starts[skip + 1 :]):
         step = marks[a:b]
@@ -78,6 +111,9 @@ def main():
             continue
         phases["step start -> first MoE call (refills)"].append(min(p["split"] for p in per.values()) - t0)
         phases["last MoE call's end -> next step"].append(t1 - max(p.get("split end", t0) for p in per.values()))
+        if dispatched:
+            dispatched_phases(per, jobs, phases)
+            continue
         for layer, p in sorted(per.items()):
             try:
                 encoded, submitted = p["encoded 1"], p["submitted 1"]
