@@ -287,37 +287,39 @@ impl TierProfile {
             )
         } else {
             String::new()
-        } + &if self.split_mailbox_layers > 0 {
-            format!(
-                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU's share was done before the CPU's in {:.1}% of {} layers \
-                 ({} of {} layers through the mailboxes); per step, us: the CPU's dispatcher waiting for the GPU's hand-overs {:.0}, \
-                 from a hand-over to its CPU job's start {:.0}\n",
+        } + &if self.split_layers > 0 {
+            let shares = format!(
+                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU{} in {:.1}% of {} layers ({} of {} layers \
+                 through the mailboxes",
                 100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
                 self.split_misses as f64 / self.steps.max(1) as f64,
+                if self.split_mailbox_layers > 0 {
+                    "'s share was done before the CPU's"
+                } else {
+                    " was done when its sum was taken"
+                },
                 100.0 * self.split_gpu_first as f64 / self.split_joins.max(1) as f64,
                 self.split_joins,
                 self.split_mailbox_layers,
                 self.split_layers,
-                per(self.split_join_wait_secs),
-                per(self.split_queued_secs),
-            )
-        } else if self.split_layers > 0 {
-            format!(
-                "split: the CPU computed {:.1}% of {:.1} misses per step, the GPU was done when its sum was taken in {:.1}% of {} layers \
-                 ({} of {} layers through the mailboxes, where the GPU waits for the sum); \
-                 per step, us: CPU jobs queued {:.0}, host waiting at the joins {:.0}, results taken {:.0} after they were there, \
-                 submits returning {:.0} after the joins\n",
-                100.0 * self.split_cpu_experts as f64 / self.split_misses.max(1) as f64,
-                self.split_misses as f64 / self.steps.max(1) as f64,
-                100.0 * self.split_gpu_first as f64 / self.split_joins.max(1) as f64,
-                self.split_joins,
-                self.split_mailbox_layers,
-                self.split_layers,
-                per(self.split_queued_secs),
-                per(self.split_join_wait_secs),
-                per(self.split_noticed_secs),
-                per(self.submit_after_join_secs),
-            )
+            );
+            if self.split_mailbox_layers > 0 {
+                format!(
+                    "{shares}); per step, us: the CPU's dispatcher waiting for the GPU's hand-overs {:.0}, from a hand-over \
+                     to its CPU job's start {:.0}\n",
+                    per(self.split_join_wait_secs),
+                    per(self.split_queued_secs),
+                )
+            } else {
+                format!(
+                    "{shares}); per step, us: CPU jobs queued {:.0}, host waiting at the joins {:.0}, results taken {:.0} \
+                     after they were there, submits returning {:.0} after the joins\n",
+                    per(self.split_queued_secs),
+                    per(self.split_join_wait_secs),
+                    per(self.split_noticed_secs),
+                    per(self.submit_after_join_secs),
+                )
+            }
         } else {
             String::new()
         }
