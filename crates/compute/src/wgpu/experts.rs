@@ -2053,12 +2053,12 @@ impl WgpuBackend {
         st.stats[layer].selections += used.len() as u64;
         for e in used {
             let slot = st.slot_of[layer][e as usize];
-            let missed = missed.map_or(slot == NO_SLOT, |m| m[e as usize]);
+            let is_miss = missed.map_or(slot == NO_SLOT, |m| m[e as usize]);
             if let Some(a) = st.host.admission.as_mut() {
-                a.selected(layer, e as usize, !missed);
+                a.selected(layer, e as usize, !is_miss);
             }
             match slot {
-                _ if missed => {
+                _ if is_miss => {
                     st.stats[layer].misses += 1;
                     st.stats[layer].host_reads += 1;
                     st.host.pending_misses.push((layer as u32, e));
