@@ -429,6 +429,11 @@ struct HostTierState {
     log_used: u64,
     /// Misses (layer, expert) seen since the last refill, in order.
     pending_misses: Vec<(u32, u32)>,
+    /// Under [`MissPolicy::Split`], layers whose replacements wait for a later split call: the
+    /// ones the dispatcher finished after the host's last split call of a step, taken in at the
+    /// next step's start ([`WgpuBackend::settle_dispatcher`]), where their copies and
+    /// submissions would sit between the step's first layer and its GPU.
+    deferred_refills: std::collections::VecDeque<usize>,
     /// Experts copied into the pool in this step (at most `refill_max`).
     refills_this_step: usize,
     /// Under LFU, the margin a miss's score must exceed a pooled expert's by to replace it,
@@ -489,6 +494,11 @@ pub(super) struct ExpertTier {
     /// against 54.9-60.2 on the H200 (three alternating rounds; the CPU's share 70-72% against
     /// 65-67%).
     split_step_refill: bool,
+    /// Under [`MissPolicy::Split`], a step's start defers the replacements of the layers the
+    /// dispatcher finished after the previous step's last split call to the step's split calls
+    /// ([`WgpuBackend::settle_dispatcher`]); `DISKFORMER_SPLIT_DEFER_REFILLS=0` makes them at
+    /// the step's start, as before (A/B runs).
+    split_defer_refills: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),
     /// moved by the replacements' measured yield ([`admission`]) unless
@@ -856,6 +866,7 @@ impl WgpuBackend {
             split_host_partition: super::env_flag("DISKFORMER_SPLIT_HOST_PARTITION"),
             split_mailbox: !super::env_off("DISKFORMER_SPLIT_MAILBOX"),
             split_step_refill: super::env_off("DISKFORMER_SPLIT_LAYER_REFILL"),
+            split_defer_refills: !super::env_off("DISKFORMER_SPLIT_DEFER_REFILLS"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -1054,7 +1065,7 @@ impl WgpuBackend {
             let _ = self.drain_log(t, &mut st);
             // The split's dispatched layers counted so far (all of them once the output of
             // their step was read).
-            let _ = self.take_decided(t, &mut st);
+            let _ = self.take_decided(t, &mut st, false);
             st.stats.clone()
         })
     }
@@ -2172,8 +2183,18 @@ impl WgpuBackend {
     /// H200). Each later layer's partition and the host's (`cpu_misses`) read the new table
     /// alike: both come after this in the queue and on the host.
     fn refill_layer(&self, tier: &ExpertTier, st: &mut TierState, layer: usize) -> Result<(), OpError> {
+        if self.record_layer_refill(tier, st, layer)? {
+            let mut p = lock(&self.ctx.pending);
+            self.ctx.flush_locked(&mut p);
+        }
+        Ok(())
+    }
+
+    /// [`Self::refill_layer`] without its submission: records `layer`'s replacements and the
+    /// slot table's changed rows; true when it recorded any.
+    fn record_layer_refill(&self, tier: &ExpertTier, st: &mut TierState, layer: usize) -> Result<bool, OpError> {
         if tier.split_step_refill {
-            return Ok(());
+            return Ok(false);
         }
         let mut mine = Vec::new();
         st.host.pending_misses.retain(|&(l, e)| {
@@ -2184,10 +2205,10 @@ impl WgpuBackend {
             !of_layer
         });
         if mine.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let was_dirty = st.host.table_dirty;
-        let Some((lo, hi)) = self.replace_misses(tier, st, mine)? else { return Ok(()) };
+        let Some((lo, hi)) = self.replace_misses(tier, st, mine)? else { return Ok(false) };
         if was_dirty {
             self.write_slot_table(st)?;
         } else if let Some(table) = st.host.table_gpu.clone() {
@@ -2196,9 +2217,7 @@ impl WgpuBackend {
             self.copy(&staged.buffer, 0, &table, 16 * lo as u64, bytes.len() as u64);
             st.host.table_dirty = false;
         }
-        let mut p = lock(&self.ctx.pending);
-        self.ctx.flush_locked(&mut p);
-        Ok(())
+        Ok(true)
     }
 
     /// Copies `misses` from the host tier into pool slots where the policy says they are worth

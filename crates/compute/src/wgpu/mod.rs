@@ -1768,6 +1768,7 @@ impl Backend for WgpuBackend {
         if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.n_rows) {
             return Err(OpError::BadTokenId { id, n_vocab: table.n_rows });
         }
+        trace::mark("get_rows", None);
         let k = table.k;
         let y = self.alloc("get_rows", &[ids.len(), k])?;
         let idb = self.upload("get_rows ids", bytemuck::cast_slice(ids))?;
