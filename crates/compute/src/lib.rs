@@ -13,6 +13,7 @@ mod error;
 pub mod quant;
 pub mod spec;
 mod tier_stats;
+pub mod trace;
 mod weight;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;

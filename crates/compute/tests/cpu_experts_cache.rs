@@ -118,6 +118,32 @@ fn perf_cpu_experts_from_ram_and_cache() {
         touched = touched.min(per(sums[2]));
         touch = touch.min(per(sums[3]));
     }
+    // Where a call's time goes: one more pass from RAM, each call timed inside; then the same
+    // from a pool worker while the others poll, as the split's dispatcher calls it
+    // (`warm::run_step`): there no call wakes a thread or waits for one to wake it.
+    compute::quant::experts_timing::enable();
+    for _ in 0..pool / per_call {
+        call(next);
+        next = (next + per_call) % pool;
+    }
+    println!(
+        "from the test's thread, {}",
+        compute::quant::experts_timing::summary(&compute::quant::experts_timing::take())
+    );
+    let polled = compute::cpu::warm::run_step(|| {
+        compute::quant::experts_timing::enable();
+        let mut secs = 0.0;
+        for _ in 0..pool / per_call {
+            secs += call(next);
+            next = (next + per_call) % pool;
+        }
+        (1e6 * secs / (pool / per_call) as f64, compute::quant::experts_timing::take())
+    });
+    println!(
+        "from a pool worker, others polling ({:.1} us a call), {}",
+        polled.0,
+        compute::quant::experts_timing::summary(&polled.1)
+    );
     let gbs = |us: f64| (per_call * bytes_per_expert) as f64 / us / 1e3;
     println!(
         "{} threads, {per_call} experts of {:.2} MB per call (pool {pool}, {:.0} MB): ram {ram:.1} us ({:.1} GB/s), \

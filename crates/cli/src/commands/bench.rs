@@ -162,6 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
         println!("{j}");
         crate::commands::load::report_stats(&margs, &m);
+        print_experts_timing();
         return Ok(());
     }
     let depth = if args.n_depth > 0 { format!(" @ d{}", args.n_depth) } else { String::new() };
@@ -188,6 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for line in compute::wgpu::profile_reports() {
         eprintln!("{line}");
     }
+    print_experts_timing();
     // DISKFORMER_TRACE=FILE: the host's timeline of GPU work.
     #[cfg(feature = "gpu")]
     match compute::wgpu::write_trace() {
@@ -196,6 +198,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => {}
     }
     Ok(())
+}
+
+/// `DISKFORMER_EXPERTS_TIMING=1`: where the CPU's expert jobs spent their time, on stderr.
+fn print_experts_timing() {
+    if compute::quant::experts_timing::enabled() {
+        eprintln!("cpu experts: {}", compute::quant::experts_timing::summary(&compute::quant::experts_timing::take()));
+    }
 }
 
 /// Clears the context, then fills it with `n_depth` random tokens (untimed), as llama-bench's `-d`.

@@ -69,15 +69,19 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
         return rayon::scope(|_| step());
     }
     let done = AtomicBool::new(false);
-    rayon::scope(|s| {
+    crate::trace::mark("step begins", None);
+    let out = rayon::scope(|s| {
         let driver = rayon::current_thread_index();
         let done = &done;
         for _ in 1..n_threads {
             s.spawn(move |_| poll_until(done, driver));
         }
+        crate::trace::mark("pollers spawned", None);
         let _stop = StopOnDrop(done);
         step()
-    })
+    });
+    crate::trace::mark("pollers joined", None);
+    out
 }
 
 /// Takes pool jobs until `done` is set or nothing came for [`MAX_IDLE`].

@@ -45,7 +45,7 @@ mod mailbox;
 mod moe;
 mod norm;
 mod shaders;
-mod trace;
+use crate::trace;
 
 pub use crate::ExpertTierStats;
 pub use experts::{
@@ -57,6 +57,7 @@ use crate::backend::{AttnStep, Backend, Experts, Routing, SsmScan};
 use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
+pub use crate::trace::write_trace;
 use crate::weight::HostWeight;
 #[doc(hidden)]
 pub use dispatch_probe::{DispatchCost, RoundTripParts};
@@ -69,7 +70,6 @@ use shaders::Plain;
 pub use shaders::{AttnDecodeShape, MatvecShape, Q8Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-pub use trace::write_trace;
 
 /// Why the GPU back end could not start.
 #[derive(Debug, thiserror::Error)]
@@ -656,6 +656,7 @@ impl Ctx {
         if pending.cmds.is_empty() {
             return;
         }
+        trace::mark("flush", None);
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let n_cmds = pending.cmds.len() as u64;
         self.commands_submitted.fetch_add(n_cmds, std::sync::atomic::Ordering::Relaxed);
@@ -707,6 +708,7 @@ impl Ctx {
                         let pipeline_id = Arc::as_ptr(pipeline) as usize;
                         let create = || {
                             self.bind_groups_created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            trace::mark("bind group made", None);
                             let layout = pipeline.get_bind_group_layout(0);
                             let mut entries: Vec<wgpu::BindGroupEntry> = buffers
                                 .iter()
@@ -1027,6 +1029,7 @@ impl WgpuBackend {
             None
         };
         let buffer = reused.unwrap_or_else(|| {
+            trace::mark("buffer made", None);
             self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(op),
                 size,
@@ -1047,6 +1050,7 @@ impl WgpuBackend {
         let dst = self.alloc_bytes(op, bytes.len() as u64)?;
         if !bytes.is_empty() {
             let size = (bytes.len() as u64).next_multiple_of(4);
+            trace::mark("upload", None);
             let staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("upload"),
                 size,

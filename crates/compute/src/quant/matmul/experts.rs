@@ -150,6 +150,7 @@ pub fn experts_one_token(
     down_out: &mut [f32],
     mode: MatmulMode,
 ) -> Result<bool, QuantError> {
+    let call_start = std::time::Instant::now();
     let (k, n) = (x.len(), experts.len());
     let kernel = Kernel::best();
     let Some(first) = experts.first() else { return Ok(true) };
@@ -223,6 +224,8 @@ pub fn experts_one_token(
     let claims_in = Claims::new(n * span_in, row_bytes_in, n_threads);
     let claims_down = Claims::new(n * span_down, row_bytes_down, n_threads);
 
+    let timed = timing::enabled();
+    let region_start = std::time::Instant::now();
     let gate_up_rows = |start: usize, end: usize| {
         let _guard = AbortOnUnwind(&aborted);
         for i in start / span_in..end.div_ceil(span_in) {
@@ -259,9 +262,10 @@ pub fn experts_one_token(
             }
         }
     };
-    let down_rows = |start: usize, end: usize| {
+    let down_rows = |start: usize, end: usize, waited: &mut u64| {
         for i in start / span_down..end.div_ceil(span_down) {
             let mut spins = 0u32;
+            let wait_start = (timed && !ready[i].load(Ordering::Acquire)).then(std::time::Instant::now);
             while !ready[i].load(Ordering::Acquire) {
                 if aborted.load(Ordering::Acquire) {
                     return;
@@ -275,28 +279,165 @@ pub fn experts_one_token(
                     std::hint::spin_loop();
                 }
             }
+            if let Some(t) = wait_start {
+                *waited += t.elapsed().as_nanos() as u64;
+            }
             let (lo, hi) = (start.max(i * span_down) - i * span_down, (end - i * span_down).min(span_down));
             // SAFETY: `ready[i]` was acquired just above.
             let mid = unsafe { acts.row(i) };
             parts_down[i].run(lo, hi, nb_mid, mid);
         }
     };
-    let worker = || {
+    let work = n * n_ff * k * 3;
+    let serial = n_threads == 1 || work < super::SERIAL_WORK;
+    let task_timings: Vec<std::sync::Mutex<timing::TaskTiming>> = (0..if timed {
+        if serial {
+            1
+        } else {
+            n_threads
+        }
+    } else {
+        0
+    })
+        .map(|_| Default::default())
+        .collect();
+    let worker = |task: usize| {
+        let mut t = timing::TaskTiming::default();
+        let since = |at: std::time::Instant| at.saturating_duration_since(region_start).as_nanos() as u64;
+        if timed {
+            t.start = since(std::time::Instant::now());
+        }
         while let Some((start, end)) = claims_in.claim() {
             gate_up_rows(start, end);
+            t.claims += 1;
+        }
+        if timed {
+            t.gate_up_done = since(std::time::Instant::now());
         }
         while let Some((start, end)) = claims_down.claim() {
-            down_rows(start, end);
+            down_rows(start, end, &mut t.waited);
+            t.claims += 1;
+        }
+        if timed {
+            t.end = since(std::time::Instant::now());
+            if let Some(slot) = task_timings.get(task) {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = t;
+            }
         }
     };
-    let work = n * n_ff * k * 3;
-    if n_threads == 1 || work < super::SERIAL_WORK {
-        worker();
+    if serial {
+        worker(0);
     } else {
-        (0..n_threads).into_par_iter().for_each(|_| worker());
+        (0..n_threads).into_par_iter().for_each(worker);
+    }
+    if timed {
+        let tasks = task_timings.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
+        timing::record(call_start, region_start, tasks);
     }
     drop((mid_d, mid_qs, mid_sums));
     Ok(true)
+}
+
+/// Where a one-token experts region's time goes, per call, when switched on
+/// ([`timing::enable`]); for the perf test `cpu_experts_cache`, which prints it.
+///
+/// Why: on the H200 host four experts took 142 us on 16 threads from RAM where one thread
+/// streams them at 9.3 GB/s (twentieth session): twice what the bytes need. These figures say
+/// whether the rest is the fork, the threads' imbalance, the down rows' waits or the join.
+pub mod timing {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    static ENABLED: AtomicBool = AtomicBool::new(false);
+    static CALLS: Mutex<Vec<CallTiming>> = Mutex::new(Vec::new());
+
+    /// One thread's task in a region, in nanoseconds from the region's start.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct TaskTiming {
+        /// The task began.
+        pub start: u64,
+        /// It found no gate/up rows left.
+        pub gate_up_done: u64,
+        /// It found no down rows left.
+        pub end: u64,
+        /// Spent waiting for experts' gated rows.
+        pub waited: u64,
+        /// Claims taken.
+        pub claims: u32,
+    }
+
+    /// One call, in nanoseconds.
+    #[derive(Clone, Debug, Default)]
+    pub struct CallTiming {
+        /// From the call to the region's start (allocations, the input's quantization).
+        pub setup: u64,
+        /// From the region's start to the call's end.
+        pub region: u64,
+        /// Each task, in the order of their indices.
+        pub tasks: Vec<TaskTiming>,
+    }
+
+    /// Starts recording every call (and forgets earlier ones).
+    pub fn enable() {
+        CALLS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        ENABLED.store(true, Ordering::Release);
+    }
+
+    /// Stops recording and returns the calls recorded since [`enable`].
+    pub fn take() -> Vec<CallTiming> {
+        ENABLED.store(false, Ordering::Release);
+        std::mem::take(&mut *CALLS.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Recording on: [`enable`] called, or `DISKFORMER_EXPERTS_TIMING=1` in the environment
+    /// (read once; `diskformer bench` then prints [`summary`] at its end).
+    pub fn enabled() -> bool {
+        static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        ENABLED.load(Ordering::Relaxed)
+            || *FROM_ENV.get_or_init(|| std::env::var("DISKFORMER_EXPERTS_TIMING").is_ok_and(|v| v.trim() == "1"))
+    }
+
+    /// Means over `calls`, in microseconds: the setup before the region, the region, when the
+    /// first and last task began, when the first and last ran out of gate/up rows and of all
+    /// rows, each task's busy time, wait for gated rows and claims, and the join after the last
+    /// task's end.
+    pub fn summary(calls: &[CallTiming]) -> String {
+        let n = calls.len().max(1) as f64;
+        let us = |v: u64| v as f64 / 1e3;
+        let mean = |f: &dyn Fn(&CallTiming) -> f64| calls.iter().map(f).sum::<f64>() / n;
+        let min_max = |f: fn(&TaskTiming) -> u64| {
+            (
+                mean(&|c| us(c.tasks.iter().map(f).min().unwrap_or(0))),
+                mean(&|c| us(c.tasks.iter().map(f).max().unwrap_or(0))),
+            )
+        };
+        let per_task = |f: &dyn Fn(&TaskTiming) -> f64| {
+            mean(&|c| c.tasks.iter().map(f).sum::<f64>() / c.tasks.len().max(1) as f64)
+        };
+        let (start_lo, start_hi) = min_max(|t| t.start);
+        let (gu_lo, gu_hi) = min_max(|t| t.gate_up_done);
+        let (end_lo, end_hi) = min_max(|t| t.end);
+        format!(
+            "timing over {} calls of {:.1} tasks, us: setup {:.1}, region {:.1}; tasks start {start_lo:.1}..{start_hi:.1}, \
+             gate/up done {gu_lo:.1}..{gu_hi:.1}, end {end_lo:.1}..{end_hi:.1}; per task busy {:.1}, waiting for \
+             gated rows {:.1}, claims {:.1}; join after the last end {:.1}",
+            calls.len(),
+            mean(&|c| c.tasks.len() as f64),
+            mean(&|c| us(c.setup)),
+            mean(&|c| us(c.region)),
+            per_task(&|t| us(t.end - t.start)),
+            per_task(&|t| us(t.waited)),
+            per_task(&|t| t.claims as f64),
+            mean(&|c| us(c.region) - us(c.tasks.iter().map(|t| t.end).max().unwrap_or(0))),
+        )
+    }
+
+    pub(super) fn record(call_start: Instant, region_start: Instant, tasks: Vec<TaskTiming>) {
+        let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
+        let call = CallTiming { setup: ns(call_start, region_start), region: ns(region_start, Instant::now()), tasks };
+        CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(call);
+    }
 }
 
 #[cfg(test)]

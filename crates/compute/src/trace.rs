@@ -47,11 +47,11 @@ fn thread_number() -> u64 {
 }
 
 /// Records `what` now, for `layer` when given; nothing unless `DISKFORMER_TRACE` is set.
-pub(super) fn mark(what: &'static str, layer: Option<usize>) {
+pub fn mark(what: &'static str, layer: Option<usize>) {
     let Some(t) = trace() else { return };
     let at_ns = t.start.elapsed().as_nanos() as u64;
     let thread = thread_number();
-    let mut marks = super::lock(&t.marks);
+    let mut marks = t.marks.lock().unwrap_or_else(|e| e.into_inner());
     if marks.len() < MAX_MARKS {
         marks.push(Mark { at_ns, thread, layer: layer.map(|l| l as u32), what });
     }
@@ -64,7 +64,7 @@ pub(super) fn mark(what: &'static str, layer: Option<usize>) {
 /// The file cannot be written.
 pub fn write_trace() -> Option<std::io::Result<std::path::PathBuf>> {
     let t = trace()?;
-    let marks = std::mem::take(&mut *super::lock(&t.marks));
+    let marks = std::mem::take(&mut *t.marks.lock().unwrap_or_else(|e| e.into_inner()));
     let write = || -> std::io::Result<std::path::PathBuf> {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&t.path)?);
         writeln!(f, "us\tthread\tlayer\tmark")?;
