@@ -363,7 +363,7 @@ impl<'a> DecodePart<'a> {
 
 /// Weight bytes of the smallest share of a one-token product a thread claims: the last shares
 /// of a product are this small, so the threads finish within a few microseconds of each other.
-const MIN_CLAIM_BYTES: usize = 64 * 1024;
+pub(super) const MIN_CLAIM_BYTES: usize = 64 * 1024;
 
 /// Hands out the rows `0..n_rows` of a one-token product in shares of decreasing size (guided
 /// self-scheduling): each claim takes `1 / (2 n_threads)` of what is left, at least `min_rows`,
@@ -380,7 +380,13 @@ struct Claims {
 
 impl Claims {
     fn new(n_rows: usize, row_bytes: usize, n_threads: usize) -> Claims {
-        let min_rows = (MIN_CLAIM_BYTES / row_bytes.max(1)).next_multiple_of(8).max(8);
+        Claims::with_min_bytes(n_rows, row_bytes, n_threads, MIN_CLAIM_BYTES)
+    }
+
+    /// [`Claims::new`] with the smallest share `min_bytes` of weights instead of
+    /// [`MIN_CLAIM_BYTES`].
+    fn with_min_bytes(n_rows: usize, row_bytes: usize, n_threads: usize, min_bytes: usize) -> Claims {
+        let min_rows = (min_bytes / row_bytes.max(1)).next_multiple_of(8).max(8);
         Claims { next: AtomicUsize::new(0), n_rows, min_rows, divisor: 2 * n_threads.max(1) }
     }
 

@@ -122,6 +122,17 @@ pub(crate) struct ActBuf {
 impl ActBuf {
     /// Quantizes `n_rows = x.len() / k` rows of `k` values (whole blocks of `kind`), reusing
     /// the buffers; rows are quantized in parallel when there are many (prefill).
+    /// [`ActBuf::quantize`] of one row (`k = x.len()`) on this thread, without a parallel
+    /// iterator's setup: the experts' region quantizes its token's row for every call (48 per
+    /// decode step of Qwen3-30B-A3B).
+    pub(crate) fn quantize_one(&mut self, kind: ActKind, x: &[f32]) {
+        let n_blocks = x.len() / kind.block_elems();
+        self.d.resize(n_blocks, 0.0);
+        self.qs.resize(x.len(), 0);
+        self.sums.resize(n_blocks * kind.sums_per_block(), 0);
+        quantize_row(kind, x, &mut self.d, &mut self.qs, &mut self.sums);
+    }
+
     pub(crate) fn quantize(&mut self, kind: ActKind, x: &[f32], k: usize) {
         let be = kind.block_elems();
         let n_blocks = x.len() / be;

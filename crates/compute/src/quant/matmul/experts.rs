@@ -23,6 +23,19 @@ use crate::quant::{MatmulMode, QuantError, WeightRows};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+/// Weight bytes of the smallest share a thread claims in the experts' region, a quarter of
+/// the other products' [`super::MIN_CLAIM_BYTES`]: the region's tasks ended 17 us apart on the
+/// H200's 16 threads with 64 KiB shares (~13 us of work each at the ~5 GB/s a thread streams
+/// there), and that spread waits at the join. One claim is one atomic add.
+const MIN_CLAIM_BYTES: usize = 16 * 1024;
+
+/// `DISKFORMER_EXPERTS_REGION=old`: the region as before the twentieth session (64 KiB
+/// shares, rayon's `for_each` join), for A/B runs. Read once.
+fn old_region() -> bool {
+    static OLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OLD.get_or_init(|| std::env::var("DISKFORMER_EXPERTS_REGION").is_ok_and(|v| v.trim() == "old"))
+}
+
 /// Polls of an expert's ready flag before the waiting thread yields its core (a few
 /// microseconds: an expert's last gate/up rows normally land within that).
 const SPINS_BEFORE_YIELD: u32 = 4096;
@@ -204,7 +217,7 @@ pub fn experts_one_token(
     let row_bytes_down = parts_down.iter().map(|p| p.row_bytes).max().unwrap_or(1);
 
     let mut act_in = ActBuf::default();
-    act_in.quantize(kind_in, x, k);
+    act_in.quantize_one(kind_in, x);
     let x_row = act_in.row(kind_in, 0, k);
     let (nb_in, nb_mid) = (k / kind_in.block_elems(), n_ff / kind_mid.block_elems());
     let mut mid_d = vec![0f32; n * nb_mid];
@@ -221,8 +234,10 @@ pub fn experts_one_token(
     let span_in = n_ff.next_multiple_of(8);
     let span_down = k.next_multiple_of(8);
     let n_threads = rayon::current_num_threads().max(1);
-    let claims_in = Claims::new(n * span_in, row_bytes_in, n_threads);
-    let claims_down = Claims::new(n * span_down, row_bytes_down, n_threads);
+    let old_region = old_region();
+    let min_claim = if old_region { super::MIN_CLAIM_BYTES } else { MIN_CLAIM_BYTES };
+    let claims_in = Claims::with_min_bytes(n * span_in, row_bytes_in, n_threads, min_claim);
+    let claims_down = Claims::with_min_bytes(n * span_down, row_bytes_down, n_threads, min_claim);
 
     let timed = timing::enabled();
     let region_start = std::time::Instant::now();
@@ -327,8 +342,29 @@ pub fn experts_one_token(
     };
     if serial {
         worker(0);
-    } else {
+    } else if old_region {
         (0..n_threads).into_par_iter().for_each(worker);
+    } else {
+        // This thread takes task 0 and then spins, never parks, until the others have ended:
+        // a parked thread's wake-up after the last task was part of the ~7-8 us from the last
+        // task's end to the region's end that the split's jobs showed on the H200 (twentieth
+        // session). A task still in this thread's deque (no thief came) runs here.
+        let ended = AtomicUsize::new(0);
+        rayon::scope(|s| {
+            for task in 1..n_threads {
+                let (worker, ended) = (&worker, &ended);
+                s.spawn(move |_| {
+                    worker(task);
+                    ended.fetch_add(1, Ordering::Release);
+                });
+            }
+            worker(0);
+            while ended.load(Ordering::Acquire) < n_threads - 1 {
+                if rayon::yield_local() != Some(rayon::Yield::Executed) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
     }
     if timed {
         let tasks = task_timings.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
