@@ -85,6 +85,45 @@ def dispatched_phases(per, jobs, phases):
             phases["layers with marks missing"].append(0.0)
 
 
+# The step boundary's marks, in the order they come after the last layer's CPU job ends.
+BOUNDARY_MARKS = (
+    "to_host",
+    "to_host copied",
+    "pollers joined",
+    "step begins",
+    "pollers spawned",
+    "get_rows",
+    "flush",
+    "encoded",
+    "submitted",
+    "step",
+)
+
+
+def boundary_phases(marks, last_job_ends, phases):
+    """Through the mailboxes: from the last MoE layer's CPU job end to the next step's first job
+    start, the time at which each boundary mark first comes (us after that end): the token's
+    readback, the step's end and start on the host (the pool's pollers), the first layer's
+    recording, encoding and submits, the first split call, its ids and its job."""
+    for end in last_job_ends:
+        seen = {}
+        for at, _, layer, what in marks:
+            if at <= end:
+                continue
+            if what in BOUNDARY_MARKS and what not in seen:
+                seen[what] = at
+            if layer == 0 and what in ("split", "ids") and f"layer 0 {what}" not in seen:
+                seen[f"layer 0 {what}"] = at
+            if layer == 0 and what == "job start":
+                seen["layer 0 job start"] = at
+                break
+        if "layer 0 job start" not in seen:
+            continue
+        for what in (*BOUNDARY_MARKS, "layer 0 split", "layer 0 ids", "layer 0 job start"):
+            if what in seen:
+                phases[f"boundary: last job end -> {what}"].append(seen[what] - end)
+
+
 def main():
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help"):
@@ -139,6 +178,12 @@ def main():
                     phases["critical path: submit -> next layer's submit"].append(nxt["submitted 1"] - submitted)
             except KeyError:
                 phases["layers with marks missing"].append(0.0)
+    if dispatched:
+        # The last layer's job of each steady step (its layer is the highest with a job).
+        last_layer = max((m[2] for m in marks if m[3] == "job end" and m[2] is not None), default=None)
+        steady_from = marks[starts[skip]][0]
+        ends = [m[0] for m in marks if m[3] == "job end" and m[2] == last_layer and m[0] > steady_from]
+        boundary_phases(marks, ends, phases)
     print(f"{args[0]}: {len(step_us)} steps after the first {skip}: {statistics.mean(step_us):.0f} us per step "
           f"(median {statistics.median(step_us):.0f})")
     print(f"{'phase':52s} {'n':>6s} {'mean':>9s} {'median':>9s} {'p90':>9s}  (us)")
