@@ -206,6 +206,7 @@ pub fn experts_one_token(
         (SharedOut(gate.as_mut_ptr()), SharedOut(up.as_mut_ptr()), SharedOut(down_out.as_mut_ptr()));
     let mut row_bytes_in = 0;
     let (mut probe_out, mut probe_down) = (vec![0f32; n_ff], vec![0f32; k]);
+    let allocated = std::time::Instant::now();
     for (i, e) in experts.iter().enumerate() {
         let g = match e.gate {
             Some(g) => Some(part(g, SharedOut(gate_out.at(i * n_ff)), k, x, &mut probe_out, kernel)?),
@@ -217,10 +218,12 @@ pub fn experts_one_token(
         parts_down.push(part(e.down, SharedOut(down_ptr.at(i * k)), n_ff, &h_probe, &mut probe_down, kernel)?);
     }
     let row_bytes_down = parts_down.iter().map(|p| p.row_bytes).max().unwrap_or(1);
+    let checked = std::time::Instant::now();
 
     let mut act_in = ActBuf::default();
     act_in.quantize_one(kind_in, x);
     let x_row = act_in.row(kind_in, 0, k);
+    let quantized = std::time::Instant::now();
     let (nb_in, nb_mid) = (k / kind_in.block_elems(), n_ff / kind_mid.block_elems());
     let mut mid_d = vec![0f32; n * nb_mid];
     let mut mid_qs = vec![0i8; n * n_ff];
@@ -370,7 +373,7 @@ pub fn experts_one_token(
     }
     if timed {
         let tasks = task_timings.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
-        timing::record(call_start, region_start, tasks);
+        timing::record([call_start, allocated, checked, quantized, region_start], tasks);
     }
     drop((mid_d, mid_qs, mid_sums));
     Ok(true)
@@ -410,6 +413,9 @@ pub mod timing {
     pub struct CallTiming {
         /// From the call to the region's start (allocations, the input's quantization).
         pub setup: u64,
+        /// Of `setup`: the buffers' allocation (and the type checks before it), the matrices'
+        /// shape checks, the token's quantization (the rest is the region's own state).
+        pub setup_parts: [u64; 3],
         /// From the region's start to the call's end.
         pub region: u64,
         /// Each task, in the order of their indices.
@@ -457,12 +463,15 @@ pub mod timing {
         let (gu_lo, gu_hi) = min_max(|t| t.gate_up_done);
         let (end_lo, end_hi) = min_max(|t| t.end);
         format!(
-            "timing over {} calls of {:.1} tasks, us: setup {:.1}, region {:.1}; tasks start {start_lo:.1}..{start_hi:.1}, \
+            "timing over {} calls of {:.1} tasks, us: setup {:.1} (allocations {:.1}, checks {:.1}, quantization {:.1}), region {:.1}; tasks start {start_lo:.1}..{start_hi:.1}, \
              gate/up done {gu_lo:.1}..{gu_hi:.1}, end {end_lo:.1}..{end_hi:.1}; per task busy {:.1}, waiting for \
              gated rows {:.1}, claims {:.1}; join after the last end {:.1}",
             calls.len(),
             mean(&|c| c.tasks.len() as f64),
             mean(&|c| us(c.setup)),
+            mean(&|c| us(c.setup_parts[0])),
+            mean(&|c| us(c.setup_parts[1])),
+            mean(&|c| us(c.setup_parts[2])),
             mean(&|c| us(c.region)),
             per_task(&|t| us(t.end - t.start)),
             per_task(&|t| us(t.waited)),
@@ -471,9 +480,17 @@ pub mod timing {
         )
     }
 
-    pub(super) fn record(call_start: Instant, region_start: Instant, tasks: Vec<TaskTiming>) {
+    /// Records a call: `at` is its start, the end of its allocations, of the matrices' checks,
+    /// of the token's quantization, and the region's start.
+    pub(super) fn record(at: [Instant; 5], tasks: Vec<TaskTiming>) {
         let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
-        let call = CallTiming { setup: ns(call_start, region_start), region: ns(region_start, Instant::now()), tasks };
+        let [start, allocated, checked, quantized, region_start] = at;
+        let call = CallTiming {
+            setup: ns(start, region_start),
+            setup_parts: [ns(start, allocated), ns(allocated, checked), ns(checked, quantized)],
+            region: ns(region_start, Instant::now()),
+            tasks,
+        };
         CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(call);
     }
 }
