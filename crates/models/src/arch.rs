@@ -47,6 +47,12 @@ pub trait Runner: Send {
     fn n_ctx(&self) -> usize;
     /// Feeds `ids` and returns their logits, row-major `[rows, n_vocab]`.
     fn eval(&mut self, ids: &[u32], outputs: Outputs) -> Result<Vec<f32>>;
+    /// [`Runner::eval`] with the logits written into `logits` (replacing its values, keeping
+    /// its memory): for loops that evaluate every step (see `Backend::to_host_into`).
+    fn eval_into(&mut self, ids: &[u32], outputs: Outputs, logits: &mut Vec<f32>) -> Result<()> {
+        *logits = self.eval(ids, outputs)?;
+        Ok(())
+    }
     /// Feeds `ids` and returns every token's final-norm hidden state, row-major `[n, n_embd]`
     /// (embedding models pool these).
     fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
@@ -126,6 +132,15 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
         on_pool(b, || -> Result<Vec<f32>> {
             let logits = arch.forward(b, state, ids, outputs)?;
             Ok(b.to_host(&logits)?)
+        })
+    }
+    fn eval_into(&mut self, ids: &[u32], outputs: Outputs, logits: &mut Vec<f32>) -> Result<()> {
+        self.admit(ids)?;
+        // On a pool worker, as in `eval`.
+        let (arch, b, state) = (&self.arch, &self.b, &mut self.state);
+        on_pool(b, || -> Result<()> {
+            let t = arch.forward(b, state, ids, outputs)?;
+            Ok(b.to_host_into(&t, logits)?)
         })
     }
     fn hidden_states(&mut self, ids: &[u32]) -> Result<Vec<f32>> {

@@ -955,7 +955,7 @@ impl Engine {
                 break StopReason::Aborted;
             }
             // Fields, not `self.eval`: the decoder borrows the tokenizer meanwhile.
-            logits = self.runner.eval(&[id], Outputs::Last)?;
+            self.runner.eval_into(&[id], Outputs::Last, &mut logits)?;
             self.cached.push(id);
         };
         let tail = decoder.finish();

@@ -116,9 +116,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // The warmup (rep 0) is one token, as llama-bench's.
             let n = if rep == 0 { 1 } else { args.n_gen };
             let mut token = if args.n_depth == 0 { bos.unwrap_or_else(|| ids.next()) } else { ids.next() };
+            // One logits buffer for the run, as a generation loop keeps (`Runner::eval_into`).
+            let mut logits = Vec::new();
             let t0 = Instant::now();
             for _ in 0..n {
-                m.runner.eval(&[token], Outputs::Last)?;
+                m.runner.eval_into(&[token], Outputs::Last, &mut logits)?;
                 token = ids.next();
             }
             let secs = t0.elapsed().as_secs_f64();

@@ -113,7 +113,7 @@ fn generate(
         if n_gen == limit {
             break;
         }
-        logits = m.runner.eval(&[id], Outputs::Last)?;
+        m.runner.eval_into(&[id], Outputs::Last, &mut logits)?;
     }
     write!(out, "{}", decoder.finish())?;
     out.flush()?;

@@ -423,6 +423,12 @@ impl Backend for CpuBackend {
         Ok(t.data.clone())
     }
 
+    fn to_host_into(&self, t: &CpuTensor, out: &mut Vec<f32>) -> Result<(), OpError> {
+        out.clear();
+        out.extend_from_slice(&t.data);
+        Ok(())
+    }
+
     fn shape<'a>(&self, t: &'a CpuTensor) -> &'a [usize] {
         &t.shape
     }

@@ -331,6 +331,20 @@ fn le_f32s(bytes: &[u8]) -> Vec<f32> {
     le_words(bytes, f32::from_le_bytes)
 }
 
+/// [`le_f32s`] into `out`, replacing what it held and keeping its memory.
+fn le_f32s_into(bytes: &[u8], out: &mut Vec<f32>) {
+    out.clear();
+    let n = bytes.len() / 4;
+    if cfg!(target_endian = "little") {
+        // A mapped range starts on a page, so the cast takes it; a copy otherwise.
+        if let Ok(words) = bytemuck::try_cast_slice::<u8, f32>(&bytes[..4 * n]) {
+            out.extend_from_slice(words);
+            return;
+        }
+    }
+    out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+}
+
 /// Little-endian u32 words of bytes read back.
 fn le_u32s(bytes: &[u8]) -> Vec<u32> {
     le_words(bytes, u32::from_le_bytes)
@@ -1689,6 +1703,12 @@ impl Backend for WgpuBackend {
         let values = self.read_back_with(&t.buf.buffer, 4 * t.len() as u64, le_f32s)?;
         trace::mark("to_host copied", None);
         Ok(values)
+    }
+
+    fn to_host_into(&self, t: &WgpuTensor, out: &mut Vec<f32>) -> Result<(), OpError> {
+        self.read_back_with(&t.buf.buffer, 4 * t.len() as u64, |bytes| le_f32s_into(bytes, out))?;
+        trace::mark("to_host copied", None);
+        Ok(())
     }
 
     fn shape<'a>(&self, t: &'a WgpuTensor) -> &'a [usize] {
