@@ -112,6 +112,16 @@ impl GatedActs {
     }
 }
 
+/// Adds one to the count when dropped: a spawned task of the region has ended (returned or
+/// unwound).
+struct CountOnDrop<'a>(&'a AtomicUsize);
+
+impl Drop for CountOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// Marks the region aborted if the thread unwinds while holding gate/up rows, so no thread
 /// spins forever on an expert that will not complete.
 struct AbortOnUnwind<'a>(&'a AtomicBool);
@@ -310,17 +320,12 @@ pub fn experts_one_token(
     };
     let work = n * n_ff * k * 3;
     let serial = n_threads == 1 || work < super::SERIAL_WORK;
-    let task_timings: Vec<std::sync::Mutex<timing::TaskTiming>> = (0..if timed {
-        if serial {
-            1
-        } else {
-            n_threads
-        }
-    } else {
-        0
-    })
-        .map(|_| Default::default())
-        .collect();
+    let n_timed = match (timed, serial) {
+        (false, _) => 0,
+        (true, true) => 1,
+        (true, false) => n_threads,
+    };
+    let task_timings: Vec<std::sync::Mutex<timing::TaskTiming>> = (0..n_timed).map(|_| Default::default()).collect();
     let worker = |task: usize| {
         let mut t = timing::TaskTiming::default();
         let since = |at: std::time::Instant| at.saturating_duration_since(region_start).as_nanos() as u64;
@@ -359,8 +364,10 @@ pub fn experts_one_token(
             for task in 1..n_threads {
                 let (worker, ended) = (&worker, &ended);
                 s.spawn(move |_| {
+                    // Counted even if the task unwinds: the spin below ends, and the scope then
+                    // passes the panic on.
+                    let _count = CountOnDrop(ended);
                     worker(task);
-                    ended.fetch_add(1, Ordering::Release);
                 });
             }
             worker(0);
@@ -610,5 +617,74 @@ mod tests {
             experts_one_token(&good, n_ff, &x, &gating, &mut short_out, MatmulMode::QuantizedActivations).unwrap_err();
         assert!(err.to_string().contains(&format!("{k}")), "{err}");
         assert!(!experts_one_token(&good, n_ff, &x, &gating, &mut out, MatmulMode::Exact).unwrap());
+    }
+
+    /// A panic in one expert's gating reaches the caller (no thread is left spinning on the
+    /// expert or on the region's end), on pools of two to four threads, and the pool still
+    /// works after it. A hang fails the test after 60 s.
+    #[test]
+    fn a_panicking_expert_reaches_the_caller() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            panicking_expert_cases();
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the cases failed (a panic above) or a region with a panicking expert hung for 60 s");
+    }
+
+    fn panicking_expert_cases() {
+        let mut next = crate::test_uniform();
+        let (k, n_ff, n) = (256, 512, 4);
+        let mats: Vec<EncodedExpert> = (0..n)
+            .map(|_| {
+                (
+                    Some(random_matrix(GgmlType::Q4_K, n_ff, k, &mut next)),
+                    random_matrix(GgmlType::Q4_K, n_ff, k, &mut next),
+                    random_matrix(GgmlType::Q4_K, k, n_ff, &mut next),
+                )
+            })
+            .collect();
+        fn rows(bytes: &[u8], n_out: usize) -> WeightRows<'_> {
+            WeightRows { dtype: GgmlType::Q4_K, bytes, n_out }
+        }
+        let experts: Vec<ExpertRows<'_>> = mats
+            .iter()
+            .map(|(g, u, d)| ExpertRows {
+                gate: g.as_deref().map(|g| rows(g, n_ff)),
+                up: rows(u, n_ff),
+                down: rows(d, k),
+            })
+            .collect();
+        let x: Vec<f32> = (0..k).map(|_| next()).collect();
+        // Expert 2 fails on the threads other than the caller's (the tasks it spawned), the
+        // case where the caller must learn of it from the others.
+        let caller = AtomicUsize::new(usize::MAX);
+        let failed = AtomicBool::new(false);
+        let gating = |i: usize, _: usize, g: &[f32], u: &[f32], h: &mut [f32]| {
+            if i == 2 && rayon::current_thread_index() != Some(caller.load(Ordering::Relaxed)) {
+                failed.store(true, Ordering::Relaxed);
+                panic!("expert 2 fails");
+            }
+            silu_glu(i, 0, g, u, h);
+        };
+        for threads in [2, 3, 4] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut out = vec![0f32; n * k];
+            failed.store(false, Ordering::Relaxed);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.install(|| {
+                    caller.store(rayon::current_thread_index().unwrap_or(usize::MAX), Ordering::Relaxed);
+                    experts_one_token(&experts, n_ff, &x, &gating, &mut out, MatmulMode::QuantizedActivations)
+                })
+            }));
+            // When the caller's thread alone computed expert 2 nothing failed: no case to check.
+            if failed.load(Ordering::Relaxed) {
+                assert!(result.is_err(), "{threads} threads: the panic did not reach the caller");
+            }
+            let sum: u64 = pool.install(|| (0..1000u64).into_par_iter().sum());
+            assert_eq!(sum, 499_500);
+        }
     }
 }
