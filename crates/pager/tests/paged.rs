@@ -189,3 +189,51 @@ fn prefetch_and_direct_io_keep_logits_bit_identical() {
     }
     assert!(prefetched_total > 0, "the prefetcher never read ahead");
 }
+
+/// Every way a mapped store reaches its experts lends the file's bytes: the plain map, the
+/// populated map and the huge-page copy give each expert's gate, up and down the same bytes,
+/// in every layer of every MoE fixture, and each is the tensor's slice in the file.
+#[test]
+fn mapped_experts_lend_the_files_bytes_in_every_access() {
+    use compute::ExpertStore;
+    use pager::{MappedAccess, MappedExperts};
+    let (_, cases) = moe_cases();
+    assert!(!cases.is_empty(), "no MoE fixture found");
+    for (arch, variant, path) in cases {
+        let model = Arc::new(GgufModel::open(&path).expect("fixture opens"));
+        let lend = |access: MappedAccess| -> Vec<Vec<u8>> {
+            let store = MappedExperts::open_with(&model, access).expect("store opens");
+            assert_eq!(store.access(), access);
+            let mut out = Vec::new();
+            for layer in 0..64 {
+                let name = format!("blk.{layer}.ffn_up_exps.weight");
+                let Some((_, info)) = model.tensor_location(&name) else { continue };
+                let ids: Vec<u32> = (0..info.shape[2] as u32).rev().collect();
+                store
+                    .with_host_experts(layer, &ids, &mut |group| {
+                        for e in group {
+                            for m in e.gate.iter().chain([&e.up, &e.down]) {
+                                out.push(m.bytes.to_vec());
+                            }
+                        }
+                        Ok(())
+                    })
+                    .expect("experts lent");
+            }
+            out
+        };
+        let mapped = lend(MappedAccess::Map);
+        assert!(!mapped.is_empty(), "{arch} {variant}: no experts lent");
+        // The first expert lent (the last id of the first MoE layer) is the end of its tensor.
+        let first_moe = (0..64).find(|l| model.tensor_location(&format!("blk.{l}.ffn_up_exps.weight")).is_some());
+        let (fi, info) = model
+            .tensor_location(&format!("blk.{}.ffn_gate_exps.weight", first_moe.unwrap()))
+            .or_else(|| model.tensor_location(&format!("blk.{}.ffn_up_exps.weight", first_moe.unwrap())))
+            .expect("tensor");
+        let whole = model.files()[fi].tensor_bytes(info);
+        assert_eq!(&whole[whole.len() - mapped[0].len()..], &mapped[0][..], "{arch} {variant}: last expert's bytes");
+        for access in [MappedAccess::Populate, MappedAccess::HugeCopy] {
+            assert!(lend(access) == mapped, "{arch} {variant}: {access:?} lent other bytes than the map");
+        }
+    }
+}

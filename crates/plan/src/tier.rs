@@ -159,9 +159,18 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
         }
         _ => None,
     };
+    let mut access_note = String::new();
     let store: Arc<dyn compute::ExpertStore> = match &pager {
         Some(p) => p.clone(),
-        None => Arc::new(pager::MappedExperts::open(file)?),
+        None => {
+            let t0 = std::time::Instant::now();
+            let mapped = pager::MappedExperts::open(file)?;
+            if mapped.access() != pager::MappedAccess::Map {
+                access_note =
+                    format!("; the CPU reads experts {:?} (prepared in {:.2} s)", mapped.access(), t0.elapsed().as_secs_f64());
+            }
+            Arc::new(mapped)
+        }
     };
     let topts = ExpertTierOptions {
         miss,
@@ -199,6 +208,6 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
         placed.n_experts_total,
         backend.expert_upload_bytes_per_s().unwrap_or(0.0) / 1e9,
     );
-    let miss_line = format!("expert misses: {} ({miss_reason})", format!("{miss:?}").to_lowercase());
+    let miss_line = format!("expert misses: {} ({miss_reason}){access_note}", format!("{miss:?}").to_lowercase());
     Ok(GpuTier { backend, pager, placement_line, miss_line })
 }
