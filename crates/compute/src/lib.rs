@@ -7,6 +7,7 @@
 //! [`quant`] holds the tensor types: dequantization, dot products and quantizers.
 #![deny(missing_docs)]
 
+pub mod ab;
 mod backend;
 pub mod cpu;
 mod error;

@@ -1843,13 +1843,35 @@ mod gpu_ops {
         let x0 = rand_vec(&mut rng, d, 1.0);
         let pos = CTX - 1;
         let positions = [pos as u32];
-        let mut token = |read_each_layer: bool| -> Result<(), compute::OpError> {
+        // Ops left out, for a differential measurement of each one's share of the section
+        // (`SECTION_SKIP=attn_norm,qk_norm,attention,o,ffn_norm,router,route`, or `each`: the
+        // whole section, then without each op in turn, alternating over rounds).
+        #[derive(Clone, Copy, Default)]
+        struct Skip {
+            attn_norm: bool,
+            qk_norm: bool,
+            attention: bool,
+            o: bool,
+            ffn_norm: bool,
+            router: bool,
+            route: bool,
+        }
+        let mut token = |read_each_layer: bool, skip: Skip| -> Result<(), compute::OpError> {
             let mut res = g.from_host(&x0, &[1, d])?;
             for (l, cache) in caches.iter_mut().enumerate() {
                 let lw = &layers[l % N_DISTINCT];
-                let h = g.rms_norm(&res, Some(&lw.a.attn_norm), 1e-6)?;
-                let [q, k, v] = g.matmul_many(&h, [&lw.a.q, &lw.a.k, &lw.a.v])?;
+                let normed;
+                let h = if skip.attn_norm {
+                    &res
+                } else {
+                    normed = g.rms_norm(&res, Some(&lw.a.attn_norm), 1e-6)?;
+                    &normed
+                };
+                let [q, k, v] = g.matmul_many(h, [&lw.a.q, &lw.a.k, &lw.a.v])?;
                 let per_head = |t: compute::wgpu::WgpuTensor, heads: usize, norm| -> Result<_, compute::OpError> {
+                    if skip.qk_norm {
+                        return Ok(t);
+                    }
                     let t = g.reshape(t, &[heads, hd])?;
                     let t = g.rms_norm(&t, Some(norm), 1e-6)?;
                     g.reshape(t, &[1, heads * hd])
@@ -1866,35 +1888,87 @@ mod gpu_ops {
                     spec: &spec,
                     sinks: None,
                 };
-                let a = g.rope_attention(&step, cache)?;
-                res = g.matmul_add(&a, &lw.a.o, res)?;
-                let h = g.rms_norm(&res, Some(&lw.a.ffn_norm), 1e-6)?;
-                let logits = g.matmul(&h, &lw.router)?;
-                let routing = g.route(&logits, None, &route)?;
+                let a = if skip.attention { q } else { g.rope_attention(&step, cache)? };
+                if !skip.o {
+                    res = g.matmul_add(&a, &lw.a.o, res)?;
+                }
+                let normed;
+                let h = if skip.ffn_norm {
+                    &res
+                } else {
+                    normed = g.rms_norm(&res, Some(&lw.a.ffn_norm), 1e-6)?;
+                    &normed
+                };
+                if skip.router {
+                    if read_each_layer {
+                        std::hint::black_box(g.to_host(h)?);
+                    }
+                    continue;
+                }
+                let logits = g.matmul(h, &lw.router)?;
+                let read = if skip.route { logits } else { g.route(&logits, None, &route)?.weights };
                 if read_each_layer {
-                    std::hint::black_box(g.to_host(&routing.weights)?);
+                    std::hint::black_box(g.to_host(&read)?);
                 }
             }
             std::hint::black_box(g.to_host(&res)?);
             Ok(())
         };
-        for read_each_layer in [true, false, true, false] {
-            let warm = std::time::Instant::now();
-            while warm.elapsed().as_secs_f64() < 0.5 {
-                token(read_each_layer).expect("token");
+        let names = ["attn_norm", "qk_norm", "attention", "o", "ffn_norm", "router", "route"];
+        let skip_of = |list: &str| {
+            let mut s = Skip::default();
+            for name in list.split(',').map(str::trim) {
+                match name {
+                    "attn_norm" => s.attn_norm = true,
+                    "qk_norm" => s.qk_norm = true,
+                    "attention" => s.attention = true,
+                    "o" => s.o = true,
+                    "ffn_norm" => s.ffn_norm = true,
+                    "router" => s.router = true,
+                    "route" => s.route = true,
+                    "" => {}
+                    other => panic!("SECTION_SKIP: no op {other} (ops: {names:?})"),
+                }
             }
-            let mut times: Vec<f64> = (0..7)
-                .map(|_| {
-                    let t0 = std::time::Instant::now();
-                    token(read_each_layer).expect("token");
-                    t0.elapsed().as_secs_f64()
-                })
-                .collect();
-            times.sort_by(f64::total_cmp);
+            s
+        };
+        let requested = std::env::var("SECTION_SKIP").unwrap_or_default();
+        let variants: Vec<String> = if requested.trim() == "each" {
+            std::iter::once(String::new()).chain(names.iter().map(|n| n.to_string())).collect()
+        } else {
+            vec![requested.clone()]
+        };
+        let rounds = if variants.len() > 1 { 3 } else { 2 };
+        let mut results: Vec<Vec<[f64; 2]>> = vec![Vec::new(); variants.len()];
+        for _ in 0..rounds {
+            for (vi, variant) in variants.iter().enumerate() {
+                let skip = skip_of(variant);
+                let mut pair = [0.0; 2];
+                for (slot, read_each_layer) in [true, false].into_iter().enumerate() {
+                    let warm = std::time::Instant::now();
+                    while warm.elapsed().as_secs_f64() < 0.3 {
+                        token(read_each_layer, skip).expect("token");
+                    }
+                    let mut times: Vec<f64> = (0..7)
+                        .map(|_| {
+                            let t0 = std::time::Instant::now();
+                            token(read_each_layer, skip).expect("token");
+                            t0.elapsed().as_secs_f64()
+                        })
+                        .collect();
+                    times.sort_by(f64::total_cmp);
+                    pair[slot] = times[times.len() / 2] * 1e6 / N_LAYERS as f64;
+                }
+                results[vi].push(pair);
+            }
+        }
+        for (variant, runs) in variants.iter().zip(&results) {
+            let label = if variant.is_empty() { "the whole section".to_string() } else { format!("without {variant}") };
+            let fmt = |slot: usize| runs.iter().map(|p| format!("{:.1}", p[slot])).collect::<Vec<_>>().join(" / ");
             println!(
-                "Qwen3-30B-A3B attention section to the routing, {N_LAYERS} layers at position {pos}: {:.1} us per layer {}",
-                times[times.len() / 2] * 1e6 / N_LAYERS as f64,
-                if read_each_layer { "with each layer's routing read back (the split's chain)" } else { "back to back (one read per token)" }
+                "Qwen3-30B-A3B attention section to the routing, {N_LAYERS} layers at position {pos}, {label}: us per layer with each layer's routing read back (the split's chain) {}; back to back (one read per token) {}",
+                fmt(0),
+                fmt(1)
             );
         }
     }

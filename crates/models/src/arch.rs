@@ -177,7 +177,7 @@ impl<B: Backend + 'static, A: Architecture<B> + 'static> Runner for Session<B, A
 fn on_pool<B: Backend, R: Send>(b: &B, step: impl FnOnce() -> R + Send) -> R {
     static GPU_PARK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let gpu_park = *GPU_PARK.get_or_init(|| std::env::var("DISKFORMER_GPU_CPU_POLL").is_ok_and(|v| v.trim() == "0"));
-    if b.step_feeds_thread_pool() && (b.name() == "cpu" || !gpu_park) {
+    if b.step_feeds_thread_pool() && (b.name() == "cpu" || !(gpu_park || compute::ab::is_b("park"))) {
         compute::cpu::warm::run_step(step)
     } else {
         rayon::scope(|_| step())

@@ -1172,7 +1172,7 @@ impl ExpertStore for MappedExperts {
     ) -> Result<(), OpError> {
         let le = layer_experts(&self.layers, layer, ids, "mapped experts", &self.model.path().display())?;
         let files = self.model.files();
-        let copy = self.copies.get(layer).and_then(|c| c.as_ref());
+        let copy = self.copies.get(layer).and_then(|c| c.as_ref()).filter(|_| !compute::ab::is_b("map"));
         fn take<'a>(files: &'a [gguf::GgufFile], m: &Matrix, copied: Option<&'a memmap2::Mmap>, id: u32) -> HostMatrix<'a> {
             // Offsets and sizes were checked against the file when it was opened; a copy holds
             // the whole stacked tensor.

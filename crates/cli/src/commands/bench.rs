@@ -110,6 +110,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let mut tg = Vec::new();
+    // Decode steps' seconds by parity, for `DISKFORMER_AB` (compute::ab).
+    let mut ab_steps: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     if args.n_gen > 0 {
         for rep in 0..=args.reps {
             fill(&mut m, &mut ids, args.n_depth, bos)?;
@@ -119,8 +121,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // One logits buffer for the run, as a generation loop keeps (`Runner::eval_into`).
             let mut logits = Vec::new();
             let t0 = Instant::now();
-            for _ in 0..n {
+            for step in 0..n {
+                compute::ab::set_step(step as u64);
+                let t = Instant::now();
                 m.runner.eval_into(&[token], Outputs::Last, &mut logits)?;
+                if rep > 0 {
+                    ab_steps[step % 2].push(t.elapsed().as_secs_f64());
+                }
                 token = ids.next();
             }
             let secs = t0.elapsed().as_secs_f64();
@@ -130,6 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    if let Some(name) = compute::ab::active() {
+        eprintln!("{}", ab_summary(name, &ab_steps));
+    }
     let md = m.file.metadata();
     let arch = m.runner.hparams().arch.clone();
     let name = md.str_opt("general.name").ok().flatten().unwrap_or("").to_string();
@@ -217,4 +227,26 @@ fn fill(m: &mut Loaded, ids: &mut Ids, n_depth: usize, bos: Option<u32>) -> anyh
         m.runner.eval(&d, Outputs::Last)?;
     }
     Ok(())
+}
+
+/// Each arm's decode steps of a `DISKFORMER_AB` run (A: even steps, B: odd): mean and median
+/// milliseconds, and B's speed over A's by the means.
+fn ab_summary(name: &str, steps: &[Vec<f64>; 2]) -> String {
+    let stats = |v: &[f64]| {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        let mean = s.iter().sum::<f64>() / s.len().max(1) as f64;
+        (mean * 1e3, s.get(s.len() / 2).copied().unwrap_or(0.0) * 1e3, s.len())
+    };
+    let (a, b) = (stats(&steps[0]), stats(&steps[1]));
+    format!(
+        "A/B DISKFORMER_AB={name}: A (even steps, off) mean {:.3} ms median {:.3} ({} steps); B (odd steps, on) mean {:.3} ms median {:.3} ({} steps); B/A speed {:.4}",
+        a.0,
+        a.1,
+        a.2,
+        b.0,
+        b.1,
+        b.2,
+        if b.0 > 0.0 { a.0 / b.0 } else { 0.0 }
+    )
 }

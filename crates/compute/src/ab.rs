@@ -1,0 +1,34 @@
+//! Two settings in one process, alternating by decode step (`DISKFORMER_AB=NAME`): the setting
+//! that `NAME` switches is on for odd steps ("B") and off for even ones ("A"), and
+//! `diskformer bench` prints each arm's time per token.
+//!
+//! Why: on the H200 leases two processes of the same binary and settings decode 5-10% apart
+//! (the twenty-first session measured 61.2 then 51.1 tok/s back to back), so changes worth a few
+//! percent do not separate in alternating processes. Alternating steps inside one process puts
+//! both arms on the same lease state, page cache and GPU pool, step by step.
+//!
+//! Names in use: `park` (a GPU step's pool workers park instead of polling, `models::arch`),
+//! `map` (a huge-page copy's store lends from the file map instead, `pager`), `alloc` (the
+//! experts' region allocates its buffers instead of reusing them).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+static STEP: AtomicU64 = AtomicU64::new(0);
+
+/// The setting `DISKFORMER_AB` names, if any (read once).
+pub fn active() -> Option<&'static str> {
+    static NAME: OnceLock<Option<String>> = OnceLock::new();
+    NAME.get_or_init(|| std::env::var("DISKFORMER_AB").ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty()))
+        .as_deref()
+}
+
+/// Sets the step now running (the caller's decode loop counts them).
+pub fn set_step(step: u64) {
+    STEP.store(step, Ordering::Relaxed);
+}
+
+/// True when `DISKFORMER_AB` is `name` and the step now running is odd: the B arm.
+pub fn is_b(name: &str) -> bool {
+    active() == Some(name) && STEP.load(Ordering::Relaxed) % 2 == 1
+}
