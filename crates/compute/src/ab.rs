@@ -9,7 +9,8 @@
 //!
 //! Names in use: `park` (a GPU step's pool workers park instead of polling, `models::arch`),
 //! `map` (a huge-page copy's store lends from the file map instead, `pager`), `alloc` (the
-//! experts' region allocates its buffers instead of reusing them).
+//! experts' region allocates its buffers instead of reusing them), `signal` (the split's hand-over
+//! in a dispatch of its own instead of fused into the routing kernel).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

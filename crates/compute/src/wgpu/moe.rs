@@ -43,6 +43,11 @@ const GATE_UP: &str = include_str!("shaders/moe_gate_up.wgsl");
 const DOWN: &str = include_str!("shaders/moe_down.wgsl");
 const ACT: &str = include_str!("shaders/act.wgsl");
 const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
+
+/// The routing kernel with the split's hand-over fused in (the shader's `//S ` lines).
+pub(super) fn route_signal_source() -> String {
+    ROUTE.replace("//S ", "")
+}
 const GATE_UP_Q8: &str = include_str!("shaders/moe_gate_up_q8.wgsl");
 const DOWN_Q8: &str = include_str!("shaders/moe_down_q8.wgsl");
 /// The parameters the f32 and int8 kernels of each half share (`{{PARAMS}}` in their templates;
@@ -890,6 +895,46 @@ impl WgpuBackend {
 }
 
 impl WgpuBackend {
+    /// Makes the pending dispatch of the routing kernel that wrote `routing` (one token, the
+    /// last command recorded) also hand the routing and `x` over through the mailbox `mailbox`
+    /// (`moe_route.wgsl`'s hand-over variant): the words `mailbox_signal.wgsl` would take.
+    /// False, changing nothing, when that dispatch is not the last pending command (an early
+    /// submit took it, or something came between) or routes more than one token, or with
+    /// `DISKFORMER_SPLIT_SIGNAL=apart`.
+    pub(super) fn fuse_route_signal(
+        &self,
+        routing: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        mailbox: &wgpu::Buffer,
+        [x_words, data_at, flag_at, seq]: [u32; 4],
+    ) -> bool {
+        static APART: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *APART.get_or_init(|| std::env::var("DISKFORMER_SPLIT_SIGNAL").is_ok_and(|v| v.trim() == "apart"))
+            || crate::ab::is_b("signal")
+        {
+            return false;
+        }
+        let route = self.ctx.pipeline_with("moe_route", || ROUTE.to_string(), true);
+        let fused = self.ctx.pipeline_with("moe_route_signal", route_signal_source, true);
+        let mut p = super::lock(&self.ctx.pending);
+        let super::Pending { cmds, params, .. } = &mut *p;
+        let Some(super::Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.last_mut() else {
+            return false;
+        };
+        let at = *params_at as usize;
+        let words = |i: usize| u32::from_le_bytes(params[at + 4 * i..at + 4 * i + 4].try_into().expect("4 bytes"));
+        let is_route = std::sync::Arc::ptr_eq(pipeline, &route) && buffers.get(2) == Some(routing) && *params_len >= 64;
+        if !is_route || *groups != [1, 1, 1] || words(1) != 1 {
+            return false;
+        }
+        for (i, v) in [x_words, data_at, flag_at, seq].into_iter().enumerate() {
+            params[at + 48 + 4 * i..at + 52 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        *pipeline = fused;
+        buffers.extend([x.clone(), mailbox.clone()]);
+        true
+    }
+
     /// Routes on the GPU (`moe_route.wgsl`): one buffer holds the `[n, k]` weights (the returned
     /// tensor) and after them the ids. With `ids_on_gpu` the ids stay there and `Routing::ids`
     /// is empty (the per-pair kernels read them in place, [`WgpuBackend::routing_ids`] reads
@@ -932,6 +977,11 @@ impl WgpuBackend {
                 spec.normalize as u32,
                 spec.scale.to_bits(),
                 (n * k) as u32,
+                0,
+                0,
+                // The hand-over variant's words (`fuse_route_signal` sets them).
+                0,
+                0,
                 0,
                 0,
             ],
@@ -978,6 +1028,16 @@ mod tests {
     use super::super::shaders::tests::parse;
     use super::*;
     use gguf::GgmlType;
+
+    /// The routing kernel parses and validates (naga) plain and with the hand-over fused in,
+    /// and the variant differs only by its `//S ` lines.
+    #[test]
+    fn route_kernels_validate() {
+        parse("moe_route", ROUTE);
+        let fused = route_signal_source();
+        parse("moe_route_signal", &fused);
+        assert!(fused.contains("atomicStore(&D[P.flag_at], P.seq)") && !ROUTE.lines().any(|l| l.starts_with("@group(0) @binding(5)")));
+    }
 
     #[test]
     fn every_type_pair_parses_and_validates() {

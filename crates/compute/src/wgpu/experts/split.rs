@@ -808,12 +808,15 @@ impl WgpuBackend {
             (mb.up.clone(), mb.down.clone())
         };
         let signal = self.ctx.pipeline_with("mailbox_signal", || MAILBOX_SIGNAL.to_string(), true);
-        self.dispatch(
-            signal.clone(),
-            &[&routing.weights.buf.buffer, &x.buf.buffer, down.buffer()],
-            &[route_words as u32, (n * n_embd) as u32, call.data_at as u32, call.slot as u32, call.seq, 0, 0, 0],
-            [1, 1, 1],
-        );
+        let hand_over = [(n * n_embd) as u32, call.data_at as u32, call.slot as u32, call.seq];
+        if !self.fuse_route_signal(&routing.weights.buf.buffer, &x.buf.buffer, down.buffer(), hand_over) {
+            self.dispatch(
+                signal.clone(),
+                &[&routing.weights.buf.buffer, &x.buf.buffer, down.buffer()],
+                &[route_words as u32, (n * n_embd) as u32, call.data_at as u32, call.slot as u32, call.seq, 0, 0, 0],
+                [1, 1, 1],
+            );
+        }
         // The GPU's share, by the same rule the dispatcher applies to the same table (taken now,
         // in queue order with the table's updates).
         let missed: Vec<bool> = st.slot_of[layer].iter().map(|&s| s == NO_SLOT).collect();

@@ -19,6 +19,11 @@
 // for these 8 KiB on the H200): prob, ex and sel for e < n, gscore and gkeep for the n_group
 // groups, chosen for every rank before the first barrier.
 // Limits (the caller routes on the host beyond them): n_expert <= MAX_E, k <= MAX_K, n_group <= WG.
+// The split's hand-over variant (lines starting `//S `, uncommented by `route_signal_source`;
+// one token, one workgroup): the routing and the hidden state X also go into the host-visible
+// mailbox D, then the call's sequence number into its flag, as mailbox_signal.wgsl does in a
+// dispatch of its own (one dependent dispatch less on the chain from the CPU's sum to the next
+// layer's ids; `DISKFORMER_SPLIT_SIGNAL=apart` keeps them apart).
 struct Params {
     n_expert: u32,
     n_tok: u32,
@@ -32,12 +37,20 @@ struct Params {
     ids_at: u32,
     _p0: u32,
     _p1: u32,
+    // The hand-over variant's: words of X, where the routing and X go in D, the flag's word, and
+    // the sequence number it takes.
+    x_words: u32,
+    data_at: u32,
+    flag_at: u32,
+    seq: u32,
 }
 
 @group(0) @binding(0) var<storage, read> L: array<f32>;
 @group(0) @binding(1) var<storage, read> B: array<f32>;
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
 @group(0) @binding(3) var<uniform> P: Params;
+//S @group(0) @binding(4) var<storage, read> X: array<u32>;
+//S @group(0) @binding(5) var<storage, read_write> D: array<atomic<u32>>;
 
 const WG: u32 = 256u;
 const MAX_E: u32 = 512u;
@@ -211,6 +224,17 @@ fn main(
         for (var j = 0u; j < P.k; j++) {
             OUT[t * P.k + j] = bitcast<u32>(w[j] * P.scale);
             OUT[P.ids_at + t * P.k + j] = chosen[j];
+//S         atomicStore(&D[P.data_at + j], bitcast<u32>(w[j] * P.scale));
+//S         atomicStore(&D[P.data_at + P.ids_at + j], chosen[j]);
         }
     }
+//S // The routing (above) and X in place, then the flag: a host that sees it sees them.
+//S let x_at = P.data_at + 2u * P.ids_at;
+//S for (var i = lid; i < P.x_words; i += WG) {
+//S     atomicStore(&D[x_at + i], X[i]);
+//S }
+//S storageBarrier();
+//S if (lid == 0u) {
+//S     atomicStore(&D[P.flag_at], P.seq);
+//S }
 }
