@@ -1083,7 +1083,9 @@ impl MappedExperts {
                     .iter()
                     .flat_map(|m| {
                         let len = (m.bytes_per_expert * stacked_experts(&layers, m)) as u64;
-                        (0..len).step_by(COPY_PIECE).map(move |at| (m.file, m.offset + at, (len - at).min(COPY_PIECE as u64)))
+                        (0..len)
+                            .step_by(COPY_PIECE)
+                            .map(move |at| (m.file, m.offset + at, (len - at).min(COPY_PIECE as u64)))
                     })
                     .collect();
                 on_all_cores(pieces, |(file, at, len)| files[file].populate(at, len)).map_err(io)?;
@@ -1102,7 +1104,8 @@ impl MappedExperts {
                 let mut pieces = Vec::new();
                 for (map, m) in maps.iter_mut().zip(&matrices) {
                     let at = m.offset as usize;
-                    let src = &files[m.file].raw_bytes()[at..at + map.len().min(m.bytes_per_expert * stacked_experts(&layers, m))];
+                    let src = &files[m.file].raw_bytes()
+                        [at..at + map.len().min(m.bytes_per_expert * stacked_experts(&layers, m))];
                     pieces.extend(map.chunks_mut(COPY_PIECE).zip(src.chunks(COPY_PIECE)));
                 }
                 on_all_cores(pieces, |(dst, src)| {
@@ -1110,16 +1113,18 @@ impl MappedExperts {
                     Ok(())
                 })
                 .map_err(io)?;
-                let mut maps = maps.into_iter().map(|m| m.make_read_only()).collect::<Result<Vec<_>, _>>().map_err(io)?.into_iter();
+                let mut maps = maps
+                    .into_iter()
+                    .map(|m| m.make_read_only())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(io)?
+                    .into_iter();
                 for l in &layers {
-                    copies.push(match l {
-                        None => None,
-                        Some(l) => Some(LayerCopy {
-                            gate: l.gate.as_ref().and_then(|_| maps.next()),
-                            up: maps.next().expect("one copy per matrix"),
-                            down: maps.next().expect("one copy per matrix"),
-                        }),
-                    });
+                    copies.push(l.as_ref().map(|l| LayerCopy {
+                        gate: l.gate.as_ref().and_then(|_| maps.next()),
+                        up: maps.next().expect("one copy per matrix"),
+                        down: maps.next().expect("one copy per matrix"),
+                    }));
                 }
             }
         }
@@ -1137,11 +1142,7 @@ const COPY_PIECE: usize = 8 << 20;
 
 /// The number of experts in `m`'s layer.
 fn stacked_experts(layers: &[Option<LayerExperts>], m: &Matrix) -> usize {
-    layers
-        .iter()
-        .flatten()
-        .find(|l| l.matrices().any(|x| std::ptr::eq(x, m)))
-        .map_or(0, |l| l.n_expert)
+    layers.iter().flatten().find(|l| l.matrices().any(|x| std::ptr::eq(x, m))).map_or(0, |l| l.n_expert)
 }
 
 /// Runs `work` on every item, spread over the machine's cores; the first error, if any.
@@ -1173,7 +1174,12 @@ impl ExpertStore for MappedExperts {
         let le = layer_experts(&self.layers, layer, ids, "mapped experts", &self.model.path().display())?;
         let files = self.model.files();
         let copy = self.copies.get(layer).and_then(|c| c.as_ref()).filter(|_| !compute::ab::is_b("map"));
-        fn take<'a>(files: &'a [gguf::GgufFile], m: &Matrix, copied: Option<&'a memmap2::Mmap>, id: u32) -> HostMatrix<'a> {
+        fn take<'a>(
+            files: &'a [gguf::GgufFile],
+            m: &Matrix,
+            copied: Option<&'a memmap2::Mmap>,
+            id: u32,
+        ) -> HostMatrix<'a> {
             // Offsets and sizes were checked against the file when it was opened; a copy holds
             // the whole stacked tensor.
             let bytes = match copied {

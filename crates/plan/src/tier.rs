@@ -166,8 +166,11 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
             let t0 = std::time::Instant::now();
             let mapped = pager::MappedExperts::open(file)?;
             if mapped.access() != pager::MappedAccess::Map {
-                access_note =
-                    format!("; the CPU reads experts {:?} (prepared in {:.2} s)", mapped.access(), t0.elapsed().as_secs_f64());
+                access_note = format!(
+                    "; the CPU reads experts {:?} (prepared in {:.2} s)",
+                    mapped.access(),
+                    t0.elapsed().as_secs_f64()
+                );
             }
             Arc::new(mapped)
         }

@@ -1036,7 +1036,10 @@ mod tests {
         parse("moe_route", ROUTE);
         let fused = route_signal_source();
         parse("moe_route_signal", &fused);
-        assert!(fused.contains("atomicStore(&D[P.flag_at], P.seq)") && !ROUTE.lines().any(|l| l.starts_with("@group(0) @binding(5)")));
+        assert!(
+            fused.contains("atomicStore(&D[P.flag_at], P.seq)")
+                && !ROUTE.lines().any(|l| l.starts_with("@group(0) @binding(5)"))
+        );
     }
 
     #[test]
