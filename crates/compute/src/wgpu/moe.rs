@@ -46,7 +46,8 @@ const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
 
 /// The routing kernel with the split's hand-over fused in (the shader's `//S ` lines).
 pub(super) fn route_signal_source() -> String {
-    ROUTE.replace("//S ", "")
+    // The back end binds the uniform after the buffers: after X and D here.
+    ROUTE.replace("@binding(3) var<uniform> P", "@binding(5) var<uniform> P").replace("//S ", "")
 }
 const GATE_UP_Q8: &str = include_str!("shaders/moe_gate_up_q8.wgsl");
 const DOWN_Q8: &str = include_str!("shaders/moe_down_q8.wgsl");
@@ -1038,8 +1039,79 @@ mod tests {
         parse("moe_route_signal", &fused);
         assert!(
             fused.contains("atomicStore(&D[P.flag_at], P.seq)")
-                && !ROUTE.lines().any(|l| l.starts_with("@group(0) @binding(5)"))
+                && fused.contains("@binding(5) var<uniform> P")
+                && !ROUTE.lines().any(|l| l.starts_with("@group(0) @binding(4)"))
         );
+    }
+
+    /// The routing kernel with the hand-over fused in writes what the routing kernel and
+    /// `mailbox_signal.wgsl` write apart: the same routing buffer, and in the mailbox the
+    /// weights, the ids, the hidden state and the flag at the words the dispatcher reads. Run on
+    /// any adapter (lavapipe in CI, where the split itself never uses mailboxes): the mailboxes
+    /// here are plain storage buffers, read once the dispatches are done.
+    #[test]
+    fn fused_hand_over_writes_what_the_signal_kernel_writes() {
+        use crate::backend::Backend;
+        let Ok(g) = WgpuBackend::new(super::super::WgpuOptions { adapter_index: None, prefer_discrete: true }) else {
+            eprintln!("no GPU adapter: skipped");
+            return;
+        };
+        let (n_expert, k, n_embd) = (128usize, 8usize, 256usize);
+        let mut next = crate::test_uniform();
+        let logits: Vec<f32> = (0..n_expert).map(|_| 4.0 * next()).collect();
+        let xv: Vec<f32> = (0..n_embd).map(|_| next()).collect();
+        let logits = g.from_host(&logits, &[1, n_expert]).unwrap();
+        let x = g.from_host(&xv, &[1, n_embd]).unwrap();
+        let spec = RouteSpec {
+            k,
+            gating: Gating::Softmax,
+            has_selection_bias: false,
+            groups: None,
+            normalize: true,
+            scale: 1.5,
+        };
+        let (data_at, flag_at, seq) = (8u32, 3u32, 77u32);
+        let words = data_at as usize + 2 * k + n_embd;
+        let mailbox = || {
+            g.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("test mailbox"),
+                size: 4 * words as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        };
+        let (apart, fused) = (mailbox(), mailbox());
+        let r_apart = g.route_gpu(&logits, None, &spec, true).unwrap().expect("routed on the GPU");
+        let signal =
+            g.ctx.pipeline_with("mailbox_signal", || include_str!("shaders/mailbox_signal.wgsl").to_string(), true);
+        g.dispatch(
+            signal,
+            &[&r_apart.weights.buf.buffer, &x.buf.buffer, &apart],
+            &[2 * k as u32, n_embd as u32, data_at, flag_at, seq, 0, 0, 0],
+            [1, 1, 1],
+        );
+        let r_fused = g.route_gpu(&logits, None, &spec, true).unwrap().expect("routed on the GPU");
+        assert!(
+            g.fuse_route_signal(
+                &r_fused.weights.buf.buffer,
+                &x.buf.buffer,
+                &fused,
+                [n_embd as u32, data_at, flag_at, seq]
+            ),
+            "the route's dispatch was the last pending command: it must fuse"
+        );
+        let read = |b: &wgpu::Buffer, bytes: usize| super::super::le_u32s(&g.read_back(b, bytes as u64).unwrap());
+        let (want, got) = (read(&apart, 4 * words), read(&fused, 4 * words));
+        assert_eq!(got, want, "mailbox words (flag at {flag_at}, data from {data_at})");
+        assert_eq!(got[flag_at as usize], seq);
+        let x_bits: Vec<u32> = xv.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(&got[data_at as usize + 2 * k..], &x_bits[..], "the hidden state in the mailbox");
+        assert_eq!(
+            read(&r_fused.weights.buf.buffer, 8 * k),
+            read(&r_apart.weights.buf.buffer, 8 * k),
+            "the routing buffer, fused or not"
+        );
+        assert!(got[data_at as usize + k..data_at as usize + 2 * k].iter().all(|&id| (id as usize) < n_expert));
     }
 
     #[test]

@@ -49,8 +49,10 @@ struct Params {
 @group(0) @binding(1) var<storage, read> B: array<f32>;
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
 @group(0) @binding(3) var<uniform> P: Params;
-//S @group(0) @binding(4) var<storage, read> X: array<u32>;
-//S @group(0) @binding(5) var<storage, read_write> D: array<atomic<u32>>;
+// The hand-over variant binds X and D before the parameters (the back end puts the uniform
+// after the buffers): P moves to binding 5 there.
+//S @group(0) @binding(3) var<storage, read> X: array<u32>;
+//S @group(0) @binding(4) var<storage, read_write> D: array<atomic<u32>>;
 
 const WG: u32 = 256u;
 const MAX_E: u32 = 512u;
