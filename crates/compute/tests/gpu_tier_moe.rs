@@ -288,8 +288,13 @@ mod gpu {
             normalize: true,
             scale: 1.0,
         };
+        // The input uploaded before the routing, as in a model's layer (the norm before the
+        // router): the route is then the last command recorded before `moe_ffn`, which the
+        // split fuses its hand-over into (`fuse_route_signal`; an upload between them kept this
+        // test off that path).
+        let xg = g.from_host(&x.data, &x.shape)?;
         let routing = g.route(&g.from_host(&logits.data, &logits.shape)?, None, &route)?;
-        let y: WgpuTensor = g.moe_ffn(&g.from_host(&x.data, &x.shape)?, &routing, e, spec)?;
+        let y: WgpuTensor = g.moe_ffn(&xg, &routing, e, spec)?;
         let weights = CpuTensor { shape: vec![x.shape[0], k], data: g.to_host(&routing.weights)? };
         Ok((g.to_host(&y)?, Routing { ids: g.routing_ids(&routing)?, weights, k }))
     }

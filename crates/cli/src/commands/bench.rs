@@ -137,9 +137,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
-    if let Some(name) = compute::ab::active() {
+    let ab = compute::ab::active().map(|name| {
         eprintln!("{}", ab_summary(name, &ab_steps));
-    }
+        let [a, b] = [&ab_steps[0], &ab_steps[1]].map(|v| v.iter().sum::<f64>() / v.len().max(1) as f64);
+        serde_json::json!({"name": name, "a_step_s": a, "b_step_s": b, "steps_each": ab_steps[1].len()})
+    });
     let md = m.file.metadata();
     let arch = m.runner.hparams().arch.clone();
     let name = md.str_opt("general.name").ok().flatten().unwrap_or("").to_string();
@@ -171,6 +173,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "pp_samples": pp,
             "tg_samples": tg,
             "ram_budget_bytes": margs.ram_budget,
+            "ab": ab,
         });
         println!("{j}");
         crate::commands::load::report_stats(&margs, &m);
