@@ -1860,13 +1860,8 @@ mod gpu_ops {
             let mut res = g.from_host(&x0, &[1, d])?;
             for (l, cache) in caches.iter_mut().enumerate() {
                 let lw = &layers[l % N_DISTINCT];
-                let normed;
-                let h = if skip.attn_norm {
-                    &res
-                } else {
-                    normed = g.rms_norm(&res, Some(&lw.a.attn_norm), 1e-6)?;
-                    &normed
-                };
+                let normed = (!skip.attn_norm).then(|| g.rms_norm(&res, Some(&lw.a.attn_norm), 1e-6)).transpose()?;
+                let h = normed.as_ref().unwrap_or(&res);
                 let [q, k, v] = g.matmul_many(h, [&lw.a.q, &lw.a.k, &lw.a.v])?;
                 let per_head = |t: compute::wgpu::WgpuTensor, heads: usize, norm| -> Result<_, compute::OpError> {
                     if skip.qk_norm {
@@ -1892,13 +1887,8 @@ mod gpu_ops {
                 if !skip.o {
                     res = g.matmul_add(&a, &lw.a.o, res)?;
                 }
-                let normed;
-                let h = if skip.ffn_norm {
-                    &res
-                } else {
-                    normed = g.rms_norm(&res, Some(&lw.a.ffn_norm), 1e-6)?;
-                    &normed
-                };
+                let normed = (!skip.ffn_norm).then(|| g.rms_norm(&res, Some(&lw.a.ffn_norm), 1e-6)).transpose()?;
+                let h = normed.as_ref().unwrap_or(&res);
                 if skip.router {
                     if read_each_layer {
                         std::hint::black_box(g.to_host(h)?);

@@ -1032,12 +1032,17 @@ pub enum MappedAccess {
 }
 
 impl MappedAccess {
-    /// The access `DISKFORMER_MAPPED_EXPERTS` names (`map`, `populate`, `huge`), else `Map`.
+    /// The access `DISKFORMER_MAPPED_EXPERTS` names (`map`, `populate`, `huge`), else `Map`
+    /// (an unknown name says so on standard error).
     pub fn from_env() -> MappedAccess {
         match std::env::var("DISKFORMER_MAPPED_EXPERTS").as_deref().map(str::trim) {
             Ok("populate") => MappedAccess::Populate,
             Ok("huge") => MappedAccess::HugeCopy,
-            _ => MappedAccess::Map,
+            Ok("map") | Err(_) => MappedAccess::Map,
+            Ok(other) => {
+                eprintln!("DISKFORMER_MAPPED_EXPERTS={other}: not map, populate or huge; using map");
+                MappedAccess::Map
+            }
         }
     }
 }

@@ -164,7 +164,13 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
         Some(p) => p.clone(),
         None => {
             let t0 = std::time::Instant::now();
-            let mapped = pager::MappedExperts::open(file)?;
+            let mut access = pager::MappedAccess::from_env();
+            if access == pager::MappedAccess::HugeCopy && o.ram_budget_bytes.is_some() {
+                // The copy would hold every expert a second time, outside the budget's count.
+                access_note = "; no huge-page copy of the experts under a RAM budget".to_string();
+                access = pager::MappedAccess::Map;
+            }
+            let mapped = pager::MappedExperts::open_with(file, access)?;
             if mapped.access() != pager::MappedAccess::Map {
                 access_note = format!(
                     "; the CPU reads experts {:?} (prepared in {:.2} s)",

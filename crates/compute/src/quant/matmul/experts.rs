@@ -397,8 +397,10 @@ pub fn experts_one_token(
 ///
 /// Why: a decode step of Qwen3-30B-A3B makes 48 calls, each on the critical path, and a dozen
 /// fresh buffers of ~60 KB in all took 6.4 us of a call's ~12 us setup on the H200 host
-/// (twenty-first session), before the region and again when freed after it: the allocator
-/// hands such blocks back to the kernel and faults them in anew. Every buffer is written
+/// (twenty-first session), before the region and again when freed after it (glibc gave a
+/// decode step's freed logits back to the kernel, which faulted them in anew each step:
+/// twentieth session); allocating them per call again read ~3% slower in one process's A/B
+/// (`DISKFORMER_AB=alloc`). Every buffer is written
 /// before it is read in a call (the region computes every row), so a reused one needs no
 /// clearing; only the completion flags are reset.
 #[derive(Default)]
