@@ -10,7 +10,8 @@
 //! Names in use: `park` (a GPU step's pool workers park instead of polling, `models::arch`),
 //! `map` (a huge-page copy's store lends from the file map instead, `pager`), `alloc` (the
 //! experts' region allocates its buffers instead of reusing them), `signal` (the split's hand-over
-//! in a dispatch of its own instead of fused into the routing kernel).
+//! in a dispatch of its own instead of fused into the routing kernel), `qknorm` (the per-head q
+//! and k norms in two dispatches instead of one).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -249,6 +249,18 @@ pub trait Backend: Send + Sync + Sized + Clone {
     // ---- normalisation and position ----
     /// RMS norm over the last dim of `x`, times `weight` (`[last dim]`) when given.
     fn rms_norm(&self, x: &Self::Tensor, weight: Option<&Self::Tensor>, eps: f32) -> Result<Self::Tensor, OpError>;
+    /// `(rms_norm(a, wa), rms_norm(b, wb))` for rows of one width: two norms a back end may do in
+    /// one pass (a decode step's per-head q and k norms: one GPU dispatch instead of two).
+    fn rms_norm_pair(
+        &self,
+        a: &Self::Tensor,
+        wa: Option<&Self::Tensor>,
+        b: &Self::Tensor,
+        wb: Option<&Self::Tensor>,
+        eps: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor), OpError> {
+        Ok((self.rms_norm(a, wa, eps)?, self.rms_norm(b, wb, eps)?))
+    }
     /// Layer norm over the last dim with optional weight and bias.
     fn layer_norm(
         &self,

@@ -253,6 +253,28 @@ mod gpu_ops {
                 DEFAULT_MAX_NMSE,
             );
         }
+        // Two norms in one op (a decode step's per-head q and k norms): the same bits as each
+        // norm alone on this back end, and the CPU's values; 333 (not whole vec4) and a missing
+        // weight take the two-norm fallback.
+        for (width, rows_a, rows_b, weighted) in
+            [(128usize, 32usize, 4usize, true), (64, 1, 7, true), (333, 3, 2, true), (128, 4, 2, false)]
+        {
+            let (xa, xb) = (tensor(rng, &[rows_a, width], 4.0), tensor(rng, &[rows_b, width], 4.0));
+            let (wa, wb) = (tensor(rng, &[width], 1.0), tensor(rng, &[width], 1.0));
+            let (gxa, gxb, gwa, gwb) = (up(g, &xa), up(g, &xb), up(g, &wa), up(g, &wb));
+            let (ga, gb) = if weighted { (Some(&gwa), Some(&gwb)) } else { (None, None) };
+            let (ya, yb) = g.rms_norm_pair(&gxa, ga, &gxb, gb, 1e-6).expect("rms_norm_pair");
+            let (ya, yb) = (g.to_host(&ya).unwrap(), g.to_host(&yb).unwrap());
+            let alone_a = g.to_host(&g.rms_norm(&gxa, ga, 1e-6).unwrap()).unwrap();
+            let alone_b = g.to_host(&g.rms_norm(&gxb, gb, 1e-6).unwrap()).unwrap();
+            let name = format!("rms_norm_pair([{rows_a}, {width}], [{rows_b}, {width}], weighted {weighted})");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            r.exact(&format!("{name}: first, as alone"), Ok(bits(&ya)), &bits(&alone_a));
+            r.exact(&format!("{name}: second, as alone"), Ok(bits(&yb)), &bits(&alone_b));
+            let (ca, cb) = if weighted { (Some(&wa), Some(&wb)) } else { (None, None) };
+            r.check(&format!("{name}: first"), Ok(ya), &c.rms_norm(&xa, ca, 1e-6).unwrap().data, DEFAULT_MAX_NMSE);
+            r.check(&format!("{name}: second"), Ok(yb), &c.rms_norm(&xb, cb, 1e-6).unwrap().data, DEFAULT_MAX_NMSE);
+        }
         let yarn = Yarn {
             factor: 4.0,
             original_context: 4096,

@@ -89,8 +89,7 @@ impl<B: Backend> Attention<B> {
         let q = with_bias(q, &self.q_bias)?;
         let k = with_bias(k, &self.k_bias)?;
         let v = with_bias(v, &self.v_bias)?;
-        let q = self.qk_norm(b, q, self.q_norm.as_ref(), self.spec.n_head, n)?;
-        let k = self.qk_norm(b, k, self.k_norm.as_ref(), self.spec.n_head_kv, n)?;
+        let (q, k) = self.qk_norms(b, q, k, n)?;
         let step = AttnStep {
             q: &q,
             k: &k,
@@ -137,6 +136,26 @@ impl<B: Backend> Attention<B> {
             None => Ok(b.matmul_add(&a, &self.o, residual)?),
             Some(bb) => Ok(b.add(&residual, &b.add(&b.matmul(&a, &self.o)?, bb)?)?),
         }
+    }
+
+    /// The q and k norms: per head in one op when both are per head ([`Backend::rms_norm_pair`]:
+    /// one GPU dispatch), else each as [`Self::qk_norm`].
+    fn qk_norms(&self, b: &B, q: B::Tensor, k: B::Tensor, n: usize) -> Result<(B::Tensor, B::Tensor)> {
+        let hd = self.spec.head_dim_k;
+        let per_head = |w: &B::Tensor| b.shape(w).iter().product::<usize>() == hd;
+        if let (Some(wq), Some(wk)) =
+            (self.q_norm.as_ref().filter(|w| per_head(w)), self.k_norm.as_ref().filter(|w| per_head(w)))
+        {
+            let (n_q, n_k) = (self.spec.n_head, self.spec.n_head_kv);
+            let q = b.reshape(q, &[n * n_q, hd])?;
+            let k = b.reshape(k, &[n * n_k, hd])?;
+            let (q, k) = b.rms_norm_pair(&q, Some(wq), &k, Some(wk), self.norm_eps)?;
+            return Ok((b.reshape(q, &[n, n_q * hd])?, b.reshape(k, &[n, n_k * hd])?));
+        }
+        Ok((
+            self.qk_norm(b, q, self.q_norm.as_ref(), self.spec.n_head, n)?,
+            self.qk_norm(b, k, self.k_norm.as_ref(), self.spec.n_head_kv, n)?,
+        ))
     }
 
     fn qk_norm(&self, b: &B, t: B::Tensor, w: Option<&B::Tensor>, heads: usize, n: usize) -> Result<B::Tensor> {

@@ -1874,6 +1874,17 @@ impl Backend for WgpuBackend {
         self.norm("rms_norm", x, weight, None, eps, 0)
     }
 
+    fn rms_norm_pair(
+        &self,
+        a: &WgpuTensor,
+        wa: Option<&WgpuTensor>,
+        b: &WgpuTensor,
+        wb: Option<&WgpuTensor>,
+        eps: f32,
+    ) -> Result<(WgpuTensor, WgpuTensor), OpError> {
+        self.norm_pair(a, wa, b, wb, eps)
+    }
+
     fn layer_norm(
         &self,
         x: &WgpuTensor,

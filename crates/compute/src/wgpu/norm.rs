@@ -124,6 +124,38 @@ impl NormShape {
     }
 }
 
+impl NormShape {
+    /// The pipeline cache key of [`NormShape::pair_source`].
+    pub(super) fn pair_key(self, subgroups: bool) -> String {
+        format!("norm_reg pair {}x{} sg{subgroups}", self.wg, self.nv)
+    }
+
+    /// `norm_reg.wgsl` over the rows of two tensors, each with its own weight and output (X2, W2,
+    /// Y2 bound after the int8 outputs; `rows_a`, the first tensor's rows, in the parameters'
+    /// spare word): the per-head q and k norms of a decode step in one dispatch instead of two
+    /// (two dependent dispatches cost ~7 us a layer on the H200, twenty-first session).
+    pub(super) fn pair_source(self, subgroups: bool) -> String {
+        let edits = [
+            ("_p1: u32,", "rows_a: u32,"),
+            (
+                "@group(0) @binding(6) var<uniform> P: Params;",
+                "@group(0) @binding(6) var<storage, read> X2: array<vec4<f32>>;\n@group(0) @binding(7) var<storage, read> W2: array<vec4<f32>>;\n@group(0) @binding(8) var<storage, read_write> Y2: array<vec4<f32>>;\n@group(0) @binding(9) var<uniform> P: Params;",
+            ),
+            // Rows from rows_a on are the second tensor's (uniform per workgroup).
+            ("let base = row * nv4;", "let second = row >= P.rows_a;\n    let base = select(row, row - P.rows_a, second) * nv4;"),
+            ("v[j] = X[base + i];", "v[j] = select(X[base + i], X2[base + i], second);"),
+            ("wv[j] = Wt[i];", "wv[j] = select(Wt[i], W2[i], second);"),
+            ("Y[base + i] = y;", "if (second) {\n                Y2[base + i] = y;\n            } else {\n                Y[base + i] = y;\n            }"),
+        ];
+        let mut src = self.source(subgroups);
+        for (from, to) in edits {
+            assert!(src.contains(from), "norm_reg.wgsl no longer has `{from}` for its pair variant");
+            src = src.replacen(from, to, 1);
+        }
+        src
+    }
+}
+
 /// `norm_split.wgsl`'s workgroup size for rows of `width` values: one vec4 per invocation up to
 /// 256 (a 4096-wide row: 4 per invocation), at least 32.
 fn split_workgroup(width: usize) -> u32 {
@@ -242,6 +274,56 @@ impl WgpuBackend {
             self.q8_register(&y.buf.buffer, w);
         }
         Ok(y)
+    }
+
+    /// `(rms_norm(a, wa), rms_norm(b, wb))` of rows of one width in one dispatch of
+    /// [`NormShape::pair_source`]; two norms where `norm_reg` does not take the width, the
+    /// weights are missing, `DISKFORMER_NORM` picks another kernel, or on odd decode steps under
+    /// `DISKFORMER_AB=qknorm`.
+    pub(super) fn norm_pair(
+        &self,
+        a: &WgpuTensor,
+        wa: Option<&WgpuTensor>,
+        b: &WgpuTensor,
+        wb: Option<&WgpuTensor>,
+        eps: f32,
+    ) -> Result<(WgpuTensor, WgpuTensor), OpError> {
+        let op = "rms_norm_pair";
+        let shape = self.norm_shape(a.width()).filter(|_| {
+            a.width() == b.width()
+                && self.ctx.norm_choice == NormChoice::Auto
+                && a.rows() > 0
+                && b.rows() > 0
+                && !crate::ab::is_b("qknorm")
+        });
+        let (Some(shape), Some(wa), Some(wb)) = (shape, wa, wb) else {
+            return Ok((self.norm("rms_norm", a, wa, None, eps, 0)?, self.norm("rms_norm", b, wb, None, eps, 0)?));
+        };
+        Self::check_norm(op, a, Some(wa), None)?;
+        Self::check_norm(op, b, Some(wb), None)?;
+        let (ya, yb) = (self.alloc(op, &a.shape)?, self.alloc(op, &b.shape)?);
+        let subgroups = self.ctx.subgroups;
+        // Workgroup memory is written before it is read (argued in norm_reg.wgsl).
+        let pipe = self.ctx.pipeline_with(&shape.pair_key(subgroups), || shape.pair_source(subgroups), true);
+        let rows = a.rows() + b.rows();
+        // No int8 blocks: `ya` fills their bindings (see `norm_dispatch`), the dummy the bias's.
+        self.dispatch(
+            pipe,
+            &[
+                &a.buf.buffer,
+                &wa.buf.buffer,
+                &self.ctx.dummy,
+                &ya.buf.buffer,
+                &ya.buf.buffer,
+                &ya.buf.buffer,
+                &b.buf.buffer,
+                &wb.buf.buffer,
+                &yb.buf.buffer,
+            ],
+            &[a.width() as u32, rows as u32, 0, eps.to_bits(), 1, 0, 0, a.rows() as u32],
+            super::grid(rows),
+        );
+        Ok((ya, yb))
     }
 
     fn check_norm(
@@ -411,6 +493,8 @@ mod tests {
             for nv in [1, 4, 16] {
                 for sg in [false, true] {
                     super::super::shaders::tests::parse(&format!("{wg}x{nv} sg{sg}"), &NormShape { wg, nv }.source(sg));
+                    let pair = NormShape { wg, nv }.pair_source(sg);
+                    super::super::shaders::tests::parse(&format!("pair {wg}x{nv} sg{sg}"), &pair);
                 }
             }
         }
