@@ -1882,7 +1882,7 @@ impl Backend for WgpuBackend {
         wb: Option<&WgpuTensor>,
         eps: f32,
     ) -> Result<(WgpuTensor, WgpuTensor), OpError> {
-        self.norm_pair(a, wa, b, wb, eps)
+        self.norm_pair([(a, wa), (b, wb)], eps)
     }
 
     fn layer_norm(

@@ -282,10 +282,7 @@ impl WgpuBackend {
     /// `DISKFORMER_AB=qknorm`.
     pub(super) fn norm_pair(
         &self,
-        a: &WgpuTensor,
-        wa: Option<&WgpuTensor>,
-        b: &WgpuTensor,
-        wb: Option<&WgpuTensor>,
+        [(a, wa), (b, wb)]: [(&WgpuTensor, Option<&WgpuTensor>); 2],
         eps: f32,
     ) -> Result<(WgpuTensor, WgpuTensor), OpError> {
         let op = "rms_norm_pair";
