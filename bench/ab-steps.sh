@@ -3,7 +3,7 @@
 # which switches the setting NAME on for odd decode steps only (compute::ab), so both arms share
 # the machine's state step by step (on the H200 leases separate processes of one binary drift
 # 5-10%, more than most changes are worth). Every round runs each name once, the control `none`
-# (nothing switched: the arms' own difference, ~0.7% on the H200) first. Prints each run's B/A
+# (nothing switched: the noise, 0.993 in one H200 run) first. Prints each run's B/A
 # speed (the odd steps' over the even steps', by mean step time) and each name's mean.
 #
 # Usage: bench/ab-steps.sh MODEL.gguf NAME...
