@@ -1077,7 +1077,12 @@ impl MappedExperts {
     /// [`PagerError::Io`] when populating or allocating the copy failed.
     pub fn open_with(model: &Arc<GgufModel>, access: MappedAccess) -> Result<MappedExperts, PagerError> {
         let layers = index_layers(model)?;
-        let matrices: Vec<&Matrix> = layers.iter().flatten().flat_map(|l| l.matrices()).collect();
+        // Each stacked matrix with its length in bytes (all of its layer's experts).
+        let matrices: Vec<(&Matrix, usize)> = layers
+            .iter()
+            .flatten()
+            .flat_map(|l| l.matrices().map(move |m| (m, m.bytes_per_expert * l.n_expert)))
+            .collect();
         let io = |source: std::io::Error| PagerError::Io { path: model.path().to_path_buf(), source };
         let mut copies = Vec::new();
         match access {
@@ -1086,8 +1091,8 @@ impl MappedExperts {
                 let files = model.files();
                 let pieces: Vec<(usize, u64, u64)> = matrices
                     .iter()
-                    .flat_map(|m| {
-                        let len = (m.bytes_per_expert * stacked_experts(&layers, m)) as u64;
+                    .flat_map(|&(m, len)| {
+                        let len = len as u64;
                         (0..len)
                             .step_by(COPY_PIECE)
                             .map(move |at| (m.file, m.offset + at, (len - at).min(COPY_PIECE as u64)))
@@ -1098,8 +1103,7 @@ impl MappedExperts {
             MappedAccess::HugeCopy => {
                 let files = model.files();
                 let mut maps = Vec::with_capacity(matrices.len());
-                for m in &matrices {
-                    let len = m.bytes_per_expert * stacked_experts(&layers, m);
+                for &(_, len) in &matrices {
                     let map = memmap2::MmapMut::map_anon(len.max(1)).map_err(io)?;
                     #[cfg(target_os = "linux")]
                     // Refused where the kernel has no transparent huge pages: 4 KiB pages then.
@@ -1107,10 +1111,9 @@ impl MappedExperts {
                     maps.push(map);
                 }
                 let mut pieces = Vec::new();
-                for (map, m) in maps.iter_mut().zip(&matrices) {
+                for (map, &(m, len)) in maps.iter_mut().zip(&matrices) {
                     let at = m.offset as usize;
-                    let src = &files[m.file].raw_bytes()
-                        [at..at + map.len().min(m.bytes_per_expert * stacked_experts(&layers, m))];
+                    let src = &files[m.file].raw_bytes()[at..at + len];
                     pieces.extend(map.chunks_mut(COPY_PIECE).zip(src.chunks(COPY_PIECE)));
                 }
                 on_all_cores(pieces, |(dst, src)| {
@@ -1144,11 +1147,6 @@ impl MappedExperts {
 
 /// Bytes one thread populates or copies at a time.
 const COPY_PIECE: usize = 8 << 20;
-
-/// The number of experts in `m`'s layer.
-fn stacked_experts(layers: &[Option<LayerExperts>], m: &Matrix) -> usize {
-    layers.iter().flatten().find(|l| l.matrices().any(|x| std::ptr::eq(x, m))).map_or(0, |l| l.n_expert)
-}
 
 /// Runs `work` on every item, spread over the machine's cores; the first error, if any.
 fn on_all_cores<T: Send>(items: Vec<T>, work: impl Fn(T) -> std::io::Result<()> + Sync) -> std::io::Result<()> {
