@@ -11,7 +11,8 @@
 //! `map` (a huge-page copy's store lends from the file map instead, `pager`), `alloc` (the
 //! experts' region allocates its buffers instead of reusing them), `signal` (the split's hand-over
 //! in a dispatch of its own instead of fused into the routing kernel), `qknorm` (the per-head q
-//! and k norms in two dispatches instead of one).
+//! and k norms in two dispatches instead of one), `qkfuse` (the per-head q and k norms in a
+//! dispatch of their own instead of inside the decode attention).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

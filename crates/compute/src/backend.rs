@@ -131,7 +131,30 @@ pub struct AttnStep<'a, B: Backend> {
     pub spec: &'a AttnSpec,
     /// One extra softmax logit per head (`[n_head]`, gpt-oss).
     pub sinks: Option<&'a B::Tensor>,
+    /// Per-head RMS norms of q and k before the rotation (Qwen3's `attn_q_norm`/`attn_k_norm`),
+    /// done inside the attention by a back end whose [`Backend::attention_norms_qk`] says so;
+    /// `None` when the caller normed them already (or the layer has none).
+    pub qk_norm: Option<QkNorm<'a, B>>,
 }
+
+/// The per-head q and k norms an [`AttnStep`] carries into the attention: `x * w / rms(x)` over
+/// each head's `head_dim_k` values, as [`Backend::rms_norm`] of rows of one head.
+pub struct QkNorm<'a, B: Backend> {
+    /// The q norm's weight (`[head_dim_k]`).
+    pub q: &'a B::Tensor,
+    /// The k norm's weight (`[head_dim_k]`).
+    pub k: &'a B::Tensor,
+    /// The norms' epsilon.
+    pub eps: f32,
+}
+
+impl<B: Backend> Clone for QkNorm<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for QkNorm<'_, B> {}
 
 /// A compute back end. `Tensor` holds f32 activations; `Weight` a matrix in its stored type;
 /// `Cache` one layer's attention KV cache.
@@ -306,7 +329,14 @@ pub trait Backend: Send + Sync + Sized + Clone {
     /// the cache in one pass (the GPU: one dispatch instead of two ropes and two cache copies);
     /// by default it is exactly those ops.
     fn rope_attention(&self, step: &AttnStep<'_, Self>, cache: &mut Self::Cache) -> Result<Self::Tensor, OpError> {
-        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
+        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks, qk_norm } = *step;
+        if qk_norm.is_some() {
+            return Err(OpError::Unsupported {
+                op: "rope_attention",
+                backend: self.name(),
+                why: "q and k norms inside the attention (ask `attention_norms_qk` first)".into(),
+            });
+        }
         match rope {
             Some(r) => {
                 let q = self.rope(q, positions, r)?;
@@ -315,6 +345,15 @@ pub trait Backend: Send + Sync + Sized + Clone {
             }
             None => self.attention(q, k, v, cache, pos0, spec, sinks),
         }
+    }
+
+    /// Whether [`Backend::rope_attention`] of `n_tokens` tokens with `spec` takes the per-head q
+    /// and k norms itself ([`AttnStep::qk_norm`]): the GPU's decode kernel norms each head as it
+    /// loads it, one dispatch less per layer than a norm before it. By default no: the caller
+    /// norms q and k first.
+    fn attention_norms_qk(&self, n_tokens: usize, spec: &AttnSpec) -> bool {
+        let _ = (n_tokens, spec);
+        false
     }
 
     /// Attention of `q` (`[n, n_head * head_dim_k]`) over `k` and `v` (`[n, n_head_kv * head_dim]`)

@@ -19,7 +19,7 @@ mod weight;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
-pub use backend::{AttnStep, Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
+pub use backend::{AttnStep, Backend, ExpertStore, Experts, HostExpert, HostMatrix, QkNorm, Routing, SsmScan};
 pub use error::OpError;
 pub use tier_stats::ExpertTierStats;
 pub use weight::HostWeight;

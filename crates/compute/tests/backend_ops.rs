@@ -94,6 +94,126 @@ mod gpu_ops {
         }
     }
 
+    /// The decode kernel's q/k-norm variant (`AttnStep::qk_norm`) against the CPU's per-head
+    /// norms followed by its attention: every decode shape and the workgroup-memory fallback,
+    /// the model path's choice (`rope_attention`), GQA 1, 4 and 8, odd head dims, partial and
+    /// neox rotation, NoPE with a window and soft-cap, sinks, 1 to 4 tokens per step at contexts
+    /// past several key slices (the combine pass); a 70-token prefill in between takes the norms
+    /// apart on both sides, as the model does.
+    #[test]
+    fn attention_qk_norm_matches_cpu() {
+        let Some(g) = gpu("attention qk norm") else { return };
+        let seed = seed();
+        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
+        let rng = &mut StdRng::seed_from_u64(seed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let shape = |s: &str| AttnDecodeShape::parse(s).expect("valid shape");
+        let variants: [(&str, Option<AttnKernel>); 5] = [
+            ("model path", None),
+            ("decode 128x16r1", Some(AttnKernel::Decode { shape: shape("128x16r1"), subgroups: true })),
+            ("decode 128x32u1r1", Some(AttnKernel::Decode { shape: shape("128x32u1r1"), subgroups: true })),
+            ("decode 64x16u2r2", Some(AttnKernel::Decode { shape: shape("64x16u2r2"), subgroups: true })),
+            ("decode 128x16 no subgroups", Some(AttnKernel::Decode { shape: shape("128x16"), subgroups: false })),
+        ];
+        let spec = |n_head, n_head_kv, hdk, hdv, window, softcap| AttnSpec {
+            n_head,
+            n_head_kv,
+            head_dim_k: hdk,
+            head_dim_v: hdv,
+            scale: 1.0 / (hdk as f32).sqrt(),
+            window,
+            softcap,
+        };
+        let cases: Vec<(&str, AttnSpec, Option<RopeSpec>, bool)> = vec![
+            ("gqa 32/4 hd 128, neox rope", spec(32, 4, 128, 128, None, None), Some(RopeSpec::new(128, 1e6, true))),
+            ("mha 3 hd 40, norm rope", spec(3, 3, 40, 40, None, None), Some(RopeSpec::new(40, 10000.0, false))),
+            ("gqa 8/1 hd 32, window 37, softcap 30, NoPE", spec(8, 1, 32, 32, Some(37), Some(30.0)), None),
+            (
+                "gqa 4/2 hd 48/24, neox n_rot 32",
+                spec(4, 2, 48, 24, None, None),
+                Some(RopeSpec { n_rot: 32, ..RopeSpec::new(48, 10000.0, true) }),
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, spec, rope))| (name, spec, rope, i == 3))
+        .collect();
+        let eps = 1e-6;
+        for (name, spec, rope, with_sinks) in cases {
+            let hd = spec.head_dim_k;
+            let n_ctx = 100;
+            let (kw, vw) = (spec.n_head_kv * hd, spec.n_head_kv * spec.head_dim_v);
+            // Weights away from 1 and of both signs, so a norm left out or misplaced shows.
+            let (wq, wk) = (tensor(rng, &[hd], 1.5), tensor(rng, &[hd], 1.5));
+            let (gwq, gwk) = (up(&g, &wq), up(&g, &wk));
+            let mut cc = c.new_cache(n_ctx, kw, vw).unwrap();
+            let mut gcs: Vec<_> = variants.iter().map(|_| g.new_cache(n_ctx, kw, vw).unwrap()).collect();
+            let mut pos0 = 0;
+            for n in [1usize, 2, 70, 1, 3, 4, 1] {
+                let positions: Vec<u32> = (pos0 as u32..(pos0 + n) as u32).collect();
+                // Rows of uneven scale: the norm changes them by different factors.
+                let q = tensor(rng, &[n, spec.n_head * hd], 4.0);
+                let k = tensor(rng, &[n, kw], 0.5);
+                let v = tensor(rng, &[n, vw], 2.0);
+                let sinks = tensor(rng, &[spec.n_head], 2.0);
+                let per_head = |t: &CpuTensor, w: &CpuTensor| {
+                    let rows = c.from_host(&t.data, &[t.data.len() / hd, hd]).unwrap();
+                    c.rms_norm(&rows, Some(w), eps).unwrap().data.clone()
+                };
+                let (qn, kn) = (per_head(&q, &wq), per_head(&k, &wk));
+                let (cq, ck) = (c.from_host(&qn, &q.shape).unwrap(), c.from_host(&kn, &k.shape).unwrap());
+                let step = AttnStep {
+                    q: &cq,
+                    k: &ck,
+                    v: &v,
+                    pos0,
+                    positions: &positions,
+                    rope: rope.as_ref(),
+                    spec: &spec,
+                    sinks: with_sinks.then_some(&sinks),
+                    qk_norm: None,
+                };
+                let want = c.rope_attention(&step, &mut cc).unwrap();
+                // A prefill takes the norms apart, as the model does past the decode kernel.
+                let decode = n <= 4;
+                let (gq, gk) = if decode { (up(&g, &q), up(&g, &k)) } else { (up(&g, &cq), up(&g, &ck)) };
+                let (gv, gsinks) = (up(&g, &v), up(&g, &sinks));
+                let gstep = AttnStep {
+                    q: &gq,
+                    k: &gk,
+                    v: &gv,
+                    pos0,
+                    positions: &positions,
+                    rope: rope.as_ref(),
+                    spec: &spec,
+                    sinks: with_sinks.then_some(&gsinks),
+                    qk_norm: decode.then_some(compute::QkNorm { q: &gwq, k: &gwk, eps }),
+                };
+                if decode {
+                    r.exact(&format!("attention_norms_qk({name}, n={n})"), Ok(g.attention_norms_qk(n, &spec)), &true);
+                }
+                for ((label, kernel), gc) in variants.iter().zip(gcs.iter_mut()) {
+                    let got = match (kernel, decode) {
+                        (None, _) => g.rope_attention(&gstep, gc),
+                        (Some(_), false) => g.rope_attention_with(&gstep, gc, AttnKernel::Prefill),
+                        (Some(kernel), true) => g.rope_attention_with(&gstep, gc, *kernel),
+                    };
+                    r.check(
+                        &format!("attention with q/k norms, {label} ({name}, pos0={pos0}, n={n})"),
+                        host(&g, got),
+                        &want.data,
+                        DEFAULT_MAX_NMSE,
+                    );
+                }
+                pos0 += n;
+            }
+        }
+        // Past the decode kernel the norms are refused, not skipped.
+        r.exact("attention_norms_qk(5 tokens)", Ok(g.attention_norms_qk(5, &spec(2, 1, 32, 32, None, None))), &false);
+        r.finish();
+    }
+
     #[test]
     fn backend_ops_match_cpu() {
         let Some(g) = gpu("backend_ops") else { return };
@@ -591,6 +711,7 @@ mod gpu_ops {
                     rope: rope.as_ref(),
                     spec: &spec,
                     sinks: with_sinks.then_some(&sinks),
+                    qk_norm: None,
                 };
                 let want = c.rope_attention(&step, &mut cc).unwrap();
                 let (gq, gk, gv, gsinks) = (up(g, &q), up(g, &k), up(g, &v), up(g, &sinks));
@@ -603,6 +724,7 @@ mod gpu_ops {
                     rope: rope.as_ref(),
                     spec: &spec,
                     sinks: with_sinks.then_some(&gsinks),
+                    qk_norm: None,
                 };
                 for ((label, kernel), gc) in variants.iter().zip(gcs.iter_mut()) {
                     // More tokens than a decode step: the prefill kernel, in every variant.
@@ -683,6 +805,7 @@ mod gpu_ops {
                                 rope: rope.as_ref(),
                                 spec,
                                 sinks: with_sinks.then_some(&sinks),
+                                qk_norm: None,
                             },
                             cc,
                         )
@@ -696,6 +819,7 @@ mod gpu_ops {
                         rope: rope.as_ref(),
                         spec,
                         sinks: with_sinks.then_some(&gsinks),
+                        qk_norm: None,
                     };
                     let got = host(g, g.rope_attention(&step, gc));
                     r.check(&format!("rope_attention({name}, pos0={pos0}, n={n})"), got, &want.data, DEFAULT_MAX_NMSE);
@@ -718,6 +842,7 @@ mod gpu_ops {
             rope: Some(&rope),
             spec: &spec,
             sinks: None,
+            qk_norm: None,
         };
         let refused = matches!(g.rope_attention(&step, &mut gc), Err(compute::OpError::ContextFull { .. }));
         r.exact("rope_attention(past the cache) refused", Ok(refused), &true);
@@ -1357,6 +1482,7 @@ mod gpu_ops {
                     rope: Some(&rope),
                     spec: &spec,
                     sinks: None,
+                    qk_norm: None,
                 };
                 let want_a = c.rope_attention(&step, &mut cc).unwrap();
                 let (gq, gk, gv) = (up(g, &q), up(g, &k), up(g, &v));
@@ -1369,6 +1495,7 @@ mod gpu_ops {
                     rope: Some(&rope),
                     spec: &spec,
                     sinks: None,
+                    qk_norm: None,
                 };
                 for ((label, kernel), gc) in
                     [("", None), (" split 16 keys", Some(split))].into_iter().zip(gcs.iter_mut())
@@ -1904,6 +2031,7 @@ mod gpu_ops {
                     rope: Some(&rope),
                     spec: &spec,
                     sinks: None,
+                    qk_norm: None,
                 };
                 let a = if skip.attention { q } else { g.rope_attention(&step, cache)? };
                 if !skip.o {

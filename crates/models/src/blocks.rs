@@ -5,7 +5,7 @@
 use crate::error::Result;
 use crate::loader::Loader;
 use compute::spec::{AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
-use compute::{AttnStep, Backend, Experts};
+use compute::{AttnStep, Backend, Experts, QkNorm};
 use gguf::names::blk;
 
 /// Attention weights of one layer: projections, optional biases and q/k norms, optional sinks.
@@ -89,7 +89,13 @@ impl<B: Backend> Attention<B> {
         let q = with_bias(q, &self.q_bias)?;
         let k = with_bias(k, &self.k_bias)?;
         let v = with_bias(v, &self.v_bias)?;
-        let (q, k) = self.qk_norms(b, q, k, n)?;
+        // Per-head norms of both go into the attention where the back end norms each head as
+        // it loads it (one dispatch less a layer on the GPU's decode path).
+        let inside = self.per_head_qk_norms(b).filter(|_| b.attention_norms_qk(n, &self.spec));
+        let (q, k) = match inside {
+            Some(_) => (q, k),
+            None => self.qk_norms(b, q, k, n)?,
+        };
         let step = AttnStep {
             q: &q,
             k: &k,
@@ -99,6 +105,7 @@ impl<B: Backend> Attention<B> {
             rope: self.rope.as_ref(),
             spec: &self.spec,
             sinks: self.sinks.as_ref(),
+            qk_norm: inside.map(|(q, k)| QkNorm { q, k, eps: self.norm_eps }),
         };
         Ok(b.rope_attention(&step, cache)?)
     }
@@ -142,10 +149,7 @@ impl<B: Backend> Attention<B> {
     /// one GPU dispatch), else each as [`Self::qk_norm`].
     fn qk_norms(&self, b: &B, q: B::Tensor, k: B::Tensor, n: usize) -> Result<(B::Tensor, B::Tensor)> {
         let hd = self.spec.head_dim_k;
-        let per_head = |w: &B::Tensor| b.shape(w).iter().product::<usize>() == hd;
-        if let (Some(wq), Some(wk)) =
-            (self.q_norm.as_ref().filter(|w| per_head(w)), self.k_norm.as_ref().filter(|w| per_head(w)))
-        {
+        if let Some((wq, wk)) = self.per_head_qk_norms(b) {
             let (n_q, n_k) = (self.spec.n_head, self.spec.n_head_kv);
             let q = b.reshape(q, &[n * n_q, hd])?;
             let k = b.reshape(k, &[n * n_k, hd])?;
@@ -156,6 +160,12 @@ impl<B: Backend> Attention<B> {
             self.qk_norm(b, q, self.q_norm.as_ref(), self.spec.n_head, n)?,
             self.qk_norm(b, k, self.k_norm.as_ref(), self.spec.n_head_kv, n)?,
         ))
+    }
+
+    /// The q and k norms' weights when both are per head (`[head_dim_k]`).
+    fn per_head_qk_norms<'w>(&'w self, b: &B) -> Option<(&'w B::Tensor, &'w B::Tensor)> {
+        let per_head = |w: &&B::Tensor| b.shape(w).iter().product::<usize>() == self.spec.head_dim_k;
+        Some((self.q_norm.as_ref().filter(per_head)?, self.k_norm.as_ref().filter(per_head)?))
     }
 
     fn qk_norm(&self, b: &B, t: B::Tensor, w: Option<&B::Tensor>, heads: usize, n: usize) -> Result<B::Tensor> {

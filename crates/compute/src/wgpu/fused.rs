@@ -28,7 +28,7 @@
 
 use super::shaders::{AttnDecodeKernel, AttnDecodeShape};
 use super::{expect_width, grid, lock, OpError, PooledBuffer, Span, WgpuBackend, WgpuCache, WgpuTensor, WgpuWeight};
-use crate::backend::{AttnStep, Backend};
+use crate::backend::{AttnStep, Backend, QkNorm};
 use crate::cpu::kernels;
 use crate::spec::{AttnCall, AttnSpec, RopeSpec};
 use std::sync::Arc;
@@ -42,9 +42,12 @@ const ATTENTION_STORAGE_BUFFERS: u32 = 10;
 /// states.
 const DECODE_STORAGE_BUFFERS: u32 = 12;
 
+/// Storage buffers of the decode kernel's q/k-norm variant: the two norms' weights more.
+const DECODE_NORM_STORAGE_BUFFERS: u32 = DECODE_STORAGE_BUFFERS + 2;
+
 /// Most query tokens the decode kernel takes (a decode step, or a few speculative tokens); more
 /// go through `attention.wgsl`, whose workgroup per (token, head) fills the GPU by itself.
-const DECODE_MAX_TOKENS: usize = 4;
+const DECODE_MAX_TOKENS: usize = super::shaders::ATTN_NORM_MAX_TOKENS as usize;
 
 /// Most key slices of one decode step: past it the slices grow, so the combine pass reads few
 /// partial states per row however long the context.
@@ -220,11 +223,13 @@ impl WgpuBackend {
         sinks: Option<&WgpuTensor>,
         rope: Option<(&RopeSpec, &[u32])>,
     ) -> Result<WgpuTensor, OpError> {
-        self.attention_with(q, k, v, cache, pos0, spec, sinks, rope, AttnKernel::Auto)
+        self.attention_with(q, k, v, cache, pos0, spec, sinks, rope, AttnKernel::Auto, None)
     }
 
-    /// [`attention_step`](Self::attention_step) with the kernel chosen by `kernel`.
-    #[allow(clippy::too_many_arguments)] // attention's own parameters, the rotation and the kernel
+    /// [`attention_step`](Self::attention_step) with the kernel chosen by `kernel`, and the
+    /// per-head q and k norms done by the decode kernel when `qk_norm` is given (an error when
+    /// the decode kernel does not take the call: [`Backend::attention_norms_qk`] says when).
+    #[allow(clippy::too_many_arguments)] // attention's own parameters, the rotation, the norms and the kernel
     fn attention_with(
         &self,
         q: &WgpuTensor,
@@ -236,6 +241,7 @@ impl WgpuBackend {
         sinks: Option<&WgpuTensor>,
         rope: Option<(&RopeSpec, &[u32])>,
         kernel: AttnKernel,
+        qk_norm: Option<QkNorm<'_, WgpuBackend>>,
     ) -> Result<WgpuTensor, OpError> {
         let n_storage = self.ctx.device.limits().max_storage_buffers_per_shader_stage;
         if n_storage < ATTENTION_STORAGE_BUFFERS {
@@ -248,19 +254,20 @@ impl WgpuBackend {
             });
         }
         let n = q.rows();
+        let normed = qk_norm.is_some();
         let plan = match kernel {
             AttnKernel::Auto => match decode_choice() {
                 DecodeChoice::Off => None,
-                DecodeChoice::Fixed(shape) => self.decode_plan(n, pos0, spec, shape, true),
+                DecodeChoice::Fixed(shape) => self.decode_plan(n, pos0, spec, shape, true, normed),
                 DecodeChoice::ByContext => {
-                    self.prepare_decode_pipelines(spec);
+                    self.prepare_decode_pipelines(spec, normed);
                     let n_keys = pos0 + n - spec.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
-                    self.decode_plan(n, pos0, spec, default_decode_shape(n_keys), true)
+                    self.decode_plan(n, pos0, spec, default_decode_shape(n_keys), true, normed)
                 }
             },
             AttnKernel::Prefill => None,
             AttnKernel::Decode { shape, subgroups } => {
-                Some(self.decode_plan(n, pos0, spec, shape, subgroups).ok_or_else(|| OpError::Unsupported {
+                Some(self.decode_plan(n, pos0, spec, shape, subgroups, normed).ok_or_else(|| OpError::Unsupported {
                     op: "attention",
                     backend: "wgpu",
                     why: format!(
@@ -270,6 +277,20 @@ impl WgpuBackend {
                 })?)
             }
         };
+        if let (Some(norms), None) = (qk_norm, &plan) {
+            return Err(OpError::Unsupported {
+                op: "rope_attention",
+                backend: "wgpu",
+                why: format!(
+                    "q and k norms (eps {}) inside an attention of {n} tokens that the decode kernel does not take",
+                    norms.eps
+                ),
+            });
+        }
+        if let Some(norms) = qk_norm {
+            expect_width("attention q norm", norms.q, spec.head_dim_k)?;
+            expect_width("attention k norm", norms.k, spec.head_dim_k)?;
+        }
         let y = self.alloc("attention", &[n, spec.n_head * spec.head_dim_v])?;
         let table = match rope {
             Some((r, positions)) => Some(self.rope_table(positions, r)?),
@@ -299,22 +320,26 @@ impl WgpuBackend {
             };
             let (pacc, pml) = parts.as_ref().map_or((&y.buf.buffer, &y.buf.buffer), |(a, m)| (&a.buffer, &m.buffer));
             let kernel = plan.kernel;
+            let mut buffers = vec![
+                &q.buf.buffer,
+                &k.buf.buffer,
+                &v.buf.buffer,
+                table_buf,
+                sinks_buf,
+                &cache.k,
+                &cache.v,
+                &y.buf.buffer,
+                qs,
+                ds,
+                pacc,
+                pml,
+            ];
+            if let Some(norms) = qk_norm {
+                buffers.extend([&norms.q.buf.buffer, &norms.k.buf.buffer]);
+            }
             self.dispatch(
                 self.ctx.pipeline_with(&kernel.key(), || super::shaders::attention_decode(&kernel), true),
-                &[
-                    &q.buf.buffer,
-                    &k.buf.buffer,
-                    &v.buf.buffer,
-                    table_buf,
-                    sinks_buf,
-                    &cache.k,
-                    &cache.v,
-                    &y.buf.buffer,
-                    qs,
-                    ds,
-                    pacc,
-                    pml,
-                ],
+                &buffers,
                 &[
                     n as u32,
                     spec.n_head as u32,
@@ -333,7 +358,7 @@ impl WgpuBackend {
                     plan.split_keys as u32,
                     plan.n_rowgroups as u32,
                     plan.key_lo as u32,
-                    0,
+                    qk_norm.map_or(0, |norms| norms.eps.to_bits()),
                     0,
                     0,
                 ],
@@ -404,16 +429,18 @@ impl WgpuBackend {
     /// runs, so none is compiled in the middle of a generation: on the H200 the first
     /// 128-token run of a process decoded at ~175 tok/s against ~230 for the next, about the
     /// 0.2 s the driver takes to compile one of them when the context first needs it.
-    fn prepare_decode_pipelines(&self, spec: &AttnSpec) {
+    fn prepare_decode_pipelines(&self, spec: &AttnSpec, qk_norm: bool) {
         use std::sync::atomic::Ordering;
-        let dims = ((spec.head_dim_k as u64) << 32) | spec.head_dim_v as u64;
+        let dims = ((qk_norm as u64) << 63) | ((spec.head_dim_k as u64) << 32) | spec.head_dim_v as u64;
         if self.ctx.decode_pipelines_ready.swap(dims, Ordering::Relaxed) == dims {
             return;
         }
         for n_keys in [1, DECODE_MAX_SPLITS * 64] {
             // A plan for one token at a context of `n_keys`: its kernel is the shape that
             // context takes. None: the decode kernel never runs for this spec.
-            let Some(plan) = self.decode_plan(1, n_keys - 1, spec, default_decode_shape(n_keys), true) else { return };
+            let Some(plan) = self.decode_plan(1, n_keys - 1, spec, default_decode_shape(n_keys), true, qk_norm) else {
+                return;
+            };
             let kernel = plan.kernel;
             self.ctx.pipeline_with(&kernel.key(), || super::shaders::attention_decode(&kernel), true);
         }
@@ -427,7 +454,8 @@ impl WgpuBackend {
 
     /// How the decode kernel would run `n` tokens at `pos0` with `shape` (`subgroups`: when the
     /// adapter has them and the workgroup holds whole subgroups); `None` when it cannot (too many
-    /// tokens, head dims not multiples of 4, the adapter's limits).
+    /// tokens, head dims not multiples of 4, the adapter's limits; with `qk_norm`, the q/k-norm
+    /// variant's: a power-of-two workgroup and two more storage buffers).
     fn decode_plan(
         &self,
         n: usize,
@@ -435,7 +463,13 @@ impl WgpuBackend {
         spec: &AttnSpec,
         shape: AttnDecodeShape,
         subgroups: bool,
+        qk_norm: bool,
     ) -> Option<DecodePlan> {
+        let norm_limits = self.ctx.device.limits().max_storage_buffers_per_shader_stage >= DECODE_NORM_STORAGE_BUFFERS
+            && shape.wg.is_power_of_two();
+        if qk_norm && !norm_limits {
+            return None;
+        }
         let (hdk, hdv) = (spec.head_dim_k, spec.head_dim_v);
         let limits = self.ctx.device.limits();
         if n == 0
@@ -466,6 +500,7 @@ impl WgpuBackend {
             hdv: hdv as u32,
             unroll: if subgroup_min.is_some() { shape.unroll } else { 1 },
             subgroup_min,
+            qk_norm,
         };
         // Registers: a lane holds ROWS x (CK + CV) chunks of queries and accumulators.
         let rows_cap = (16 / kernel.ck().max(kernel.cv())).clamp(1, shape.max_rows);
@@ -518,7 +553,7 @@ impl WgpuBackend {
         let positions: Vec<u32> = (pos0 as u32..(pos0 + n_tok) as u32).collect();
         Self::check_attention(&q, &k, &v, &cache, pos0, spec, None)?;
         self.time_reps(reps, || {
-            self.attention_with(&q, &k, &v, &cache, pos0, spec, None, rope.map(|r| (r, &positions[..])), kernel)
+            self.attention_with(&q, &k, &v, &cache, pos0, spec, None, rope.map(|r| (r, &positions[..])), kernel, None)
                 .map(drop)
         })
     }
@@ -532,13 +567,30 @@ impl WgpuBackend {
         cache: &mut WgpuCache,
         kernel: AttnKernel,
     ) -> Result<WgpuTensor, OpError> {
-        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
+        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks, qk_norm } = *step;
         Self::check_attention(q, k, v, cache, pos0, spec, sinks)?;
         if let Some(r) = rope {
             Self::check_rope(q, positions, r)?;
             Self::check_rope(k, positions, r)?;
         }
-        self.attention_with(q, k, v, cache, pos0, spec, sinks, rope.map(|r| (r, positions)), kernel)
+        self.attention_with(q, k, v, cache, pos0, spec, sinks, rope.map(|r| (r, positions)), kernel, qk_norm)
+    }
+
+    /// [`Backend::attention_norms_qk`]: the decode kernel's q/k-norm variant takes `n_tokens`
+    /// tokens of `spec` (fused ops on, the rotation in the attention, the decode kernel on and
+    /// its plan possible), except on odd decode steps under `DISKFORMER_AB=qkfuse` (the norms
+    /// then go through `rms_norm_pair`, for the in-process A/B).
+    pub(super) fn attention_takes_qk_norm(&self, n_tokens: usize, spec: &AttnSpec) -> bool {
+        let shape = match decode_choice() {
+            DecodeChoice::Off => return false,
+            DecodeChoice::Fixed(shape) => shape,
+            // Both context lengths' shapes have the same workgroup, so the same limits.
+            DecodeChoice::ByContext => default_decode_shape(1),
+        };
+        self.ctx.fuse
+            && n_tokens <= rope_in_attention_max_tokens()
+            && !crate::ab::is_b("qkfuse")
+            && self.decode_plan(n_tokens, 0, spec, shape, true, true).is_some()
     }
 
     /// [`Backend::rope_attention`] in one dispatch ([`attention_step`](Self::attention_step)).
@@ -547,12 +599,22 @@ impl WgpuBackend {
         step: &AttnStep<'_, WgpuBackend>,
         cache: &mut WgpuCache,
     ) -> Result<WgpuTensor, OpError> {
-        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks } = *step;
+        let AttnStep { q, k, v, pos0, positions, rope, spec, sinks, qk_norm } = *step;
         // The kernel rotates a new key each time a query head reads it, which is free for the few
         // tokens of a decode step but, in a prefill, multiplies the rotation by the number of
         // query tokens that see each key (H200, 8B: prefill 1016 -> 715 tok/s with it): more
         // tokens than this rotate once, in their own dispatches, first.
         if !self.ctx.fuse || q.rows() > rope_in_attention_max_tokens() {
+            if qk_norm.is_some() {
+                return Err(OpError::Unsupported {
+                    op: "rope_attention",
+                    backend: "wgpu",
+                    why: format!(
+                        "q and k norms inside an attention of {} tokens (fused ops off or too many tokens)",
+                        q.rows()
+                    ),
+                });
+            }
             return match rope {
                 Some(r) => {
                     let (q, k) = (self.rope(q, positions, r)?, self.rope(k, positions, r)?);
@@ -566,7 +628,7 @@ impl WgpuBackend {
             Self::check_rope(q, positions, r)?;
             Self::check_rope(k, positions, r)?;
         }
-        self.attention_step(q, k, v, cache, pos0, spec, sinks, rope.map(|r| (r, positions)))
+        self.attention_with(q, k, v, cache, pos0, spec, sinks, rope.map(|r| (r, positions)), AttnKernel::Auto, qk_norm)
     }
 }
 

@@ -1997,6 +1997,10 @@ impl Backend for WgpuBackend {
         self.rope_attention_fused(step, cache)
     }
 
+    fn attention_norms_qk(&self, n_tokens: usize, spec: &AttnSpec) -> bool {
+        self.attention_takes_qk_norm(n_tokens, spec)
+    }
+
     fn route(
         &self,
         logits: &WgpuTensor,

@@ -984,6 +984,9 @@ pub struct AttnDecodeKernel {
     /// `Some(smallest subgroup size)`: groups are subgroups; `None`: groups of
     /// [`ATTN_FALLBACK_LANES`] reduced through workgroup memory.
     pub subgroup_min: Option<u32>,
+    /// The per-head q and k norms done in the kernel (its `//N` variant; two more storage
+    /// buffers, and the workgroup size must be a power of two).
+    pub qk_norm: bool,
 }
 
 impl AttnDecodeKernel {
@@ -1007,21 +1010,28 @@ impl AttnDecodeKernel {
     pub fn workgroup_bytes(&self) -> u32 {
         let merge = 2 * 4 * self.max_groups() * self.rows + 4 * self.rows * self.hdv + 4;
         let fallback = if self.subgroup_min.is_none() { 4 * self.unroll * self.rows * self.wg } else { 0 };
-        merge + fallback
+        // sh_inv and sh_red over ROWS + MAXT vectors.
+        let norms = if self.qk_norm { 4 * (self.rows + ATTN_NORM_MAX_TOKENS) * (self.wg + 1) } else { 0 };
+        merge + fallback + norms
     }
     /// The pipeline's cache key (the timer reports kernels by it).
     pub fn key(&self) -> String {
         format!(
-            "AttentionDecode wg{} rows{} hd{}/{} u{} {}",
+            "AttentionDecode wg{} rows{} hd{}/{} u{} {}{}",
             self.wg,
             self.rows,
             self.hdk,
             self.hdv,
             self.unroll,
-            if self.subgroup_min.is_some() { "subgroups" } else { "shared" }
+            if self.subgroup_min.is_some() { "subgroups" } else { "shared" },
+            if self.qk_norm { " qk-norm" } else { "" }
         )
     }
 }
+
+/// Most new tokens whose keys the decode kernel's q/k-norm variant norms (its `MAXT`; the
+/// decode kernel takes at most this many tokens).
+pub const ATTN_NORM_MAX_TOKENS: u32 = 4;
 
 const ATTN_GROUP_SUM_SUBGROUP: &str = "fn group_sum(v: array<f32, NSUM>, lid: u32) -> array<f32, NSUM> {
     var o: array<f32, NSUM>;
@@ -1072,7 +1082,12 @@ pub fn attention_decode(k: &AttnDecodeKernel) -> String {
             "let lane = lid % LANES;\n    let gsize = LANES;\n    let grp = lid / LANES;\n    let ngrp = WG / LANES;",
         ),
     };
-    let src = include_str!("shaders/attention_decode.wgsl")
+    let mut src = include_str!("shaders/attention_decode.wgsl").to_string();
+    if k.qk_norm {
+        src = src.replace("//N ", "");
+    }
+    let src = src
+        .replace("{{P_BINDING}}", if k.qk_norm { "14" } else { "12" })
         .replace("{{GROUP_SUM}}", &group_sum)
         .replace("{{GROUP_ARGS}}", args)
         .replace("{{GROUP_IDS}}", ids)
@@ -1242,8 +1257,10 @@ pub(super) mod tests {
         }
         for subgroup_min in [None, Some(8), Some(32)] {
             for (rows, hdk, hdv, unroll) in [(1, 128, 128, 4), (8, 40, 24, 1), (4, 256, 256, 2)] {
-                let k = AttnDecodeKernel { wg: 128, rows, hdk, hdv, unroll, subgroup_min };
-                parse(&k.key(), &attention_decode(&k));
+                for qk_norm in [false, true] {
+                    let k = AttnDecodeKernel { wg: 128, rows, hdk, hdv, unroll, subgroup_min, qk_norm };
+                    parse(&k.key(), &attention_decode(&k));
+                }
             }
         }
         for hdv in [24, 128, 512] {
@@ -1282,7 +1299,15 @@ pub(super) mod tests {
     /// The default 8B decode shape's kernel has no loop left over its template constants.
     #[test]
     fn decode_attention_loops_are_written_out() {
-        let k = AttnDecodeKernel { wg: 128, rows: 1, hdk: 128, hdv: 128, unroll: 4, subgroup_min: Some(32) };
+        let k = AttnDecodeKernel {
+            wg: 128,
+            rows: 1,
+            hdk: 128,
+            hdv: 128,
+            unroll: 4,
+            subgroup_min: Some(32),
+            qk_norm: false,
+        };
         let src = attention_decode(&k);
         for bound in ["ROWS;", "UNROLL;", "CK;", "CV;"] {
             assert!(!src.contains(&format!("< {bound}")), "a loop over {bound} is left");

@@ -22,6 +22,13 @@
 // pass through). Sliding window: keys at positions > pos - window. Optional soft-cap, and one
 // sink logit per head that joins the denominator only (applied where the output is final).
 //
+// The q/k-norm variant (lines starting `//N `, uncommented by shaders::attention_decode): the
+// per-head RMS norms of the queries and the new keys (Qwen3's q_norm and k_norm) happen here, as
+// each value is loaded: the workgroup first sums the squares of its rows' query heads and of its
+// KV head's new keys (a tree through workgroup memory) into their 1/rms, then every load of Q or
+// KN is scaled by it and by the norm's weight. One dispatch less per layer than a norm before the
+// attention; each workgroup reads its heads once more (a few hundred bytes).
+//
 // Template constants: WG invocations, ROWS rows, HDK/HDV head dims (multiples of 4), CK/CV vec4
 // chunks per lane (ceil(HD/4 / smallest group)), UNROLL keys per iteration, MAXG groups at most.
 struct Params {
@@ -42,7 +49,8 @@ struct Params {
     split_keys: u32,
     n_rowgroups: u32,
     key_lo: u32,
-    _p0: u32,
+    // The q/k-norm variant's epsilon.
+    norm_eps: f32,
     _p1: u32,
     _p2: u32,
 }
@@ -59,7 +67,9 @@ struct Params {
 @group(0) @binding(9) var<storage, read_write> DS: array<vec2<f32>>;
 @group(0) @binding(10) var<storage, read_write> PACC: array<vec4<f32>>;
 @group(0) @binding(11) var<storage, read_write> PML: array<vec2<f32>>;
-@group(0) @binding(12) var<uniform> P: Params;
+//N @group(0) @binding(12) var<storage, read> WQN: array<f32>;
+//N @group(0) @binding(13) var<storage, read> WKN: array<f32>;
+@group(0) @binding({{P_BINDING}}) var<uniform> P: Params;
 
 const WG: u32 = {{WG}}u;
 const ROWS: u32 = {{ROWS}}u;
@@ -88,34 +98,68 @@ var<workgroup> sh_m: array<f32, MAXG * ROWS>;
 var<workgroup> sh_l: array<f32, MAXG * ROWS>;
 var<workgroup> sh_acc: array<vec4<f32>, ROWS * HDV4>;
 var<workgroup> sh_ngrp: u32;
+// The q/k-norm variant's 1/rms of rows r < ROWS (query heads) and of new keys t (at ROWS + t),
+// and the sums of squares being reduced (each invocation writes its own slot of every vector
+// before the first barrier; the tree reads slots written before the barrier it follows).
+//N const MAXT: u32 = 4u;
+//N var<workgroup> sh_inv: array<f32, ROWS + MAXT>;
+//N var<workgroup> sh_sq: array<f32, (ROWS + MAXT) * WG>;
+
+// 1/rms of row r's query head and of new key t (1 without the norms).
+fn q_inv(r: u32) -> f32 {
+    var v = 1.0;
+//N     v = sh_inv[r];
+    return v;
+}
+
+fn k_inv(t: u32) -> f32 {
+    var v = 1.0;
+//N     v = sh_inv[ROWS + t];
+    return v;
+}
+
+// Query value i (an index into Q) as the attention sees it: normed by its head's `inv` and the
+// weight of its dim in the q/k-norm variant, else as stored. Likewise a new key's.
+fn q_val(i: u32, inv: f32) -> f32 {
+    var x = Q[i];
+//N     x = x * inv * WQN[i % HDK];
+    return x;
+}
+
+fn kn_val(i: u32, inv: f32) -> f32 {
+    var x = KN[i];
+//N     x = x * inv * WKN[i % HDK];
+    return x;
+}
 
 {{ROPE_PAIR}}
 
-// Query value `at` of token t, rotated.
-fn q_at(at: u32, t: u32) -> f32 {
+// Query value `at` of token t, (normed by `inv`, see q_val, and) rotated.
+fn q_at(at: u32, t: u32, inv: f32) -> f32 {
     let p = rope_pair(at, P.n_head * HDK, t);
     if (p.w == 2u) {
-        return Q[at];
+        return q_val(at, inv);
     }
-    return turn(Q[p.x], Q[p.y], p);
+    return turn(q_val(p.x, inv), q_val(p.y, inv), p);
 }
 
-// New key value `at` of token t, rotated.
-fn kn_at(at: u32, t: u32) -> f32 {
+// New key value `at` of token t, (normed and) rotated.
+fn kn_at(at: u32, t: u32, inv: f32) -> f32 {
     let p = rope_pair(at, P.n_head_kv * HDK, t);
     if (p.w == 2u) {
-        return KN[at];
+        return kn_val(at, inv);
     }
-    return turn(KN[p.x], KN[p.y], p);
+    return turn(kn_val(p.x, inv), kn_val(p.y, inv), p);
 }
 
 // Four rotated values of a query or new-key row from `at` (a multiple of 4).
-fn q4_at(at: u32, t: u32) -> vec4<f32> {
-    return vec4<f32>(q_at(at, t), q_at(at + 1u, t), q_at(at + 2u, t), q_at(at + 3u, t));
+fn q4_at(at: u32, t: u32, inv: f32) -> vec4<f32> {
+    return vec4<f32>(q_at(at, t, inv), q_at(at + 1u, t, inv), q_at(at + 2u, t, inv), q_at(at + 3u, t, inv));
 }
 
 fn kn4_at(at: u32, t: u32) -> vec4<f32> {
-    return vec4<f32>(kn_at(at, t), kn_at(at + 1u, t), kn_at(at + 2u, t), kn_at(at + 3u, t));
+    let inv = k_inv(t);
+    return vec4<f32>(kn_at(at, t, inv), kn_at(at + 1u, t, inv), kn_at(at + 2u, t, inv), kn_at(at + 3u, t, inv));
 }
 
 {{GROUP_SUM}}
@@ -137,6 +181,39 @@ fn main(
     let kw = P.n_head_kv * HDK;
     let vw = P.n_head_kv * HDV;
     let pos_last = P.pos0 + P.n_tok - 1u;
+
+//N     // The heads' sums of squares: vector v < ROWS is row v's query head, ROWS + t this KV
+//N     // head's new key t; each invocation sums its dims, then a tree over the workgroup.
+//N     for (var v = 0u; v < ROWS + MAXT; v++) {
+//N         var s = 0.0;
+//N         for (var d = lid; d < HDK; d += WG) {
+//N             var x = 0.0;
+//N             if (v < ROWS) {
+//N                 let rho = rg * ROWS + v;
+//N                 if (rho < n_rows) {
+//N                     let h = kvh * group + rho % group;
+//N                     x = Q[((rho / group) * P.n_head + h) * HDK + d];
+//N                 }
+//N             } else if (v - ROWS < P.n_tok) {
+//N                 x = KN[(v - ROWS) * kw + kvh * HDK + d];
+//N             }
+//N             s += x * x;
+//N         }
+//N         sh_sq[v * WG + lid] = s;
+//N     }
+//N     workgroupBarrier();
+//N     for (var half = WG / 2u; half > 0u; half = half / 2u) {
+//N         if (lid < half) {
+//N             for (var v = 0u; v < ROWS + MAXT; v++) {
+//N                 sh_sq[v * WG + lid] += sh_sq[v * WG + lid + half];
+//N             }
+//N         }
+//N         workgroupBarrier();
+//N     }
+//N     if (lid < ROWS + MAXT) {
+//N         sh_inv[lid] = inverseSqrt(sh_sq[lid * WG] / f32(HDK) + P.norm_eps);
+//N     }
+//N     workgroupBarrier();
 
     // The rows' queries (rotated) go to registers in the first iteration of the key loop, after
     // its key and value loads are issued, so both wait on memory together. Chunk i of a lane
@@ -214,7 +291,7 @@ fn main(
                     let c = lane + gsize * i;
                     var v = vec4<f32>(0.0);
                     if (row_active[r] && c < HDK4) {
-                        v = q4_at(t * P.n_head * HDK + h * HDK + 4u * c, t);
+                        v = q4_at(t * P.n_head * HDK + h * HDK + 4u * c, t, q_inv(r));
                     }
                     qv[r * CK + i] = v;
                 }
