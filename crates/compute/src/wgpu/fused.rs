@@ -579,8 +579,13 @@ impl WgpuBackend {
     /// [`Backend::attention_norms_qk`]: the decode kernel's q/k-norm variant takes `n_tokens`
     /// tokens of `spec` (fused ops on, the rotation in the attention, the decode kernel on and
     /// its plan possible), except on odd decode steps under `DISKFORMER_AB=qkfuse` (the norms
-    /// then go through `rms_norm_pair`, for the in-process A/B).
+    /// then go through `rms_norm_pair`, for the in-process A/B) and never under
+    /// `DISKFORMER_QK_NORM=apart` (a whole run's greedy text against the fused one's).
     pub(super) fn attention_takes_qk_norm(&self, n_tokens: usize, spec: &AttnSpec) -> bool {
+        static APART: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *APART.get_or_init(|| std::env::var("DISKFORMER_QK_NORM").is_ok_and(|v| v.trim() == "apart")) {
+            return false;
+        }
         let shape = match decode_choice() {
             DecodeChoice::Off => return false,
             DecodeChoice::Fixed(shape) => shape,
