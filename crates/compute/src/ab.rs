@@ -12,7 +12,8 @@
 //! experts' region allocates its buffers instead of reusing them), `signal` (the split's hand-over
 //! in a dispatch of its own instead of fused into the routing kernel), `qknorm` (the per-head q
 //! and k norms in two dispatches instead of one), `qkfuse` (the per-head q and k norms in a
-//! dispatch of their own instead of inside the decode attention).
+//! dispatch of their own instead of inside the decode attention), `router` (the MoE router's
+//! product in a dispatch of its own before the routing kernel instead of inside it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -393,6 +393,20 @@ pub trait Backend: Send + Sync + Sized + Clone {
     }
 
     // ---- mixture of experts ----
+    /// [`Backend::route`] of the router's logits `x · routerᵀ` (`x` `[n, n_embd]`, `router`
+    /// `[n_expert, n_embd]`, no router bias): the product and the routing, which a back end may
+    /// do in one pass (the GPU, one token: one dispatch whose last workgroup routes). By default
+    /// exactly those two ops.
+    fn router_route(
+        &self,
+        x: &Self::Tensor,
+        router: &Self::Weight,
+        selection_bias: Option<&Self::Tensor>,
+        spec: &RouteSpec,
+    ) -> Result<Routing<Self>, OpError> {
+        let logits = self.matmul(x, router)?;
+        self.route(&logits, selection_bias, spec)
+    }
     /// Routing from router logits `[n, n_expert]`; `selection_bias` (`[n_expert]`) shifts only
     /// the choice.
     fn route(

@@ -214,6 +214,80 @@ mod gpu_ops {
         r.finish();
     }
 
+    /// `router_route` (for one token the GPU's product and routing in one dispatch, whose last
+    /// workgroup routes) against the CPU's product then routing: ids equal, weights within the
+    /// default bound; softmax, softmax after the top k, sigmoid with a selection bias and groups;
+    /// expert counts that are not a multiple of the kernel's 4 rows per workgroup; several tokens
+    /// (the product and the routing apart). The one-token call records one command less than the
+    /// product and the routing apart.
+    #[test]
+    fn router_route_matches_cpu() {
+        let Some(g) = gpu("router_route") else { return };
+        let seed = seed();
+        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
+        let rng = &mut StdRng::seed_from_u64(seed);
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let route = |k: usize, gating: Gating, groups: Option<(usize, usize)>, normalize: bool, scale: f32| RouteSpec {
+            k,
+            gating,
+            has_selection_bias: groups.is_some(),
+            groups,
+            normalize,
+            scale,
+        };
+        let cases = [
+            ("softmax k=8 of 128, 256 wide", 128usize, 256usize, route(8, Gating::Softmax, None, true, 1.0)),
+            ("softmax after top-k k=4 of 60, 64 wide", 60, 64, route(4, Gating::SoftmaxAfterTopK, None, false, 1.0)),
+            (
+                "sigmoid, bias, groups 8/4, k=6 of 64, 2048 wide",
+                64,
+                2048,
+                route(6, Gating::Sigmoid, Some((8, 4)), true, 2.5),
+            ),
+            ("softmax k=2 of 7, 32 wide", 7, 32, route(2, Gating::Softmax, None, true, 1.0)),
+        ];
+        for (name, n_expert, n_embd, spec) in cases {
+            let values = rand_vec(rng, n_expert * n_embd, 0.5);
+            let file = WeightFile::new("router", &[("router".into(), GgmlType::F32, vec![n_expert, n_embd], values)]);
+            let (cw, gw) = (c.weight(&file.get("router")).unwrap(), g.weight(&file.get("router")).unwrap());
+            let bias = tensor(rng, &[n_expert], 0.5);
+            let gbias = up(&g, &bias);
+            let has_bias = spec.has_selection_bias;
+            for n in [1usize, 3] {
+                let x = tensor(rng, &[n, n_embd], 1.0);
+                let want = c.router_route(&x, &cw, has_bias.then_some(&bias), &spec).unwrap();
+                let gx = up(&g, &x);
+                g.to_host(&gx).unwrap();
+                let before = g.commands_submitted();
+                let got = g.router_route(&gx, &gw, has_bias.then_some(&gbias), &spec);
+                let got = got.and_then(|got| Ok((g.routing_ids(&got)?, g.to_host(&got.weights)?)));
+                let fused_commands = g.commands_submitted() - before;
+                match got {
+                    Ok((ids, weights)) => {
+                        r.exact(&format!("router_route({name}, n={n}) ids"), Ok(ids), &want.ids);
+                        let case = format!("router_route({name}, n={n}) weights");
+                        r.check(&case, Ok(weights), &want.weights.data, DEFAULT_MAX_NMSE);
+                    }
+                    Err(e) => r.check(&format!("router_route({name}, n={n})"), Err(e), &[], 0.0),
+                }
+                if n == 1 {
+                    let before = g.commands_submitted();
+                    let apart = g.matmul(&gx, &gw).and_then(|l| g.route(&l, has_bias.then_some(&gbias), &spec));
+                    let apart = apart.and_then(|a| Ok((g.routing_ids(&a)?, g.to_host(&a.weights)?)));
+                    let apart_commands = g.commands_submitted() - before;
+                    let counts = apart.map(|_| (fused_commands + 1, apart_commands));
+                    r.exact(
+                        &format!("router_route({name}) one command less than apart"),
+                        counts.map(|(a, _)| a),
+                        &apart_commands,
+                    );
+                }
+            }
+        }
+        r.finish();
+    }
+
     #[test]
     fn backend_ops_match_cpu() {
         let Some(g) = gpu("backend_ops") else { return };

@@ -308,11 +308,14 @@ impl<B: Backend> Moe<B> {
 
     /// Routed experts (plus the shared expert) for `x` (`[n, n_embd]`).
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let mut logits = b.matmul(x, &self.router)?; // [n, n_expert]
-        if let Some(rb) = &self.router_bias {
-            logits = b.add(&logits, rb)?;
-        }
-        let routing = b.route(&logits, self.selection_bias.as_ref(), &self.route)?; // ids, weights: [n, k]
+        let routing = match &self.router_bias {
+            // The router's product and the routing in one op (one GPU dispatch for a token).
+            None => b.router_route(x, &self.router, self.selection_bias.as_ref(), &self.route)?,
+            Some(rb) => {
+                let logits = b.add(&b.matmul(x, &self.router)?, rb)?; // [n, n_expert]
+                b.route(&logits, self.selection_bias.as_ref(), &self.route)?
+            }
+        }; // ids, weights: [n, k]
         let y = b.moe_ffn(x, &routing, &self.experts, &self.spec)?;
         match &self.shared {
             Some(s) => Ok(b.add(&y, &s.forward(b, x)?)?),

@@ -427,6 +427,9 @@ struct Ctx {
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pooling: bool,
     dummy: wgpu::Buffer,
+    /// The routing kernel's router variant counts its finished workgroups here (one word, set
+    /// back to 0 by the last; zeroed at creation). Its dispatches are ordered by the buffer.
+    route_done: wgpu::Buffer,
     params_ring: wgpu::Buffer,
     /// Dispatches per early submit (see [`SUBMIT_EVERY`]).
     submit_every: usize,
@@ -922,6 +925,12 @@ impl WgpuBackend {
             usage: STORAGE,
             mapped_at_creation: false,
         });
+        let route_done = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("route done count"),
+            size: 16,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        });
         let params_ring = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params ring"),
             size: PARAMS_RING_BYTES,
@@ -949,6 +958,7 @@ impl WgpuBackend {
             pool: Mutex::new(HashMap::new()),
             pooling: !env_flag("DISKFORMER_NO_POOL"),
             dummy,
+            route_done,
             params_ring,
             submit_every: std::env::var("DISKFORMER_SUBMIT_EVERY")
                 .ok()
@@ -1999,6 +2009,22 @@ impl Backend for WgpuBackend {
 
     fn attention_norms_qk(&self, n_tokens: usize, spec: &AttnSpec) -> bool {
         self.attention_takes_qk_norm(n_tokens, spec)
+    }
+
+    fn router_route(
+        &self,
+        x: &WgpuTensor,
+        router: &WgpuWeight,
+        selection_bias: Option<&WgpuTensor>,
+        spec: &RouteSpec,
+    ) -> Result<Routing<Self>, OpError> {
+        // The ids stay on the GPU as `route` leaves them for one token.
+        let ids_on_gpu = self.experts.as_ref().is_none_or(|t| t.reads_host());
+        if let Some(r) = self.router_route_gpu(x, router, selection_bias, spec, ids_on_gpu)? {
+            return Ok(r);
+        }
+        let logits = self.matmul(x, router)?;
+        self.route(&logits, selection_bias, spec)
     }
 
     fn route(

@@ -44,11 +44,57 @@ const DOWN: &str = include_str!("shaders/moe_down.wgsl");
 const ACT: &str = include_str!("shaders/act.wgsl");
 const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
 
-/// The routing kernel with the split's hand-over fused in (the shader's `//S ` lines).
-pub(super) fn route_signal_source() -> String {
-    // The back end binds the uniform after the buffers: after X and D here.
-    ROUTE.replace("@binding(3) var<uniform> P", "@binding(5) var<uniform> P").replace("//S ", "")
+/// The routing kernel (`moe_route.wgsl`), with the router's product of the one token in it
+/// (`router`: the shader's `//R ` lines) and the split's hand-over (`signal`: its `//S ` lines).
+pub(super) fn route_source(router: bool, signal: bool) -> String {
+    // Bindings: L, B, OUT; the router's W, XR, CNT; the hand-over's X, D; then the uniform,
+    // which the back end binds after the buffers.
+    let x_binding = if router { 6 } else { 3 };
+    let p_binding = 3 + if router { 3 } else { 0 } + if signal { 2 } else { 0 };
+    let (l_decl, entry, logit) = if router {
+        (
+            "@group(0) @binding(0) var<storage, read_write> L: array<atomic<u32>>;",
+            "    router_rows(wid.x + wid.y * nwg.x, nwg.x * nwg.y, lid);\n    if (workgroupUniformLoad(&is_last) == 0u) {\n        return;\n    }\n    let t = 0u;",
+            "bitcast<f32>(atomicLoad(&L[base + e]))",
+        )
+    } else {
+        (
+            "@group(0) @binding(0) var<storage, read> L: array<f32>;",
+            "    let t = wid.x + wid.y * nwg.x;\n    if (t >= P.n_tok) {\n        return;\n    }",
+            "L[base + e]",
+        )
+    };
+    let mut src = ROUTE
+        .replace("{{L_DECL}}", l_decl)
+        .replace("{{ROUTE_ENTRY}}", entry)
+        .replace("{{LOGIT}}", logit)
+        .replace("{{X_BINDING}}", &x_binding.to_string())
+        .replace("{{D_BINDING}}", &(x_binding + 1).to_string())
+        .replace("{{P_BINDING}}", &p_binding.to_string());
+    if router {
+        src = src.replace("//R ", "").replace("//R\n", "\n");
+    }
+    if signal {
+        src = src.replace("//S ", "");
+    }
+    src
 }
+
+/// The pipeline key of [`route_source`]'s variant.
+fn route_key(router: bool, signal: bool) -> &'static str {
+    match (router, signal) {
+        (false, false) => "moe_route",
+        (false, true) => "moe_route_signal",
+        (true, false) => "moe_router_route",
+        (true, true) => "moe_router_route_signal",
+    }
+}
+
+/// Router rows per workgroup of the router variant (its `RPW`).
+const ROUTER_ROWS_PER_GROUP: usize = 4;
+
+/// Words of the routing kernel's `Params`.
+const ROUTE_PARAM_WORDS: usize = 20;
 const GATE_UP_Q8: &str = include_str!("shaders/moe_gate_up_q8.wgsl");
 const DOWN_Q8: &str = include_str!("shaders/moe_down_q8.wgsl");
 /// The parameters the f32 and int8 kernels of each half share (`{{PARAMS}}` in their templates;
@@ -897,11 +943,11 @@ impl WgpuBackend {
 
 impl WgpuBackend {
     /// Makes the pending dispatch of the routing kernel that wrote `routing` (one token, the
-    /// last command recorded) also hand the routing and `x` over through the mailbox `mailbox`
-    /// (`moe_route.wgsl`'s hand-over variant): the words `mailbox_signal.wgsl` would take.
-    /// False, changing nothing, when that dispatch is not the last pending command (an early
-    /// submit took it, or something came between) or routes more than one token, or with
-    /// `DISKFORMER_SPLIT_SIGNAL=apart`.
+    /// last command recorded; the router's product in it or not) also hand the routing and `x`
+    /// over through the mailbox `mailbox` (`moe_route.wgsl`'s hand-over variant): the words
+    /// `mailbox_signal.wgsl` would take. False, changing nothing, when that dispatch is not the
+    /// last pending command (an early submit took it, or something came between) or routes more
+    /// than one token, or with `DISKFORMER_SPLIT_SIGNAL=apart`.
     pub(super) fn fuse_route_signal(
         &self,
         routing: &wgpu::Buffer,
@@ -915,8 +961,6 @@ impl WgpuBackend {
         {
             return false;
         }
-        let route = self.ctx.pipeline_with("moe_route", || ROUTE.to_string(), true);
-        let fused = self.ctx.pipeline_with("moe_route_signal", route_signal_source, true);
         let mut p = super::lock(&self.ctx.pending);
         let super::Pending { cmds, params, .. } = &mut *p;
         let Some(super::Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.last_mut() else {
@@ -924,16 +968,66 @@ impl WgpuBackend {
         };
         let at = *params_at as usize;
         let words = |i: usize| u32::from_le_bytes(params[at + 4 * i..at + 4 * i + 4].try_into().expect("4 bytes"));
-        let is_route = std::sync::Arc::ptr_eq(pipeline, &route) && buffers.get(2) == Some(routing) && *params_len >= 64;
-        if !is_route || *groups != [1, 1, 1] || words(1) != 1 {
+        // Which routing kernel wrote `routing`: the plain one (one workgroup) or the router
+        // variant (its workgroups over the router's rows).
+        let router = [false, true].into_iter().find(|&router| {
+            let kernel = self.route_pipeline(router, false);
+            std::sync::Arc::ptr_eq(pipeline, &kernel)
+        });
+        let Some(router) = router else { return false };
+        let one_group = *groups == [1, 1, 1];
+        let is_route = buffers.get(2) == Some(routing) && *params_len >= ROUTE_PARAM_WORDS as u64 * 4;
+        if !is_route || (!router && !one_group) || words(1) != 1 {
             return false;
         }
         for (i, v) in [x_words, data_at, flag_at, seq].into_iter().enumerate() {
             params[at + 48 + 4 * i..at + 52 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
-        *pipeline = fused;
+        *pipeline = self.route_pipeline(router, true);
         buffers.extend([x.clone(), mailbox.clone()]);
         true
+    }
+
+    /// The pipeline of [`route_source`]'s variant (created once).
+    fn route_pipeline(&self, router: bool, signal: bool) -> std::sync::Arc<wgpu::ComputePipeline> {
+        // Workgroup memory written before it is read (argued in the shader): no zeroing.
+        self.ctx.pipeline_with(route_key(router, signal), || route_source(router, signal), true)
+    }
+
+    /// The routing kernel's parameter words (`moe_route.wgsl`'s `Params`): the hand-over's and
+    /// the router's left 0, for `fuse_route_signal` and the router variant to set.
+    fn route_words(n_expert: usize, n: usize, spec: &RouteSpec, has_bias: bool) -> [u32; ROUTE_PARAM_WORDS] {
+        let gating = match spec.gating {
+            Gating::Softmax => 0u32,
+            Gating::SoftmaxAfterTopK => 1,
+            Gating::Sigmoid => 2,
+        };
+        let (n_group, topk_group) = spec.groups.unwrap_or((0, 0));
+        let mut w = [0u32; ROUTE_PARAM_WORDS];
+        w[..10].copy_from_slice(&[
+            n_expert as u32,
+            n as u32,
+            spec.k as u32,
+            gating,
+            has_bias as u32,
+            n_group as u32,
+            topk_group as u32,
+            spec.normalize as u32,
+            spec.scale.to_bits(),
+            (n * spec.k) as u32,
+        ]);
+        w
+    }
+
+    /// Whether the routing kernel takes `n_expert` experts under `spec` (its shared arrays);
+    /// past them the host routes.
+    fn route_fits(n_expert: usize, spec: &RouteSpec) -> bool {
+        let groups_fit =
+            spec.groups.is_none_or(|(g, top)| g > 0 && g <= ROUTE_MAX_GROUPS && n_expert.is_multiple_of(g) && top <= g);
+        n_expert <= ROUTE_MAX_EXPERTS
+            && spec.k <= ROUTE_MAX_K
+            && groups_fit
+            && !super::env_flag("DISKFORMER_HOST_ROUTE")
     }
 
     /// Routes on the GPU (`moe_route.wgsl`): one buffer holds the `[n, k]` weights (the returned
@@ -950,50 +1044,86 @@ impl WgpuBackend {
     ) -> Result<Option<Routing<Self>>, OpError> {
         let n_expert = logits.width();
         let n = logits.rows();
-        let k = spec.k;
-        let groups_fit =
-            spec.groups.is_none_or(|(g, top)| g > 0 && g <= ROUTE_MAX_GROUPS && n_expert.is_multiple_of(g) && top <= g);
-        if n_expert > ROUTE_MAX_EXPERTS || k > ROUTE_MAX_K || !groups_fit || super::env_flag("DISKFORMER_HOST_ROUTE") {
+        if !Self::route_fits(n_expert, spec) {
             return Ok(None);
         }
-        let gating = match spec.gating {
-            Gating::Softmax => 0u32,
-            Gating::SoftmaxAfterTopK => 1,
-            Gating::Sigmoid => 2,
-        };
-        let (n_group, topk_group) = spec.groups.unwrap_or((0, 0));
-        let out = self.alloc_bytes("route", 8 * (n * k) as u64)?;
+        let out = self.alloc_bytes("route", 8 * (n * spec.k) as u64)?;
         self.dispatch(
-            // Workgroup memory written before it is read (argued in the shader): no zeroing.
-            self.ctx.pipeline_with("moe_route", || ROUTE.to_string(), true),
+            self.route_pipeline(false, false),
             &[&logits.buf.buffer, bias.map_or(&self.ctx.dummy, |b| &b.buf.buffer), &out.buffer],
-            &[
-                n_expert as u32,
-                n as u32,
-                k as u32,
-                gating,
-                bias.is_some() as u32,
-                n_group as u32,
-                topk_group as u32,
-                spec.normalize as u32,
-                spec.scale.to_bits(),
-                (n * k) as u32,
-                0,
-                0,
-                // The hand-over variant's words (`fuse_route_signal` sets them).
-                0,
-                0,
-                0,
-                0,
-            ],
+            &Self::route_words(n_expert, n, spec, bias.is_some()),
             grid(n),
         );
+        self.routing_from(out, n, spec.k, ids_on_gpu).map(Some)
+    }
+
+    /// The routing in `out` (`[n, k]` weights, then the ids), its ids read back unless
+    /// `ids_on_gpu`.
+    fn routing_from(
+        &self,
+        out: super::PooledBuffer,
+        n: usize,
+        k: usize,
+        ids_on_gpu: bool,
+    ) -> Result<Routing<Self>, OpError> {
         let routing = Routing { ids: Vec::new(), weights: WgpuTensor { buf: out, shape: vec![n, k] }, k };
         if ids_on_gpu {
-            return Ok(Some(routing));
+            return Ok(routing);
         }
         let ids = self.routing_ids(&routing)?;
-        Ok(Some(Routing { ids, ..routing }))
+        Ok(Routing { ids, ..routing })
+    }
+
+    /// [`Backend::router_route`] of one token in one dispatch (`moe_route.wgsl`'s router
+    /// variant: the router's rows spread over workgroups, the last to finish routes): an f32
+    /// router in one buffer, input rows of whole vec4s, within the routing kernel's limits,
+    /// fused ops on; `None` otherwise (and on odd decode steps under `DISKFORMER_AB=router`, or
+    /// with `DISKFORMER_ROUTER_ROUTE=apart`), for the product and the routing apart.
+    pub(super) fn router_route_gpu(
+        &self,
+        x: &WgpuTensor,
+        router: &super::WgpuWeight,
+        bias: Option<&WgpuTensor>,
+        spec: &RouteSpec,
+        ids_on_gpu: bool,
+    ) -> Result<Option<Routing<Self>>, OpError> {
+        static APART: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let apart = *APART.get_or_init(|| std::env::var("DISKFORMER_ROUTER_ROUTE").is_ok_and(|v| v.trim() == "apart"));
+        let n_expert = router.n_rows;
+        let fits = self.ctx.fuse
+            && !apart
+            && !crate::ab::is_b("router")
+            && x.rows() == 1
+            && router.layout.dtype == gguf::GgmlType::F32
+            && router.chunks.len() == 1
+            && router.k.is_multiple_of(4)
+            && spec.k >= 1
+            && spec.k <= n_expert
+            && bias.is_none_or(|b| b.len() == n_expert)
+            && Self::route_fits(n_expert, spec);
+        if !fits {
+            return Ok(None);
+        }
+        super::expect_width("router_route x", x, router.k)?;
+        let logits = self.alloc_bytes("router logits", 4 * n_expert as u64)?;
+        let out = self.alloc_bytes("route", 8 * spec.k as u64)?;
+        let mut words = Self::route_words(n_expert, 1, spec, bias.is_some());
+        words[16] = router.k as u32;
+        words[17] = (router.layout.row_words(router.k) / 4) as u32;
+        self.dispatch(
+            self.route_pipeline(true, false),
+            &[
+                &logits.buffer,
+                bias.map_or(&self.ctx.dummy, |b| &b.buf.buffer),
+                &out.buffer,
+                &router.chunks[0].buffer,
+                &x.buf.buffer,
+                &self.ctx.route_done,
+            ],
+            &words,
+            grid(n_expert.div_ceil(ROUTER_ROWS_PER_GROUP)),
+        );
+        self.routing_from(out, 1, spec.k, ids_on_gpu).map(Some)
     }
 
     /// The expert ids `[n_tokens, k]` of a routing: its `ids`, or, when the GPU router left them
@@ -1034,14 +1164,16 @@ mod tests {
     /// and the variant differs only by its `//S ` lines.
     #[test]
     fn route_kernels_validate() {
-        parse("moe_route", ROUTE);
-        let fused = route_signal_source();
-        parse("moe_route_signal", &fused);
-        assert!(
-            fused.contains("atomicStore(&D[P.flag_at], P.seq)")
-                && fused.contains("@binding(5) var<uniform> P")
-                && !ROUTE.lines().any(|l| l.starts_with("@group(0) @binding(4)"))
-        );
+        for (router, signal, p_binding) in [(false, false, 3), (false, true, 5), (true, false, 6), (true, true, 8)] {
+            let src = route_source(router, signal);
+            parse(route_key(router, signal), &src);
+            assert!(src.contains(&format!("@binding({p_binding}) var<uniform> P")), "{}", route_key(router, signal));
+            let live = |code: &str| src.lines().any(|l| l.trim_start().starts_with(code));
+            assert_eq!(live("atomicStore(&D[P.flag_at], P.seq)"), signal);
+            assert_eq!(live("fn router_rows"), router);
+        }
+        // The hand-over's X and D come after the router's three buffers.
+        assert!(route_source(true, true).contains("@binding(7) var<storage, read_write> D"));
     }
 
     /// The routing kernel with the hand-over fused in writes what the routing kernel and
@@ -1080,38 +1212,60 @@ mod tests {
                 mapped_at_creation: false,
             })
         };
-        let (apart, fused) = (mailbox(), mailbox());
-        let r_apart = g.route_gpu(&logits, None, &spec, true).unwrap().expect("routed on the GPU");
-        let signal =
-            g.ctx.pipeline_with("mailbox_signal", || include_str!("shaders/mailbox_signal.wgsl").to_string(), true);
-        g.dispatch(
-            signal,
-            &[&r_apart.weights.buf.buffer, &x.buf.buffer, &apart],
-            &[2 * k as u32, n_embd as u32, data_at, flag_at, seq, 0, 0, 0],
-            [1, 1, 1],
-        );
-        let r_fused = g.route_gpu(&logits, None, &spec, true).unwrap().expect("routed on the GPU");
-        assert!(
-            g.fuse_route_signal(
-                &r_fused.weights.buf.buffer,
-                &x.buf.buffer,
-                &fused,
-                [n_embd as u32, data_at, flag_at, seq]
-            ),
-            "the route's dispatch was the last pending command: it must fuse"
-        );
-        let read = |b: &wgpu::Buffer, bytes: usize| super::super::le_u32s(&g.read_back(b, bytes as u64).unwrap());
-        let (want, got) = (read(&apart, 4 * words), read(&fused, 4 * words));
-        assert_eq!(got, want, "mailbox words (flag at {flag_at}, data from {data_at})");
-        assert_eq!(got[flag_at as usize], seq);
-        let x_bits: Vec<u32> = xv.iter().map(|v| v.to_bits()).collect();
-        assert_eq!(&got[data_at as usize + 2 * k..], &x_bits[..], "the hidden state in the mailbox");
-        assert_eq!(
-            read(&r_fused.weights.buf.buffer, 8 * k),
-            read(&r_apart.weights.buf.buffer, 8 * k),
-            "the routing buffer, fused or not"
-        );
-        assert!(got[data_at as usize + k..data_at as usize + 2 * k].iter().all(|&id| (id as usize) < n_expert));
+        // A router of f32 rows for the router variant (the GPU's f32 layout is the rows as
+        // they are): its logits are recomputed in the kernel, the same in both runs.
+        let router_values: Vec<f32> = (0..n_expert * n_embd).map(|_| 0.2 * next()).collect();
+        let router_bytes: &[u8] = bytemuck::cast_slice(&router_values);
+        let router_w = super::super::WgpuWeight {
+            chunks: vec![super::super::WeightChunk {
+                buffer: g.upload_weight_bytes("router", router_bytes.len() as u64, router_bytes).unwrap(),
+                row0: 0,
+                n_rows: n_expert,
+            }],
+            layout: TypeLayout::of(GgmlType::F32).unwrap(),
+            k: n_embd,
+            n_rows: n_expert,
+            shape: vec![n_expert, n_embd],
+            name: "router".into(),
+        };
+        for with_router in [false, true] {
+            let route = || match with_router {
+                false => g.route_gpu(&logits, None, &spec, true).unwrap().expect("routed on the GPU"),
+                true => g.router_route_gpu(&x, &router_w, None, &spec, true).unwrap().expect("routed with the router"),
+            };
+            let (apart, fused) = (mailbox(), mailbox());
+            let r_apart = route();
+            let signal =
+                g.ctx.pipeline_with("mailbox_signal", || include_str!("shaders/mailbox_signal.wgsl").to_string(), true);
+            g.dispatch(
+                signal,
+                &[&r_apart.weights.buf.buffer, &x.buf.buffer, &apart],
+                &[2 * k as u32, n_embd as u32, data_at, flag_at, seq, 0, 0, 0],
+                [1, 1, 1],
+            );
+            let r_fused = route();
+            assert!(
+                g.fuse_route_signal(
+                    &r_fused.weights.buf.buffer,
+                    &x.buf.buffer,
+                    &fused,
+                    [n_embd as u32, data_at, flag_at, seq]
+                ),
+                "the route's dispatch was the last pending command: it must fuse"
+            );
+            let read = |b: &wgpu::Buffer, bytes: usize| super::super::le_u32s(&g.read_back(b, bytes as u64).unwrap());
+            let (want, got) = (read(&apart, 4 * words), read(&fused, 4 * words));
+            assert_eq!(got, want, "mailbox words (flag at {flag_at}, data from {data_at})");
+            assert_eq!(got[flag_at as usize], seq);
+            let x_bits: Vec<u32> = xv.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(&got[data_at as usize + 2 * k..], &x_bits[..], "the hidden state in the mailbox");
+            assert_eq!(
+                read(&r_fused.weights.buf.buffer, 8 * k),
+                read(&r_apart.weights.buf.buffer, 8 * k),
+                "the routing buffer, fused or not"
+            );
+            assert!(got[data_at as usize + k..data_at as usize + 2 * k].iter().all(|&id| (id as usize) < n_expert));
+        }
     }
 
     #[test]

@@ -24,6 +24,12 @@
 // mailbox D, then the call's sequence number into its flag, as mailbox_signal.wgsl does in a
 // dispatch of its own (one dependent dispatch less on the chain from the CPU's sum to the next
 // layer's ids; `DISKFORMER_SPLIT_SIGNAL=apart` keeps them apart).
+// The router variant (lines starting `//R `, `route_source(true, _)`; one token): the router's
+// product of the one token too, rather than in a dispatch of its own before this one. RPW rows a
+// workgroup (TPR invocations a row, a tree through workgroup memory), the logits stored as
+// atomics, then each workgroup counts itself done on CNT; the last one (which sees every other's
+// count, so their logits) routes as above and sets CNT back to 0 for the next call. One
+// dependent dispatch less per MoE layer (`DISKFORMER_ROUTER_ROUTE=apart` keeps them apart).
 struct Params {
     n_expert: u32,
     n_tok: u32,
@@ -43,16 +49,25 @@ struct Params {
     data_at: u32,
     flag_at: u32,
     seq: u32,
+    // The router variant's: the router's input width, and a router row's stride in vec4s.
+    k_in: u32,
+    w_row4: u32,
+    _r0: u32,
+    _r1: u32,
 }
 
-@group(0) @binding(0) var<storage, read> L: array<f32>;
+{{L_DECL}}
 @group(0) @binding(1) var<storage, read> B: array<f32>;
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
-@group(0) @binding(3) var<uniform> P: Params;
-// The hand-over variant binds X and D before the parameters (the back end puts the uniform
-// after the buffers): P moves to binding 5 there.
-//S @group(0) @binding(3) var<storage, read> X: array<u32>;
-//S @group(0) @binding(4) var<storage, read_write> D: array<atomic<u32>>;
+// The router variant's weights (rows of w_row4 vec4s), input and done-count; the hand-over
+// variant's X and D after them. The back end binds the uniform after the buffers, so P's binding
+// is the number of buffers (`route_source`).
+//R @group(0) @binding(3) var<storage, read> W: array<vec4<f32>>;
+//R @group(0) @binding(4) var<storage, read> XR: array<vec4<f32>>;
+//R @group(0) @binding(5) var<storage, read_write> CNT: array<atomic<u32>>;
+//S @group(0) @binding({{X_BINDING}}) var<storage, read> X: array<u32>;
+//S @group(0) @binding({{D_BINDING}}) var<storage, read_write> D: array<atomic<u32>>;
+@group(0) @binding({{P_BINDING}}) var<uniform> P: Params;
 
 const WG: u32 = 256u;
 const MAX_E: u32 = 512u;
@@ -70,6 +85,43 @@ var<workgroup> gscore: array<f32, WG>;
 var<workgroup> gkeep: array<u32, WG>;
 var<workgroup> chosen: array<u32, MAX_K>;
 
+//R const RPW: u32 = 4u;
+//R const TPR: u32 = WG / RPW;
+//R var<workgroup> red: array<f32, WG>;
+//R var<workgroup> is_last: u32;
+//R
+//R // Workgroup g's RPW logits of the token, stored as atomics, then its done-count: is_last
+//R // says whether it was the last of the n_groups workgroups (red and is_last are written
+//R // before they are read, the tree reading slots written before the barrier it follows).
+//R fn router_rows(g: u32, n_groups: u32, lid: u32) {
+//R     let row = g * RPW + lid / TPR;
+//R     var s = 0.0;
+//R     if (row < P.n_expert) {
+//R         for (var i = lid % TPR; i < P.k_in / 4u; i += TPR) {
+//R             s += dot(W[row * P.w_row4 + i], XR[i]);
+//R         }
+//R     }
+//R     red[lid] = s;
+//R     workgroupBarrier();
+//R     for (var half = TPR / 2u; half > 0u; half = half / 2u) {
+//R         if (lid % TPR < half) {
+//R             red[lid] += red[lid + half];
+//R         }
+//R         workgroupBarrier();
+//R     }
+//R     if (lid % TPR == 0u && row < P.n_expert) {
+//R         atomicStore(&L[row], bitcast<u32>(red[lid]));
+//R     }
+//R     storageBarrier();
+//R     if (lid == 0u) {
+//R         let done = atomicAdd(&CNT[0], 1u) + 1u;
+//R         is_last = select(0u, 1u, done == n_groups);
+//R         if (done == n_groups) {
+//R             atomicStore(&CNT[0], 0u);
+//R         }
+//R     }
+//R }
+
 // Whether (v, i) ranks before (bv, bi): higher score, ties to the lower index.
 fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
     return v > bv || (v == bv && i < bi);
@@ -81,14 +133,11 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let t = wid.x + wid.y * nwg.x;
-    if (t >= P.n_tok) {
-        return;
-    }
+{{ROUTE_ENTRY}}
     let n = P.n_expert;
     let base = t * n;
     for (var e = lid; e < n; e += WG) {
-        prob[e] = L[base + e];
+        prob[e] = {{LOGIT}};
     }
     // Every rank below k is taken exactly once when the scores are ordered (finite); a NaN
     // score could leave one untaken, which then names expert 0 rather than stale memory.
