@@ -13,7 +13,9 @@
 //! in a dispatch of its own instead of fused into the routing kernel), `qknorm` (the per-head q
 //! and k norms in two dispatches instead of one), `qkfuse` (the per-head q and k norms in a
 //! dispatch of their own instead of inside the decode attention), `router` (the MoE router's
-//! product in a dispatch of its own before the routing kernel instead of inside it).
+//! product in a dispatch of its own before the routing kernel instead of inside it), `submit`
+//! (no short early submits at a step's start: every early submit waits for `SUBMIT_EVERY`
+//! dispatches, as `DISKFORMER_SUBMIT_FIRST=0`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

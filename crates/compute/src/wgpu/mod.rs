@@ -577,7 +577,7 @@ impl Ctx {
     /// Dispatches that trigger the next early submit, `early_submits` of them made since the
     /// host last waited: [`SUBMIT_FIRST`] doubling up to [`SUBMIT_EVERY`].
     fn submit_threshold(&self, early_submits: u32) -> usize {
-        if self.submit_first == 0 {
+        if self.submit_first == 0 || crate::ab::is_b("submit") {
             return self.submit_every;
         }
         self.submit_first.saturating_mul(1 << early_submits.min(20)).min(self.submit_every)
