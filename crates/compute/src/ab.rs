@@ -15,7 +15,9 @@
 //! dispatch of their own instead of inside the decode attention), `router` (the MoE router's
 //! product in a dispatch of its own before the routing kernel instead of inside it), `submit`
 //! (no short early submits at a step's start: every early submit waits for `SUBMIT_EVERY`
-//! dispatches, as `DISKFORMER_SUBMIT_FIRST=0`).
+//! dispatches, as `DISKFORMER_SUBMIT_FIRST=0`), `attnsplit` (the decode attention over at most 64
+//! keys in slices of 16 and a combine pass instead of one slice), `addnorm` (the split's wait for
+//! the CPU's sum, the residual add and the next norm in three dispatches instead of one).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

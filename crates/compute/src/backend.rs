@@ -272,6 +272,20 @@ pub trait Backend: Send + Sync + Sized + Clone {
     // ---- normalisation and position ----
     /// RMS norm over the last dim of `x`, times `weight` (`[last dim]`) when given.
     fn rms_norm(&self, x: &Self::Tensor, weight: Option<&Self::Tensor>, eps: f32) -> Result<Self::Tensor, OpError>;
+    /// `(a + b, rms_norm(a + b, weight))`: a residual connection and the norm after it, which a
+    /// back end may do in one pass (the GPU's split: inside the kernel that adds the CPU's
+    /// experts, one dispatch for three). By default exactly those two ops.
+    fn add_rms_norm(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        weight: Option<&Self::Tensor>,
+        eps: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor), OpError> {
+        let sum = self.add(a, b)?;
+        let normed = self.rms_norm(&sum, weight, eps)?;
+        Ok((sum, normed))
+    }
     /// `(rms_norm(a, wa), rms_norm(b, wb))` for rows of one width: two norms a back end may do in
     /// one pass (a decode step's per-head q and k norms: one GPU dispatch instead of two).
     fn rms_norm_pair(

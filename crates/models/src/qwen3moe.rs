@@ -119,12 +119,29 @@ impl<B: Backend> Architecture<B> for MoeDecoder<B> {
         let pos = positions(state.n_past, n);
         let eps = self.hp.rms_eps;
         let mut x = b.get_rows(&self.tok_embd, ids)?; // [n, n_embd]
+                                                      // A MoE block's output waits to be added to the residual by the next layer's norm
+                                                      // (`add_rms_norm`: on the GPU's split one kernel adds the CPU's experts, the residual and
+                                                      // norms); a dense block adds its own (the output projection's accumulate).
+        let mut moe_out: Option<B::Tensor> = None;
         for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
             let LayerState::Attention(cache) = st else { unreachable!("every decoder layer has attention") };
-            let h = b.rms_norm(&x, Some(&layer.attn_norm), eps)?; // attn_norm
+            let h = match moe_out.take() {
+                Some(y) => {
+                    let (sum, h) = b.add_rms_norm(&x, &y, Some(&layer.attn_norm), eps)?; // l_out, attn_norm
+                    x = sum;
+                    h
+                }
+                None => b.rms_norm(&x, Some(&layer.attn_norm), eps)?, // attn_norm
+            };
             x = layer.attn.forward_residual(b, &h, x, cache, state.n_past, &pos)?; // ffn_inp
             let h = b.rms_norm(&x, Some(&layer.ffn_norm), eps)?; // ffn_norm
-            x = layer.ffn.forward_residual(b, &h, x)?; // l_out: router -> route -> moe_ffn (+ shared expert)
+            match &layer.ffn {
+                FfnOrMoe::Moe(m) => moe_out = Some(m.forward(b, &h)?), // router -> route -> moe_ffn (+ shared)
+                FfnOrMoe::Dense(_) => x = layer.ffn.forward_residual(b, &h, x)?, // l_out
+            }
+        }
+        if let Some(y) = moe_out {
+            x = b.add(&x, &y)?; // the last layer's l_out
         }
         state.n_past += n;
         let x = output_rows(b, &x, n, outputs)?;

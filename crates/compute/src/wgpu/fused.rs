@@ -116,13 +116,22 @@ fn decode_choice() -> DecodeChoice {
 /// iteration (fewer registers: ctx 2048 105 us against 118 with 4, 8192 220 against 249).
 /// End to end the short-context shape took the 8B decode from 156 to 205 tok/s and Qwen3-30B-A3B
 /// from 80 to 145 in the same run.
+///
+/// Up to [`DECODE_ONE_SLICE_KEYS`] keys take one slice of them all: no combine pass, one
+/// dependent dispatch less on a decode step's chain at the short contexts where a slice's loop
+/// is short anyway (except on odd decode steps under `DISKFORMER_AB=attnsplit`).
 fn default_decode_shape(n_keys: usize) -> AttnDecodeShape {
-    if n_keys <= 256 {
+    if n_keys <= DECODE_ONE_SLICE_KEYS && !crate::ab::is_b("attnsplit") {
+        AttnDecodeShape { wg: 128, split_keys: DECODE_ONE_SLICE_KEYS as u32, unroll: 4, max_rows: 1 }
+    } else if n_keys <= 256 {
         AttnDecodeShape { wg: 128, split_keys: 16, unroll: 4, max_rows: 1 }
     } else {
         AttnDecodeShape { wg: 128, split_keys: 32, unroll: 1, max_rows: 1 }
     }
 }
+
+/// Most keys the default decode shape takes in one slice (see [`default_decode_shape`]).
+const DECODE_ONE_SLICE_KEYS: usize = 64;
 
 /// Tables kept for one step's positions: enough for models that alternate two rope specs (local
 /// and global layers) with room to spare; past it the oldest goes.

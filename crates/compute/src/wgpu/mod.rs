@@ -2007,6 +2007,21 @@ impl Backend for WgpuBackend {
         self.rope_attention_fused(step, cache)
     }
 
+    fn add_rms_norm(
+        &self,
+        a: &WgpuTensor,
+        b: &WgpuTensor,
+        weight: Option<&WgpuTensor>,
+        eps: f32,
+    ) -> Result<(WgpuTensor, WgpuTensor), OpError> {
+        if let Some(fused) = self.fuse_wait_add_norm(a, b, weight, eps)? {
+            return Ok(fused);
+        }
+        let sum = self.add(a, b)?;
+        let normed = self.rms_norm(&sum, weight, eps)?;
+        Ok((sum, normed))
+    }
+
     fn attention_norms_qk(&self, n_tokens: usize, spec: &AttnSpec) -> bool {
         self.attention_takes_qk_norm(n_tokens, spec)
     }

@@ -18,7 +18,7 @@ const GET_ROWS: &str = include_str!("shaders/get_rows.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const ACT: &str = include_str!("shaders/act.wgsl");
-const Q8_BLOCK: &str = include_str!("shaders/q8_block.wgsl");
+pub(super) const Q8_BLOCK: &str = include_str!("shaders/q8_block.wgsl");
 /// The rope pair helpers both attention kernels rotate q and k with.
 const ROPE_PAIR: &str = include_str!("shaders/rope_pair.wgsl");
 /// The GLU kernels' epilogue: a workgroup's rows to int8 blocks (dense and MoE).

@@ -98,6 +98,26 @@ pub(super) fn cpu_misses(ids: &[u32], is_miss: impl Fn(u32) -> bool, share_q: u3
 const MAILBOX_SIGNAL: &str = include_str!("../shaders/mailbox_signal.wgsl");
 const MAILBOX_WAIT_ADD: &str = include_str!("../shaders/mailbox_wait_add.wgsl");
 
+/// `mailbox_wait_add.wgsl`, with the residual add and the norm after it (`norm`: its `//N `
+/// lines; the uniform then after the six more buffers).
+pub(in crate::wgpu) fn wait_add_source(norm: bool) -> String {
+    let src = MAILBOX_WAIT_ADD.replace("{{P_BINDING}}", if norm { "10" } else { "4" });
+    if norm {
+        src.replace("//N\n", "\n").replace("//N ", "").replace("{{Q8_BLOCK}}", crate::wgpu::shaders::Q8_BLOCK)
+    } else {
+        src
+    }
+}
+
+/// The pipeline key of [`wait_add_source`]'s variant.
+fn wait_add_key(norm: bool) -> &'static str {
+    if norm {
+        "mailbox_wait_add_norm"
+    } else {
+        "mailbox_wait_add"
+    }
+}
+
 /// Calls in flight at once through the mailboxes: a slot's data is written again two calls
 /// later, when the GPU has added it (the next call's flag comes after that add in queue order)
 /// and the dispatcher has read it (before it ran the call's CPU job).
@@ -512,6 +532,86 @@ pub(super) struct LayerPlace<'a> {
 }
 
 impl WgpuBackend {
+    /// The pipeline of [`wait_add_source`]'s variant (created once).
+    fn wait_add_pipeline(&self, norm: bool) -> std::sync::Arc<wgpu::ComputePipeline> {
+        // Workgroup memory written before it is read (argued in the shader): no zeroing.
+        self.ctx.pipeline_with(wait_add_key(norm), || wait_add_source(norm), true)
+    }
+
+    /// [`Backend::add_rms_norm`] where `b` is the sum the split's `mailbox_wait_add.wgsl` writes
+    /// and its dispatch (one workgroup: one token) is the last pending command: that kernel also
+    /// adds `a` and norms the sum, writing the sum, the normed row and, for int8 products, its
+    /// blocks (the shader's `//N` variant): three dependent dispatches become one. `None`,
+    /// changing nothing, otherwise (and on odd decode steps under `DISKFORMER_AB=addnorm`, or
+    /// with `DISKFORMER_ADD_NORM=apart`).
+    pub(in crate::wgpu) fn fuse_wait_add_norm(
+        &self,
+        a: &WgpuTensor,
+        b: &WgpuTensor,
+        weight: Option<&WgpuTensor>,
+        eps: f32,
+    ) -> Result<Option<(WgpuTensor, WgpuTensor)>, OpError> {
+        static APART: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let apart = *APART.get_or_init(|| std::env::var("DISKFORMER_ADD_NORM").is_ok_and(|v| v.trim() == "apart"));
+        let Some(w) = weight else { return Ok(None) };
+        if apart
+            || crate::ab::is_b("addnorm")
+            || !self.ctx.fuse
+            || a.shape != b.shape
+            || a.rows() != 1
+            || w.len() != a.width()
+        {
+            return Ok(None);
+        }
+        let plain = self.wait_add_pipeline(false);
+        let is_wait_add = |p: &super::super::Pending| {
+            matches!(p.cmds.last(), Some(super::super::Cmd::Dispatch { pipeline, buffers, groups, params_len, .. })
+                if std::sync::Arc::ptr_eq(pipeline, &plain)
+                    && buffers.get(2) == Some(&b.buf.buffer)
+                    && *params_len >= 48)
+        };
+        if !is_wait_add(&lock(&self.ctx.pending)) {
+            return Ok(None);
+        }
+        let sum = self.alloc("add_rms_norm sum", &a.shape)?;
+        let h = self.alloc("add_rms_norm", &a.shape)?;
+        // Blocks only where a norm would write them (one token of whole blocks, int8 products);
+        // otherwise `h` fills their bindings (see `norm_dispatch`).
+        let q8 = self.q8_epilogue_target(&h, true);
+        let (qs, ds) = q8.clone().unwrap_or_else(|| (h.buf.buffer.clone(), h.buf.buffer.clone()));
+        let fused = self.wait_add_pipeline(true);
+        {
+            let mut p = lock(&self.ctx.pending);
+            if !is_wait_add(&p) {
+                return Ok(None);
+            }
+            let super::super::Pending { cmds, params, .. } = &mut *p;
+            let Some(super::super::Cmd::Dispatch { pipeline, buffers, params_at, groups, .. }) = cmds.last_mut() else {
+                return Ok(None);
+            };
+            // One workgroup norms the whole row (the plain kernel may spread a wide row).
+            *groups = [1, 1, 1];
+            let at = *params_at as usize;
+            params[at + 28..at + 32].copy_from_slice(&eps.to_bits().to_le_bytes());
+            params[at + 32..at + 36].copy_from_slice(&(q8.is_some() as u32).to_le_bytes());
+            *pipeline = fused;
+            buffers.extend([
+                a.buf.buffer.clone(),
+                sum.buf.buffer.clone(),
+                h.buf.buffer.clone(),
+                w.buf.buffer.clone(),
+                qs,
+                ds,
+            ]);
+        }
+        if q8.is_some() {
+            self.q8_register(&h.buf.buffer, h.width());
+        }
+        Ok(Some((sum, h)))
+    }
+}
+
+impl WgpuBackend {
     /// `moe_ffn` of a decode call (few tokens) under [`MissPolicy::Split`], the tier's state
     /// locked by the caller (see the module docs).
     #[allow(clippy::too_many_arguments)] // moe_ffn's inputs, the tier, its state and the layer's place
@@ -848,7 +948,7 @@ impl WgpuBackend {
         self.take_decided(tier, st, false)?;
         let out = self.alloc("moe split sum", &[n, n_embd])?;
         self.dispatch(
-            self.ctx.pipeline_with("mailbox_wait_add", || MAILBOX_WAIT_ADD.to_string(), true),
+            self.wait_add_pipeline(false),
             &[up.buffer(), &y.buf.buffer, &out.buf.buffer, down.buffer()],
             &[
                 call.slot as u32,
@@ -858,6 +958,11 @@ impl WgpuBackend {
                 split_wait_spin_limit(),
                 DOWN_TIMEOUT as u32,
                 (DOWN_WAITED + call.slot) as u32,
+                // The add-norm variant's words (`fuse_wait_add_norm` sets them).
+                0,
+                0,
+                0,
+                0,
                 0,
             ],
             [(n * n_embd).div_ceil(2048).clamp(1, 64) as u32, 1, 1],
@@ -998,6 +1103,82 @@ impl WgpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `add_rms_norm` after the split's `mailbox_wait_add` (the last pending command) fuses into
+    /// it, and writes what the ops apart would: the wait's own sum (the GPU's share plus the
+    /// CPU's from the mailbox), the residual added, the norm of that within f32 rounding of the
+    /// host's, and int8 blocks equal to a quantization of the normed row; a width that is not
+    /// whole blocks writes none, and a width past one workgroup's 256 values still normalizes the
+    /// whole row. Run on any adapter (lavapipe in CI, where the split never uses mailboxes: the
+    /// mailboxes here are plain storage buffers written before the dispatch).
+    #[test]
+    fn fused_wait_add_norm_writes_what_the_ops_apart_write() {
+        use crate::backend::Backend;
+        let Ok(g) = WgpuBackend::new(crate::wgpu::WgpuOptions { adapter_index: None, prefer_discrete: true }) else {
+            eprintln!("no GPU adapter: skipped");
+            return;
+        };
+        let g = g.with_matmul_mode(crate::quant::MatmulMode::QuantizedActivations);
+        let mut next = crate::test_uniform();
+        for width in [2048usize, 96, 40] {
+            let mut v = |n: usize, scale: f32| -> Vec<f32> { (0..n).map(|_| scale * next()).collect() };
+            let (rv, yv, uv, wv) = (v(width, 3.0), v(width, 1.0), v(width, 1.0), v(width, 1.5));
+            let (r, y, w) = (
+                g.from_host(&rv, &[1, width]).unwrap(),
+                g.from_host(&yv, &[1, width]).unwrap(),
+                g.from_host(&wv, &[width]).unwrap(),
+            );
+            let (flag_at, data_at, seq) = (1usize, 16usize, 5u32);
+            let mut up_words = vec![0u32; data_at + width];
+            up_words[flag_at] = seq;
+            for (i, x) in uv.iter().enumerate() {
+                up_words[data_at + i] = x.to_bits();
+            }
+            let up = g.upload("test up mailbox", bytemuck::cast_slice(&up_words)).unwrap();
+            let down = g.alloc_bytes("test down mailbox", 64).unwrap();
+            let out = g.alloc("test wait_add", &[1, width]).unwrap();
+            // The uploads submitted first: the wait is then the only pending command, as in a
+            // decode step (the split submits the GPU's share before recording it).
+            g.to_host(&w).unwrap();
+            g.dispatch(
+                g.wait_add_pipeline(false),
+                &[&up.buffer, &y.buf.buffer, &out.buf.buffer, &down.buffer],
+                &[flag_at as u32, data_at as u32, width as u32, seq, 1000, 2, 4, 0, 0, 0, 0, 0],
+                [width.div_ceil(2048) as u32, 1, 1],
+            );
+            let eps = 1e-6f32;
+            let (sum, h) = g.add_rms_norm(&r, &out, Some(&w), eps).unwrap();
+            let fused = g.wait_add_pipeline(true);
+            let last_is_fused = matches!(lock(&g.ctx.pending).cmds.last(),
+                Some(crate::wgpu::Cmd::Dispatch { pipeline, .. }) if std::sync::Arc::ptr_eq(pipeline, &fused));
+            assert!(last_is_fused, "width {width}: the add and the norm must fuse into the wait");
+            let whole_blocks = width % 32 == 0;
+            let blocks = whole_blocks.then(|| g.q8_blocks(&h));
+            let (out_v, sum_v, h_v) = (g.to_host(&out).unwrap(), g.to_host(&sum).unwrap(), g.to_host(&h).unwrap());
+            let want_out: Vec<f32> = yv.iter().zip(&uv).map(|(a, b)| a + b).collect();
+            assert_eq!(out_v, want_out, "width {width}: the wait's own sum");
+            let want_sum: Vec<f32> = rv.iter().zip(&want_out).map(|(a, b)| a + b).collect();
+            assert_eq!(sum_v, want_sum, "width {width}: the residual added");
+            let ms = want_sum.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>() / width as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            for (i, (&got, (&x, &wt))) in h_v.iter().zip(want_sum.iter().zip(&wv)).enumerate() {
+                let want = x as f64 * inv * wt as f64;
+                assert!(
+                    (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "width {width}: h[{i}] {got} vs {want}"
+                );
+            }
+            if let Some((qs, ds)) = blocks {
+                let n_blocks = width / 32;
+                let read = |b: &wgpu::Buffer, bytes: usize| g.read_back(b, bytes as u64).unwrap();
+                let (got_qs, got_ds) = (read(&qs, width), read(&ds, 8 * n_blocks));
+                let again = g.from_host(&h_v, &[1, width]).unwrap();
+                let want = g.quantize_activations(&again).unwrap().expect("int8 activations on");
+                assert_eq!(got_qs, read(&want.qs.buffer, width), "width {width}: int8 values");
+                assert_eq!(got_ds, read(&want.ds.buffer, 8 * n_blocks), "width {width}: block scales");
+            }
+        }
+    }
 
     /// The rule worked by hand: distinct misses keyed by (pairs, id), the smallest
     /// `(n_miss * share_q + 128) / 256` to the CPU.
