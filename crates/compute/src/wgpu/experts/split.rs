@@ -573,8 +573,27 @@ impl WgpuBackend {
         if !is_wait_add(&lock(&self.ctx.pending)) {
             return Ok(None);
         }
-        let sum = self.alloc("add_rms_norm sum", &a.shape)?;
-        let h = self.alloc("add_rms_norm", &a.shape)?;
+        // The new outputs must not be buffers the wait already binds: the GPU's share `Y`, freed
+        // by the split once recorded, is back in the pool while the wait still reads it, and one
+        // dispatch may not read and write one buffer (wgpu refuses it). Such a buffer is set aside
+        // until both are allocated.
+        let bound: Vec<wgpu::Buffer> = match lock(&self.ctx.pending).cmds.last() {
+            Some(super::super::Cmd::Dispatch { buffers, .. }) => buffers.clone(),
+            _ => return Ok(None),
+        };
+        let mut set_aside = Vec::new();
+        let mut fresh = |label: &'static str| -> Result<WgpuTensor, OpError> {
+            loop {
+                let t = self.alloc(label, &a.shape)?;
+                if !bound.contains(&t.buf.buffer) {
+                    return Ok(t);
+                }
+                set_aside.push(t);
+            }
+        };
+        let sum = fresh("add_rms_norm sum")?;
+        let h = fresh("add_rms_norm")?;
+        drop(set_aside);
         // Blocks only where a norm would write them (one token of whole blocks, int8 products);
         // otherwise `h` fills their bindings (see `norm_dispatch`).
         let q8 = self.q8_epilogue_target(&h, true);
@@ -1146,6 +1165,9 @@ mod tests {
                 &[flag_at as u32, data_at as u32, width as u32, seq, 1000, 2, 4, 0, 0, 0, 0, 0],
                 [width.div_ceil(2048) as u32, 1, 1],
             );
+            // As the split does: the GPU's share freed once recorded (its buffer back in the
+            // pool, where the fused outputs would find it).
+            drop(y);
             let eps = 1e-6f32;
             let (sum, h) = g.add_rms_norm(&r, &out, Some(&w), eps).unwrap();
             let fused = g.wait_add_pipeline(true);
