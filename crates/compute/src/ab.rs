@@ -17,7 +17,9 @@
 //! (no short early submits at a step's start: every early submit waits for `SUBMIT_EVERY`
 //! dispatches, as `DISKFORMER_SUBMIT_FIRST=0`), `attnsplit` (the decode attention over at most 64
 //! keys in slices of 16 and a combine pass instead of one slice), `addnorm` (the split's wait for
-//! the CPU's sum, the residual add and the next norm in three dispatches instead of one).
+//! the CPU's sum, the residual add and the next norm in three dispatches instead of one),
+//! `gpufirst` (the split's share settling where the GPU's is done first in half the layers,
+//! not 80%).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

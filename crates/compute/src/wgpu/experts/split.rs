@@ -355,9 +355,16 @@ impl Dispatcher {
 /// the chain from a CPU job's end to the next layer's ids read ~145 us against 81-104 where the
 /// CPU took more (the eighteenth session's host-polled mailboxes, 68% of the misses). Measured
 /// in the twentieth session (alternating, one lease): 57.35 tok/s against 0.5's 54.21 uniform,
-/// 68.92 against 65.83 skewed; 0.9 was no faster than 0.8 on another lease.
+/// 68.92 against 65.83 skewed; 0.9 was no faster than 0.8 on another lease. Those were
+/// separate processes (5-10% apart on one lease); on odd decode steps under
+/// `DISKFORMER_AB=gpufirst` the target is 0.5, for the in-process A/B (the share moves up to
+/// ~0.25 within a step's 48 joins, so each arm's steps drift toward their own balance). Not yet
+/// measured so.
 fn dispatched_gpu_first() -> f64 {
     static TARGET: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    if crate::ab::is_b("gpufirst") {
+        return 0.5;
+    }
     *TARGET.get_or_init(|| {
         std::env::var("DISKFORMER_SPLIT_GPU_FIRST")
             .ok()
