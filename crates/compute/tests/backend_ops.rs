@@ -102,12 +102,8 @@ mod gpu_ops {
     /// apart on both sides, as the model does.
     #[test]
     fn attention_qk_norm_matches_cpu() {
-        let Some(g) = gpu("attention qk norm") else { return };
-        let seed = seed();
-        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
-        let rng = &mut StdRng::seed_from_u64(seed);
-        let c = CpuBackend::new(MatmulMode::Exact);
-        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let Some((g, c, mut rng, mut r)) = gpu_case("attention qk norm") else { return };
+        let rng = &mut rng;
         let shape = |s: &str| AttnDecodeShape::parse(s).expect("valid shape");
         let variants: [(&str, Option<AttnKernel>); 5] = [
             ("model path", None),
@@ -116,15 +112,7 @@ mod gpu_ops {
             ("decode 64x16u2r2", Some(AttnKernel::Decode { shape: shape("64x16u2r2"), subgroups: true })),
             ("decode 128x16 no subgroups", Some(AttnKernel::Decode { shape: shape("128x16"), subgroups: false })),
         ];
-        let spec = |n_head, n_head_kv, hdk, hdv, window, softcap| AttnSpec {
-            n_head,
-            n_head_kv,
-            head_dim_k: hdk,
-            head_dim_v: hdv,
-            scale: 1.0 / (hdk as f32).sqrt(),
-            window,
-            softcap,
-        };
+        let spec = attn_spec;
         let cases: Vec<(&str, AttnSpec, Option<RopeSpec>, bool)> = vec![
             ("gqa 32/4 hd 128, neox rope", spec(32, 4, 128, 128, None, None), Some(RopeSpec::new(128, 1e6, true))),
             ("mha 3 hd 40, norm rope", spec(3, 3, 40, 40, None, None), Some(RopeSpec::new(40, 10000.0, false))),
@@ -163,32 +151,16 @@ mod gpu_ops {
                 };
                 let (qn, kn) = (per_head(&q, &wq), per_head(&k, &wk));
                 let (cq, ck) = (c.from_host(&qn, &q.shape).unwrap(), c.from_host(&kn, &k.shape).unwrap());
-                let step = AttnStep {
-                    q: &cq,
-                    k: &ck,
-                    v: &v,
-                    pos0,
-                    positions: &positions,
-                    rope: rope.as_ref(),
-                    spec: &spec,
-                    sinks: with_sinks.then_some(&sinks),
-                    qk_norm: None,
-                };
+                let step =
+                    attn_step([&cq, &ck, &v], pos0, &positions, rope.as_ref(), &spec, with_sinks.then_some(&sinks));
                 let want = c.rope_attention(&step, &mut cc).unwrap();
                 // A prefill takes the norms apart, as the model does past the decode kernel.
                 let decode = n <= 4;
                 let (gq, gk) = if decode { (up(&g, &q), up(&g, &k)) } else { (up(&g, &cq), up(&g, &ck)) };
                 let (gv, gsinks) = (up(&g, &v), up(&g, &sinks));
                 let gstep = AttnStep {
-                    q: &gq,
-                    k: &gk,
-                    v: &gv,
-                    pos0,
-                    positions: &positions,
-                    rope: rope.as_ref(),
-                    spec: &spec,
-                    sinks: with_sinks.then_some(&gsinks),
                     qk_norm: decode.then_some(compute::QkNorm { q: &gwq, k: &gwk, eps }),
+                    ..attn_step([&gq, &gk, &gv], pos0, &positions, rope.as_ref(), &spec, with_sinks.then_some(&gsinks))
                 };
                 if decode {
                     r.exact(&format!("attention_norms_qk({name}, n={n})"), Ok(g.attention_norms_qk(n, &spec)), &true);
@@ -222,12 +194,8 @@ mod gpu_ops {
     /// product and the routing apart.
     #[test]
     fn router_route_matches_cpu() {
-        let Some(g) = gpu("router_route") else { return };
-        let seed = seed();
-        println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
-        let rng = &mut StdRng::seed_from_u64(seed);
-        let c = CpuBackend::new(MatmulMode::Exact);
-        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let Some((g, c, mut rng, mut r)) = gpu_case("router_route") else { return };
+        let rng = &mut rng;
         let route = |k: usize, gating: Gating, groups: Option<(usize, usize)>, normalize: bool, scale: f32| RouteSpec {
             k,
             gating,
@@ -288,14 +256,52 @@ mod gpu_ops {
         r.finish();
     }
 
-    #[test]
-    fn backend_ops_match_cpu() {
-        let Some(g) = gpu("backend_ops") else { return };
+    /// Attention heads, head dims (keys, values), the usual 1/sqrt(head dim) scale, a sliding
+    /// window and a soft-cap.
+    fn attn_spec(
+        n_head: usize,
+        n_head_kv: usize,
+        hdk: usize,
+        hdv: usize,
+        window: Option<usize>,
+        softcap: Option<f32>,
+    ) -> AttnSpec {
+        AttnSpec {
+            n_head,
+            n_head_kv,
+            head_dim_k: hdk,
+            head_dim_v: hdv,
+            scale: 1.0 / (hdk as f32).sqrt(),
+            window,
+            softcap,
+        }
+    }
+
+    /// An attention step of `[q, k, v]` with no q/k norms inside.
+    fn attn_step<'a, B: Backend>(
+        [q, k, v]: [&'a B::Tensor; 3],
+        pos0: usize,
+        positions: &'a [u32],
+        rope: Option<&'a RopeSpec>,
+        spec: &'a AttnSpec,
+        sinks: Option<&'a B::Tensor>,
+    ) -> AttnStep<'a, B> {
+        AttnStep { q, k, v, pos0, positions, rope, spec, sinks, qk_norm: None }
+    }
+
+    /// A test's GPU back end (`None`: no adapter, said), the CPU reference, its random
+    /// numbers from the printed seed and an empty report.
+    fn gpu_case(name: &str) -> Option<(WgpuBackend, CpuBackend, StdRng, Report)> {
+        let g = gpu(name)?;
         let seed = seed();
         println!("seed: {seed} (DISKFORMER_SEED={seed} repeats this run)");
-        let mut rng = StdRng::seed_from_u64(seed);
-        let c = CpuBackend::new(MatmulMode::Exact);
-        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let report = Report { failures: Vec::new(), ran: 0 };
+        Some((g, CpuBackend::new(MatmulMode::Exact), StdRng::seed_from_u64(seed), report))
+    }
+
+    #[test]
+    fn backend_ops_match_cpu() {
+        let Some((g, c, mut rng, mut r)) = gpu_case("backend_ops") else { return };
 
         matmul_cases(&g, &c, &mut rng, &mut r);
         elementwise_cases(&g, &c, &mut rng, &mut r);
@@ -738,15 +744,7 @@ mod gpu_ops {
             ("decode 128x32u1r1", AttnKernel::Decode { shape: shape("128x32u1r1"), subgroups: true }),
             ("decode 128x16 no subgroups", AttnKernel::Decode { shape: shape("128x16"), subgroups: false }),
         ];
-        let spec = |n_head, n_head_kv, hdk, hdv, window, softcap| AttnSpec {
-            n_head,
-            n_head_kv,
-            head_dim_k: hdk,
-            head_dim_v: hdv,
-            scale: 1.0 / (hdk as f32).sqrt(),
-            window,
-            softcap,
-        };
+        let spec = attn_spec;
         let cases: Vec<(&str, AttnSpec, Option<RopeSpec>, bool)> = vec![
             ("mha 3 hd 40, norm rope", spec(3, 3, 40, 40, None, None), Some(RopeSpec::new(40, 10000.0, false)), false),
             ("gqa 8/2 hd 64, neox rope", spec(8, 2, 64, 64, None, None), Some(RopeSpec::new(64, 1e6, true)), false),

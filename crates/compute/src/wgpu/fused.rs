@@ -315,6 +315,19 @@ impl WgpuBackend {
             rope.map_or((0, 0, 0, 0), |(r, _)| (1, r.head_dim, r.n_rot, r.neox as u32));
         let table_buf = table.as_ref().map_or(dummy, |t| &t.buffer);
         let sinks_buf = sinks.map_or(dummy, |s| &s.buf.buffer);
+        // What both kernels bind first (the decode kernel adds its partial states after them).
+        let common_buffers = [
+            &q.buf.buffer,
+            &k.buf.buffer,
+            &v.buf.buffer,
+            table_buf,
+            sinks_buf,
+            &cache.k,
+            &cache.v,
+            &y.buf.buffer,
+            qs,
+            ds,
+        ];
         if let Some(plan) = plan {
             let split = plan.n_split > 1;
             let rows_total = n * spec.n_head;
@@ -329,20 +342,8 @@ impl WgpuBackend {
             };
             let (pacc, pml) = parts.as_ref().map_or((&y.buf.buffer, &y.buf.buffer), |(a, m)| (&a.buffer, &m.buffer));
             let kernel = plan.kernel;
-            let mut buffers = vec![
-                &q.buf.buffer,
-                &k.buf.buffer,
-                &v.buf.buffer,
-                table_buf,
-                sinks_buf,
-                &cache.k,
-                &cache.v,
-                &y.buf.buffer,
-                qs,
-                ds,
-                pacc,
-                pml,
-            ];
+            let mut buffers = common_buffers.to_vec();
+            buffers.extend([pacc, pml]);
             if let Some(norms) = qk_norm {
                 buffers.extend([&norms.q.buf.buffer, &norms.k.buf.buffer]);
             }
@@ -394,18 +395,7 @@ impl WgpuBackend {
         } else {
             self.dispatch(
                 self.plain(super::Plain::Attention),
-                &[
-                    &q.buf.buffer,
-                    &k.buf.buffer,
-                    &v.buf.buffer,
-                    table_buf,
-                    sinks_buf,
-                    &cache.k,
-                    &cache.v,
-                    &y.buf.buffer,
-                    qs,
-                    ds,
-                ],
+                &common_buffers,
                 &[
                     n as u32,
                     spec.n_head as u32,
