@@ -589,6 +589,12 @@ impl Ctx {
         }
     }
 
+    /// The pipeline made under `key`, if one was: for recognizing a pending dispatch without
+    /// compiling a kernel the back end may never run.
+    fn pipeline_made(&self, key: &str) -> Option<Arc<wgpu::ComputePipeline>> {
+        lock(&self.pipelines).get(key).cloned()
+    }
+
     fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Arc<wgpu::ComputePipeline> {
         self.pipeline_with(key, source, false)
     }

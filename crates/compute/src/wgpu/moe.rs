@@ -971,8 +971,8 @@ impl WgpuBackend {
         // Which routing kernel wrote `routing`: the plain one (one workgroup) or the router
         // variant (its workgroups over the router's rows).
         let router = [false, true].into_iter().find(|&router| {
-            let kernel = self.route_pipeline(router, false);
-            std::sync::Arc::ptr_eq(pipeline, &kernel)
+            let made = self.ctx.pipeline_made(route_key(router, false));
+            made.is_some_and(|kernel| std::sync::Arc::ptr_eq(pipeline, &kernel))
         });
         let Some(router) = router else { return false };
         let one_group = *groups == [1, 1, 1];

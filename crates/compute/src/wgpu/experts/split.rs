@@ -546,7 +546,7 @@ impl WgpuBackend {
     }
 
     /// [`Backend::add_rms_norm`] where `b` is the sum the split's `mailbox_wait_add.wgsl` writes
-    /// and its dispatch (one workgroup: one token) is the last pending command: that kernel also
+    /// and its dispatch (one token) is the last pending command: that kernel, as one workgroup, also
     /// adds `a` and norms the sum, writing the sum, the normed row and, for int8 products, its
     /// blocks (the shader's `//N` variant): three dependent dispatches become one. `None`,
     /// changing nothing, otherwise (and on odd decode steps under `DISKFORMER_AB=addnorm`, or
@@ -570,24 +570,24 @@ impl WgpuBackend {
         {
             return Ok(None);
         }
-        let plain = self.wait_add_pipeline(false);
-        let is_wait_add = |p: &super::super::Pending| {
-            matches!(p.cmds.last(), Some(super::super::Cmd::Dispatch { pipeline, buffers, groups, params_len, .. })
+        // Only a back end that has recorded the wait can have it pending.
+        let Some(plain) = self.ctx.pipeline_made(wait_add_key(false)) else { return Ok(None) };
+        // The wait's bindings, when it is the last pending command.
+        let wait_bindings = |p: &super::super::Pending| match p.cmds.last() {
+            Some(super::super::Cmd::Dispatch { pipeline, buffers, params_len, .. })
                 if std::sync::Arc::ptr_eq(pipeline, &plain)
                     && buffers.get(2) == Some(&b.buf.buffer)
-                    && *params_len >= 48)
+                    && *params_len >= 48 =>
+            {
+                Some(buffers.clone())
+            }
+            _ => None,
         };
-        if !is_wait_add(&lock(&self.ctx.pending)) {
-            return Ok(None);
-        }
         // The new outputs must not be buffers the wait already binds: the GPU's share `Y`, freed
         // by the split once recorded, is back in the pool while the wait still reads it, and one
         // dispatch may not read and write one buffer (wgpu refuses it). Such a buffer is set aside
         // until both are allocated.
-        let bound: Vec<wgpu::Buffer> = match lock(&self.ctx.pending).cmds.last() {
-            Some(super::super::Cmd::Dispatch { buffers, .. }) => buffers.clone(),
-            _ => return Ok(None),
-        };
+        let Some(bound) = wait_bindings(&lock(&self.ctx.pending)) else { return Ok(None) };
         let mut set_aside = Vec::new();
         let mut fresh = |label: &'static str| -> Result<WgpuTensor, OpError> {
             loop {
@@ -608,7 +608,7 @@ impl WgpuBackend {
         let fused = self.wait_add_pipeline(true);
         {
             let mut p = lock(&self.ctx.pending);
-            if !is_wait_add(&p) {
+            if wait_bindings(&p).is_none() {
                 return Ok(None);
             }
             let super::super::Pending { cmds, params, .. } = &mut *p;
