@@ -30,6 +30,11 @@
 // atomics, then each workgroup counts itself done on CNT; the last one (which sees every other's
 // count, so their logits) routes as above and sets CNT back to 0 for the next call. One
 // dependent dispatch less per MoE layer (`DISKFORMER_ROUTER_ROUTE=apart` keeps them apart).
+// WGSL's atomics are relaxed and its barriers workgroup-scoped, so "sees the count, so the
+// logits" is not promised by its memory model; it holds where atomics are performed in the
+// device's coherent cache in order with the storage barrier before the count (NVIDIA's L2,
+// lavapipe's CPU memory), which the op test (`router_route_matches_cpu`) and the H200's greedy
+// text check. An adapter where it failed would route on stale logits: keep the op test on it.
 struct Params {
     n_expert: u32,
     n_tok: u32,
