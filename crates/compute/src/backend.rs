@@ -282,9 +282,7 @@ pub trait Backend: Send + Sync + Sized + Clone {
         weight: Option<&Self::Tensor>,
         eps: f32,
     ) -> Result<(Self::Tensor, Self::Tensor), OpError> {
-        let sum = self.add(a, b)?;
-        let normed = self.rms_norm(&sum, weight, eps)?;
-        Ok((sum, normed))
+        add_then_rms_norm(self, a, b, weight, eps)
     }
     /// `(rms_norm(a, wa), rms_norm(b, wb))` for rows of one width: two norms a back end may do in
     /// one pass (a decode step's per-head q and k norms: one GPU dispatch instead of two).
@@ -418,8 +416,7 @@ pub trait Backend: Send + Sync + Sized + Clone {
         selection_bias: Option<&Self::Tensor>,
         spec: &RouteSpec,
     ) -> Result<Routing<Self>, OpError> {
-        let logits = self.matmul(x, router)?;
-        self.route(&logits, selection_bias, spec)
+        route_router_logits(self, x, router, selection_bias, spec)
     }
     /// Routing from router logits `[n, n_expert]`; `selection_bias` (`[n_expert]`) shifts only
     /// the choice.
@@ -540,4 +537,29 @@ fn unmasked_attention_host(q: &[f32], k: &[f32], v: &[f32], n: usize, spec: &Att
         }
     }
     out
+}
+
+/// [`Backend::add_rms_norm`] as its two ops: the default, and a fusing back end's fallback.
+pub(crate) fn add_then_rms_norm<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    y: &B::Tensor,
+    weight: Option<&B::Tensor>,
+    eps: f32,
+) -> Result<(B::Tensor, B::Tensor), OpError> {
+    let sum = b.add(x, y)?;
+    let normed = b.rms_norm(&sum, weight, eps)?;
+    Ok((sum, normed))
+}
+
+/// [`Backend::router_route`] as its two ops: the default, and a fusing back end's fallback.
+pub(crate) fn route_router_logits<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    router: &B::Weight,
+    selection_bias: Option<&B::Tensor>,
+    spec: &RouteSpec,
+) -> Result<Routing<B>, OpError> {
+    let logits = b.matmul(x, router)?;
+    b.route(&logits, selection_bias, spec)
 }

@@ -2020,12 +2020,10 @@ impl Backend for WgpuBackend {
         weight: Option<&WgpuTensor>,
         eps: f32,
     ) -> Result<(WgpuTensor, WgpuTensor), OpError> {
-        if let Some(fused) = self.fuse_wait_add_norm(a, b, weight, eps)? {
-            return Ok(fused);
+        match self.fuse_wait_add_norm(a, b, weight, eps)? {
+            Some(fused) => Ok(fused),
+            None => crate::backend::add_then_rms_norm(self, a, b, weight, eps),
         }
-        let sum = self.add(a, b)?;
-        let normed = self.rms_norm(&sum, weight, eps)?;
-        Ok((sum, normed))
     }
 
     fn attention_norms_qk(&self, n_tokens: usize, spec: &AttnSpec) -> bool {
@@ -2041,11 +2039,10 @@ impl Backend for WgpuBackend {
     ) -> Result<Routing<Self>, OpError> {
         // The ids stay on the GPU as `route` leaves them for one token.
         let ids_on_gpu = self.experts.as_ref().is_none_or(|t| t.reads_host());
-        if let Some(r) = self.router_route_gpu(x, router, selection_bias, spec, ids_on_gpu)? {
-            return Ok(r);
+        match self.router_route_gpu(x, router, selection_bias, spec, ids_on_gpu)? {
+            Some(r) => Ok(r),
+            None => crate::backend::route_router_logits(self, x, router, selection_bias, spec),
         }
-        let logits = self.matmul(x, router)?;
-        self.route(&logits, selection_bias, spec)
     }
 
     fn route(
