@@ -19,7 +19,9 @@
 //! keys in slices of 16 and a combine pass instead of one slice), `addnorm` (the split's wait for
 //! the CPU's sum, the residual add and the next norm in three dispatches instead of one),
 //! `gpufirst` (the split's share settling where the GPU's is done first in half the layers,
-//! not 80%).
+//! not 80%), `touch` (no look-ahead: the next layer's guessed GPU experts not read into the
+//! GPU's L2 cache during the wait for the CPU's sum; the split's share is common to both arms,
+//! so this A/B shows the cache's effect at one balance, not the rebalancing it allows).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -230,6 +230,9 @@ struct TierProfile {
     split_layers: u64,
     /// Of them, those whose ids and CPU sum went through the mailboxes (`split::SplitMailboxes`).
     split_mailbox_layers: u64,
+    /// Of those, the ones that read the next layer's guessed experts ahead
+    /// (`split::touch_next_layer`).
+    split_touches: u64,
     split_gpu_first: u64,
     split_misses: u64,
     split_cpu_experts: u64,
@@ -305,8 +308,9 @@ impl TierProfile {
             );
             if self.split_mailbox_layers > 0 {
                 format!(
-                    "{shares}); per step, us: the CPU's dispatcher waiting for the GPU's hand-overs {:.0}, from a hand-over \
-                     to its CPU job's start {:.0}\n",
+                    "{shares}, {} reading the next layer's guess ahead); per step, us: the CPU's dispatcher waiting for the \
+                     GPU's hand-overs {:.0}, from a hand-over to its CPU job's start {:.0}\n",
+                    self.split_touches,
                     per(self.split_join_wait_secs),
                     per(self.split_queued_secs),
                 )
@@ -392,6 +396,11 @@ struct TierState {
     /// them; `mailbox_unavailable` once the device had none to give (not Vulkan).
     split_mailboxes: Option<split::SplitMailboxes>,
     mailbox_unavailable: bool,
+    /// Under [`MissPolicy::Split`], each layer's router as the model routed with it, for the
+    /// guess of its experts one layer early (`split::touch_next_layer`).
+    guess_routers: Vec<Option<Arc<split::GuessRouter>>>,
+    /// Where the look-ahead's kernel counts what it read (`moe_split_touch.wgsl`'s OUT).
+    touch_out: Option<wgpu::Buffer>,
 }
 
 /// One layer's experts in the host tier: a buffer in host memory and where each expert's
@@ -499,6 +508,10 @@ pub(super) struct ExpertTier {
     /// ([`WgpuBackend::settle_dispatcher`]); `DISKFORMER_SPLIT_DEFER_REFILLS=0` makes them at
     /// the step's start, as before (A/B runs).
     split_defer_refills: bool,
+    /// Under [`MissPolicy::Split`] through the mailboxes, read the next layer's guessed GPU
+    /// experts into the GPU's L2 cache while the GPU waits for the CPU's sum
+    /// (`split::touch_next_layer`; `DISKFORMER_SPLIT_TOUCH=0`: never, for A/B runs).
+    split_touch: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),
     /// moved by the replacements' measured yield ([`admission`]) unless
@@ -867,6 +880,7 @@ impl WgpuBackend {
             split_mailbox: !super::env_off("DISKFORMER_SPLIT_MAILBOX"),
             split_step_refill: super::env_off("DISKFORMER_SPLIT_LAYER_REFILL"),
             split_defer_refills: !super::env_off("DISKFORMER_SPLIT_DEFER_REFILLS"),
+            split_touch: !super::env_off("DISKFORMER_SPLIT_TOUCH"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -888,6 +902,8 @@ impl WgpuBackend {
                 split_biases: Vec::new(),
                 split_mailboxes: None,
                 mailbox_unavailable: false,
+                guess_routers: Vec::new(),
+                touch_out: None,
             }),
         };
         tier.upload_bytes_per_s = self.measure_upload(&tier)?;

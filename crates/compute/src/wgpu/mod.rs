@@ -203,13 +203,16 @@ impl std::fmt::Debug for WgpuTensor {
 }
 
 /// Rows `row0..row0 + n_rows` of a weight in one buffer.
+#[derive(Clone)]
 struct WeightChunk {
     buffer: wgpu::Buffer,
     row0: usize,
     n_rows: usize,
 }
 
-/// A weight uploaded in the repacked layout, split into chunks that fit one binding.
+/// A weight uploaded in the repacked layout, split into chunks that fit one binding. A clone
+/// shares the GPU buffers.
+#[derive(Clone)]
 pub struct WgpuWeight {
     chunks: Vec<WeightChunk>,
     layout: TypeLayout,
@@ -2039,6 +2042,10 @@ impl Backend for WgpuBackend {
     ) -> Result<Routing<Self>, OpError> {
         // The ids stay on the GPU as `route` leaves them for one token.
         let ids_on_gpu = self.experts.as_ref().is_none_or(|t| t.reads_host());
+        if let Some(tier) = &self.experts {
+            // The split guesses a layer's experts with this router on the layer before.
+            tier.note_router(router, spec);
+        }
         match self.router_route_gpu(x, router, selection_bias, spec, ids_on_gpu)? {
             Some(r) => Ok(r),
             None => crate::backend::route_router_logits(self, x, router, selection_bias, spec),
