@@ -21,7 +21,9 @@
 //! `gpufirst` (the split's share settling where the GPU's is done first in half the layers,
 //! not 80%), `touch` (no look-ahead: the next layer's guessed GPU experts not read into the
 //! GPU's L2 cache during the wait for the CPU's sum; the split's share is common to both arms,
-//! so this A/B shows the cache's effect at one balance, not the rebalancing it allows).
+//! so this A/B shows the cache's effect at one balance, not the rebalancing it allows),
+//! `ffnnorm` (the FFN norm in its own dispatch before the MoE router's kernel instead of inside
+//! it, with the norm's dispatch after it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -527,6 +527,16 @@ impl WgpuBackend {
         cache.entry = Some(Q8Entry { x: x.clone(), width, qs, ds, marker });
     }
 
+    /// The dispatch that wrote the cached int8 blocks moved in the pending list, from just
+    /// before `from` to just before `to` (a norm put after the routing kernel that took its
+    /// input): the entry follows it.
+    pub(super) fn q8_marker_moved(&self, from: usize, to: usize) {
+        let mut cache = lock(&self.ctx.q8_cache);
+        if let Some(e) = cache.entry.as_mut().filter(|e| e.marker == from) {
+            e.marker = to;
+        }
+    }
+
     /// The pipeline of an int8 kernel for `w`'s type.
     fn q8_pipeline(&self, w: &WgpuWeight, shape: Q8Shape, kind: Q8Kind) -> std::sync::Arc<wgpu::ComputePipeline> {
         self.q8_pipeline_types(&[w], shape, kind)

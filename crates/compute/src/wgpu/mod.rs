@@ -286,6 +286,22 @@ struct Pending {
     early_submits: u32,
     /// CPU results the recorded commands read, still being computed (see [`Deferred`]).
     deferred: Vec<Deferred>,
+    /// The last one-row RMS norm recorded, for a router that takes its input raw and norms it
+    /// itself (`WgpuBackend::take_norm_for_router`); valid while its dispatch is the last
+    /// command.
+    norm_mark: Option<NormMark>,
+    /// The index of a norm moved after the routing kernel that took its input
+    /// (`fuse_route_signal` then finds that kernel just before it).
+    norm_after_route: Option<usize>,
+}
+
+/// A one-row RMS norm's input, weight, output and epsilon, as `norm_dispatch` recorded it.
+#[derive(Clone)]
+pub(super) struct NormMark {
+    pub(super) x: wgpu::Buffer,
+    pub(super) weight: wgpu::Buffer,
+    pub(super) y: wgpu::Buffer,
+    pub(super) eps: f32,
 }
 
 /// A buffer the recorded commands read whose contents the CPU is still computing: the host
@@ -682,6 +698,8 @@ impl Ctx {
         if pending.cmds.is_empty() {
             return;
         }
+        pending.norm_mark = None;
+        pending.norm_after_route = None;
         trace::mark("flush", None);
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let n_cmds = pending.cmds.len() as u64;
@@ -2046,7 +2064,14 @@ impl Backend for WgpuBackend {
             // The split guesses a layer's experts with this router on the layer before.
             tier.note_router(router, spec);
         }
-        match self.router_route_gpu(x, router, selection_bias, spec, ids_on_gpu)? {
+        // The norm that wrote `x`, taken out of the pending commands while the routing kernel
+        // that norms its input itself is recorded, then put back after it.
+        let held = self.take_norm_for_router(x);
+        let routed = self.router_route_gpu(x, router, selection_bias, spec, ids_on_gpu, held.as_ref().map(|h| &h.1));
+        if let Some((cmd, _)) = held {
+            self.put_norm_back(cmd, matches!(routed, Ok(Some(_))));
+        }
+        match routed? {
             Some(r) => Ok(r),
             None => crate::backend::route_router_logits(self, x, router, selection_bias, spec),
         }

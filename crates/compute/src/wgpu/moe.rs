@@ -45,12 +45,17 @@ const ACT: &str = include_str!("shaders/act.wgsl");
 const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
 
 /// The routing kernel (`moe_route.wgsl`), with the router's product of the one token in it
-/// (`router`: the shader's `//R ` lines) and the split's hand-over (`signal`: its `//S ` lines).
-pub(super) fn route_source(router: bool, signal: bool) -> String {
-    // Bindings: L, B, OUT; the router's W, XR, CNT; the hand-over's X, D; then the uniform,
-    // which the back end binds after the buffers.
-    let x_binding = if router { 6 } else { 3 };
-    let p_binding = 3 + if router { 3 } else { 0 } + if signal { 2 } else { 0 };
+/// (`router`: the shader's `//R ` lines), the FFN norm of its input in that (`norm`, with
+/// `router`: `//F `) and the split's hand-over (`signal`: `//S `, and `//X ` or with the norm
+/// `//Y `).
+pub(super) fn route_source(router: bool, signal: bool, norm: bool) -> String {
+    let norm = norm && router;
+    // Bindings: L, B, OUT; the router's W, XR, CNT; the norm's NW; the hand-over's X (not with
+    // the norm, which writes the row it norms) and D; then the uniform, which the back end binds
+    // after the buffers.
+    let x_binding = 3 + if router { 3 } else { 0 } + usize::from(norm);
+    let d_binding = x_binding + usize::from(!norm);
+    let p_binding = if signal { d_binding + 1 } else { x_binding };
     let (l_decl, entry, logit) = if router {
         (
             "@group(0) @binding(0) var<storage, read_write> L: array<atomic<u32>>;",
@@ -68,25 +73,29 @@ pub(super) fn route_source(router: bool, signal: bool) -> String {
         .replace("{{L_DECL}}", l_decl)
         .replace("{{ROUTE_ENTRY}}", entry)
         .replace("{{LOGIT}}", logit)
+        .replace("{{ROUTER_X}}", if norm { "XR[i] * inv_rms * NW[i]" } else { "XR[i]" })
         .replace("{{X_BINDING}}", &x_binding.to_string())
-        .replace("{{D_BINDING}}", &(x_binding + 1).to_string())
+        .replace("{{D_BINDING}}", &d_binding.to_string())
         .replace("{{P_BINDING}}", &p_binding.to_string());
-    if router {
-        src = src.replace("//R ", "").replace("//R\n", "\n");
-    }
-    if signal {
-        src = src.replace("//S ", "");
+    for (mark, on) in
+        [("//R", router), ("//F", norm), ("//S", signal), ("//X", signal && !norm), ("//Y", signal && norm)]
+    {
+        if on {
+            src = src.replace(&format!("{mark} "), "").replace(&format!("{mark}\n"), "\n");
+        }
     }
     src
 }
 
 /// The pipeline key of [`route_source`]'s variant.
-fn route_key(router: bool, signal: bool) -> &'static str {
-    match (router, signal) {
-        (false, false) => "moe_route",
-        (false, true) => "moe_route_signal",
-        (true, false) => "moe_router_route",
-        (true, true) => "moe_router_route_signal",
+fn route_key(router: bool, signal: bool, norm: bool) -> &'static str {
+    match (router, signal, norm && router) {
+        (false, false, _) => "moe_route",
+        (false, true, _) => "moe_route_signal",
+        (true, false, false) => "moe_router_route",
+        (true, true, false) => "moe_router_route_signal",
+        (true, false, true) => "moe_norm_router_route",
+        (true, true, true) => "moe_norm_router_route_signal",
     }
 }
 
@@ -962,19 +971,27 @@ impl WgpuBackend {
             return false;
         }
         let mut p = super::lock(&self.ctx.pending);
-        let super::Pending { cmds, params, .. } = &mut *p;
-        let Some(super::Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.last_mut() else {
+        let super::Pending { cmds, params, norm_after_route, .. } = &mut *p;
+        // The routing kernel is the last command, or the one before the norm whose input it
+        // took (`take_norm_for_router`).
+        let route_at = match cmds.len().checked_sub(1) {
+            Some(last) if *norm_after_route == Some(last) && last > 0 => last - 1,
+            Some(last) => last,
+            None => return false,
+        };
+        let Some(super::Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.get_mut(route_at)
+        else {
             return false;
         };
         let at = *params_at as usize;
         let words = |i: usize| u32::from_le_bytes(params[at + 4 * i..at + 4 * i + 4].try_into().expect("4 bytes"));
-        // Which routing kernel wrote `routing`: the plain one (one workgroup) or the router
-        // variant (its workgroups over the router's rows).
-        let router = [false, true].into_iter().find(|&router| {
-            let made = self.ctx.pipeline_made(route_key(router, false));
+        // Which routing kernel wrote `routing`: the plain one (one workgroup), the router variant
+        // (its workgroups over the router's rows) or that with the norm in it.
+        let kind = [(false, false), (true, false), (true, true)].into_iter().find(|&(router, norm)| {
+            let made = self.ctx.pipeline_made(route_key(router, false, norm));
             made.is_some_and(|kernel| std::sync::Arc::ptr_eq(pipeline, &kernel))
         });
-        let Some(router) = router else { return false };
+        let Some((router, norm)) = kind else { return false };
         let one_group = *groups == [1, 1, 1];
         let is_route = buffers.get(2) == Some(routing) && *params_len >= ROUTE_PARAM_WORDS as u64 * 4;
         if !is_route || (!router && !one_group) || words(1) != 1 {
@@ -983,15 +1000,19 @@ impl WgpuBackend {
         for (i, v) in [x_words, data_at, flag_at, seq].into_iter().enumerate() {
             params[at + 48 + 4 * i..at + 52 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
-        *pipeline = self.route_pipeline(router, true);
-        buffers.extend([x.clone(), mailbox.clone()]);
+        *pipeline = self.route_pipeline(router, true, norm);
+        if !norm {
+            // The norm variant writes the row it norms instead of reading `x`.
+            buffers.push(x.clone());
+        }
+        buffers.push(mailbox.clone());
         true
     }
 
     /// The pipeline of [`route_source`]'s variant (created once).
-    fn route_pipeline(&self, router: bool, signal: bool) -> std::sync::Arc<wgpu::ComputePipeline> {
+    fn route_pipeline(&self, router: bool, signal: bool, norm: bool) -> std::sync::Arc<wgpu::ComputePipeline> {
         // Workgroup memory written before it is read (argued in the shader): no zeroing.
-        self.ctx.pipeline_with(route_key(router, signal), || route_source(router, signal), true)
+        self.ctx.pipeline_with(route_key(router, signal, norm), || route_source(router, signal, norm), true)
     }
 
     /// The routing kernel's parameter words (`moe_route.wgsl`'s `Params`): the hand-over's and
@@ -1049,7 +1070,7 @@ impl WgpuBackend {
         }
         let out = self.alloc_bytes("route", 8 * (n * spec.k) as u64)?;
         self.dispatch(
-            self.route_pipeline(false, false),
+            self.route_pipeline(false, false, false),
             &[&logits.buf.buffer, bias.map_or(&self.ctx.dummy, |b| &b.buf.buffer), &out.buffer],
             &Self::route_words(n_expert, n, spec, bias.is_some()),
             grid(n),
@@ -1078,7 +1099,9 @@ impl WgpuBackend {
     /// variant: the router's rows spread over workgroups, the last to finish routes): an f32
     /// router in one buffer, input rows of whole vec4s, within the routing kernel's limits,
     /// fused ops on; `None` otherwise (and on odd decode steps under `DISKFORMER_AB=router`, or
-    /// with `DISKFORMER_ROUTER_ROUTE=apart`), for the product and the routing apart.
+    /// with `DISKFORMER_ROUTER_ROUTE=apart`), for the product and the routing apart. With
+    /// `norm` (the RMS norm that wrote `x`, taken out of the pending commands), the kernel reads
+    /// the norm's input and weight and norms it itself (its `//F` variant).
     pub(super) fn router_route_gpu(
         &self,
         x: &WgpuTensor,
@@ -1086,6 +1109,7 @@ impl WgpuBackend {
         bias: Option<&WgpuTensor>,
         spec: &RouteSpec,
         ids_on_gpu: bool,
+        norm: Option<&super::NormMark>,
     ) -> Result<Option<Routing<Self>>, OpError> {
         static APART: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let apart = *APART.get_or_init(|| std::env::var("DISKFORMER_ROUTER_ROUTE").is_ok_and(|v| v.trim() == "apart"));
@@ -1110,16 +1134,15 @@ impl WgpuBackend {
         let mut words = Self::route_words(n_expert, 1, spec, bias.is_some());
         words[16] = router.k as u32;
         words[17] = (router.layout.row_words(router.k) / 4) as u32;
+        words[18] = norm.map_or(0, |m| m.eps.to_bits());
+        let bias = bias.map_or(&self.ctx.dummy, |b| &b.buf.buffer);
+        let (input, router_w, done) =
+            (norm.map_or(&x.buf.buffer, |m| &m.x), &router.chunks[0].buffer, &self.ctx.route_done);
+        let mut buffers = vec![&logits.buffer, bias, &out.buffer, router_w, input, done];
+        buffers.extend(norm.map(|m| &m.weight));
         self.dispatch(
-            self.route_pipeline(true, false),
-            &[
-                &logits.buffer,
-                bias.map_or(&self.ctx.dummy, |b| &b.buf.buffer),
-                &out.buffer,
-                &router.chunks[0].buffer,
-                &x.buf.buffer,
-                &self.ctx.route_done,
-            ],
+            self.route_pipeline(true, false, norm.is_some()),
+            &buffers,
             &words,
             grid(n_expert.div_ceil(ROUTER_ROWS_PER_GROUP)),
         );
@@ -1164,16 +1187,29 @@ mod tests {
     /// and the variant differs only by its `//S ` lines.
     #[test]
     fn route_kernels_validate() {
-        for (router, signal, p_binding) in [(false, false, 3), (false, true, 5), (true, false, 6), (true, true, 8)] {
-            let src = route_source(router, signal);
-            parse(route_key(router, signal), &src);
-            assert!(src.contains(&format!("@binding({p_binding}) var<uniform> P")), "{}", route_key(router, signal));
+        let variants = [
+            (false, false, false, 3),
+            (false, true, false, 5),
+            (true, false, false, 6),
+            (true, true, false, 8),
+            (true, false, true, 7),
+            (true, true, true, 8),
+        ];
+        for (router, signal, norm, p_binding) in variants {
+            let (src, key) = (route_source(router, signal, norm), route_key(router, signal, norm));
+            parse(key, &src);
+            assert!(src.contains(&format!("@binding({p_binding}) var<uniform> P")), "{key}");
             let live = |code: &str| src.lines().any(|l| l.trim_start().starts_with(code));
-            assert_eq!(live("atomicStore(&D[P.flag_at], P.seq)"), signal);
-            assert_eq!(live("fn router_rows"), router);
+            assert_eq!(live("atomicStore(&D[P.flag_at], P.seq)"), signal, "{key}");
+            assert_eq!(live("fn router_rows"), router, "{key}");
+            assert_eq!(live("inv_rms = 1.0 / sqrt"), norm, "{key}");
+            assert_eq!(live("atomicStore(&D[x_at + i], X[i])"), signal && !norm, "{key}");
         }
-        // The hand-over's X and D come after the router's three buffers.
-        assert!(route_source(true, true).contains("@binding(7) var<storage, read_write> D"));
+        // The hand-over's X and D come after the router's three buffers; with the norm, its
+        // weight and then D alone.
+        assert!(route_source(true, true, false).contains("@binding(7) var<storage, read_write> D"));
+        assert!(route_source(true, true, true).contains("@binding(7) var<storage, read_write> D"));
+        assert!(route_source(true, true, true).contains("@binding(6) var<storage, read> NW"));
     }
 
     /// The routing kernel with the hand-over fused in writes what the routing kernel and
@@ -1231,7 +1267,9 @@ mod tests {
         for with_router in [false, true] {
             let route = || match with_router {
                 false => g.route_gpu(&logits, None, &spec, true).unwrap().expect("routed on the GPU"),
-                true => g.router_route_gpu(&x, &router_w, None, &spec, true).unwrap().expect("routed with the router"),
+                true => {
+                    g.router_route_gpu(&x, &router_w, None, &spec, true, None).unwrap().expect("routed with the router")
+                }
             };
             let (apart, fused) = (mailbox(), mailbox());
             let r_apart = route();
@@ -1265,6 +1303,102 @@ mod tests {
                 "the routing buffer, fused or not"
             );
             assert!(got[data_at as usize + k..data_at as usize + 2 * k].iter().all(|&id| (id as usize) < n_expert));
+        }
+    }
+
+    /// A router given the output of a pending one-row RMS norm takes the norm's input and
+    /// weight and norms it itself (the `//F` variant), the norm's dispatch moved after it: the
+    /// ids equal those of the router on the norm's output, the weights within rounding, the
+    /// norm's output unchanged; the hand-over fused in then writes the normed row into the
+    /// mailbox. Run on any adapter (lavapipe in CI).
+    #[test]
+    fn norm_in_the_router_writes_what_the_norm_then_the_router_write() {
+        use crate::backend::Backend;
+        let Ok(g) = WgpuBackend::new(super::super::WgpuOptions { adapter_index: None, prefer_discrete: true }) else {
+            eprintln!("no GPU adapter: skipped");
+            return;
+        };
+        let mut next = crate::test_uniform();
+        for (n_expert, k, n_embd) in [(128usize, 8usize, 256usize), (60, 4, 2048), (7, 2, 32)] {
+            let xv: Vec<f32> = (0..n_embd).map(|_| 3.0 * next()).collect();
+            let wv: Vec<f32> = (0..n_embd).map(|_| 1.0 + next()).collect();
+            let (x, nw) = (g.from_host(&xv, &[1, n_embd]).unwrap(), g.from_host(&wv, &[n_embd]).unwrap());
+            let spec = RouteSpec {
+                k,
+                gating: Gating::Softmax,
+                has_selection_bias: false,
+                groups: None,
+                normalize: true,
+                scale: 1.0,
+            };
+            let router_values: Vec<f32> = (0..n_expert * n_embd).map(|_| 0.2 * next()).collect();
+            let router_bytes: &[u8] = bytemuck::cast_slice(&router_values);
+            let router_w = super::super::WgpuWeight {
+                chunks: vec![super::super::WeightChunk {
+                    buffer: g.upload_weight_bytes("router", router_bytes.len() as u64, router_bytes).unwrap(),
+                    row0: 0,
+                    n_rows: n_expert,
+                }],
+                layout: TypeLayout::of(GgmlType::F32).unwrap(),
+                k: n_embd,
+                n_rows: n_expert,
+                shape: vec![n_expert, n_embd],
+                name: "router".into(),
+            };
+            let eps = 1e-6f32;
+            let case = format!("{k} of {n_expert}, {n_embd} wide");
+            // Apart: the norm submitted and done before the router reads its output.
+            let h_apart = g.rms_norm(&x, Some(&nw), eps).unwrap();
+            let want_h = g.to_host(&h_apart).unwrap();
+            let apart = g.router_route_gpu(&h_apart, &router_w, None, &spec, true, None).unwrap().expect("routed");
+            let (want_ids, want_w) = (g.routing_ids(&apart).unwrap(), g.to_host(&apart.weights).unwrap());
+            // Folded: the norm pending when the router comes.
+            let h = g.rms_norm(&x, Some(&nw), eps).unwrap();
+            let routed = Backend::router_route(&g, &h, &router_w, None, &spec).unwrap();
+            assert!(g.ctx.pipeline_made(route_key(true, false, true)).is_some(), "{case}: the norm variant ran");
+            {
+                let p = super::super::lock(&g.ctx.pending);
+                let n = p.cmds.len();
+                assert_eq!(p.norm_after_route, Some(n - 1), "{case}: the norm moved after the routing kernel");
+                assert!(
+                    matches!(&p.cmds[n - 1], crate::wgpu::Cmd::Dispatch { buffers, .. } if buffers.get(3) == Some(&h.buf.buffer)),
+                    "{case}: the last command is the norm writing h"
+                );
+            }
+            let (data_at, flag_at, seq) = (8u32, 3u32, 9u32);
+            let words = data_at as usize + 2 * k + n_embd;
+            let mailbox = g.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("test mailbox"),
+                size: 4 * words as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            assert!(
+                g.fuse_route_signal(
+                    &routed.weights.buf.buffer,
+                    &h.buf.buffer,
+                    &mailbox,
+                    [n_embd as u32, data_at, flag_at, seq]
+                ),
+                "{case}: the hand-over fuses into the routing kernel before the moved norm"
+            );
+            assert_eq!(g.to_host(&h).unwrap(), want_h, "{case}: the norm's output, moved or not");
+            assert_eq!(g.routing_ids(&routed).unwrap(), want_ids, "{case}: ids");
+            let got_w = g.to_host(&routed.weights).unwrap();
+            for (j, (a, b)) in got_w.iter().zip(&want_w).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-3), "{case}: weight {j}: {a} vs {b}");
+            }
+            let got = super::super::le_u32s(&g.read_back(&mailbox, 4 * words as u64).unwrap());
+            assert_eq!(got[flag_at as usize], seq, "{case}: flag");
+            assert_eq!(
+                &got[data_at as usize + k..data_at as usize + 2 * k],
+                &want_ids[..],
+                "{case}: ids in the mailbox"
+            );
+            for (i, (&bits, &want)) in got[data_at as usize + 2 * k..].iter().zip(&want_h).enumerate() {
+                let v = f32::from_bits(bits);
+                assert!((v - want).abs() <= 1e-5 * want.abs().max(1e-3), "{case}: normed row [{i}] {v} vs {want}");
+            }
         }
     }
 

@@ -363,6 +363,16 @@ impl WgpuBackend {
         // Without int8 output the kernel writes no blocks; `y` fills their bindings (the dummy is
         // bound read-only above, and one buffer may not be both read-only and writable).
         let (qs, ds) = q8.unwrap_or((&y.buf.buffer, &y.buf.buffer));
+        let mark = (x.rows() == 1 && mode == 0 && bias.is_none())
+            .then(|| {
+                weight.map(|w| super::NormMark {
+                    x: x.buf.buffer.clone(),
+                    weight: w.buf.buffer.clone(),
+                    y: y.buf.buffer.clone(),
+                    eps,
+                })
+            })
+            .flatten();
         self.dispatch(
             pipe,
             &[&x.buf.buffer, wb, bb, &y.buf.buffer, qs, ds],
@@ -378,6 +388,46 @@ impl WgpuBackend {
             ],
             super::grid(groups),
         );
+        super::lock(&self.ctx.pending).norm_mark = mark;
+    }
+
+    /// The last pending command when it is the one-row RMS norm (with a weight) that wrote `h`,
+    /// taken out of the pending list, and what it norms: for the router variant that norms its
+    /// input itself (`moe_route.wgsl`'s `//F` lines), so that the norm's own dispatch, which the
+    /// GPU's experts still read, runs after the routing and off the chain from the CPU's sum to
+    /// the ids. `None` (nothing taken) otherwise, on odd decode steps under
+    /// `DISKFORMER_AB=ffnnorm`, or with `DISKFORMER_ROUTER_NORM=apart`. The caller puts it back
+    /// with [`Self::put_norm_back`].
+    pub(super) fn take_norm_for_router(&self, h: &WgpuTensor) -> Option<(super::Cmd, super::NormMark)> {
+        static APART: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let apart = *APART.get_or_init(|| std::env::var("DISKFORMER_ROUTER_NORM").is_ok_and(|v| v.trim() == "apart"));
+        if apart || crate::ab::is_b("ffnnorm") || !self.ctx.fuse || h.rows() != 1 {
+            return None;
+        }
+        let mut p = super::lock(&self.ctx.pending);
+        let mark = p.norm_mark.clone().filter(|m| m.y == h.buf.buffer)?;
+        let is_it = matches!(p.cmds.last(), Some(super::Cmd::Dispatch { buffers, .. })
+            if buffers.first() == Some(&mark.x) && buffers.get(1) == Some(&mark.weight) && buffers.get(3) == Some(&mark.y));
+        if !is_it {
+            return None;
+        }
+        p.norm_mark = None;
+        let cmd = p.cmds.pop()?;
+        Some((cmd, mark))
+    }
+
+    /// Puts a norm [`Self::take_norm_for_router`] took back at the end of the pending list:
+    /// `after_route` when the routing kernel was recorded in its place (the int8 blocks the norm
+    /// wrote stay known to the int8 cache at the norm's new place), else where it was.
+    pub(super) fn put_norm_back(&self, cmd: super::Cmd, after_route: bool) {
+        let mut p = super::lock(&self.ctx.pending);
+        let at = p.cmds.len();
+        p.cmds.push(cmd);
+        if after_route {
+            p.norm_after_route = Some(at);
+            drop(p);
+            self.q8_marker_moved(at, at + 1);
+        }
     }
 
     /// The RMS norm (or layer norm when `layer`) of every row of `x` through `kernel`, with the

@@ -1100,7 +1100,9 @@ impl WgpuBackend {
         };
         let Some(table) = st.host.table_gpu.clone() else { return Ok(()) };
         let spec = &guess_router.spec;
-        let Some(guess) = self.router_route_gpu(x, &guess_router.router, None, spec, true)? else { return Ok(()) };
+        let Some(guess) = self.router_route_gpu(x, &guess_router.router, None, spec, true, None)? else {
+            return Ok(());
+        };
         let out = st
             .touch_out
             .get_or_insert_with(|| {

@@ -30,6 +30,13 @@
 // atomics, then each workgroup counts itself done on CNT; the last one (which sees every other's
 // count, so their logits) routes as above and sets CNT back to 0 for the next call. One
 // dependent dispatch less per MoE layer (`DISKFORMER_ROUTER_ROUTE=apart` keeps them apart).
+// The norm variant of it (lines starting `//F `, `route_source(true, _, true)`): XR is the raw
+// residual and NW the FFN norm's weight; every workgroup takes the RMS norm of XR itself (as
+// norm_reg.wgsl: 1 / sqrt(mean of squares + eps), then (x * inv) * w) before its rows, and the
+// hand-over writes the normed row. The norm's own dispatch, still needed by the GPU's experts,
+// then runs after this one (`WgpuBackend::take_norm_for_router`), off the chain from the CPU's
+// sum to the ids (`DISKFORMER_ROUTER_NORM=apart` keeps them in order). With the hand-over, its
+// `//Y ` lines replace the `//X ` ones (no X: the normed row is written from XR).
 // WGSL's atomics are relaxed and its barriers workgroup-scoped, so "sees the count, so the
 // logits" is not promised by its memory model; it holds where atomics are performed in the
 // device's coherent cache in order with the storage barrier before the count (NVIDIA's L2,
@@ -54,10 +61,11 @@ struct Params {
     data_at: u32,
     flag_at: u32,
     seq: u32,
-    // The router variant's: the router's input width, and a router row's stride in vec4s.
+    // The router variant's: the router's input width, and a router row's stride in vec4s; the
+    // norm variant's epsilon.
     k_in: u32,
     w_row4: u32,
-    _r0: u32,
+    eps: f32,
     _r1: u32,
 }
 
@@ -70,7 +78,8 @@ struct Params {
 //R @group(0) @binding(3) var<storage, read> W: array<vec4<f32>>;
 //R @group(0) @binding(4) var<storage, read> XR: array<vec4<f32>>;
 //R @group(0) @binding(5) var<storage, read_write> CNT: array<atomic<u32>>;
-//S @group(0) @binding({{X_BINDING}}) var<storage, read> X: array<u32>;
+//F @group(0) @binding(6) var<storage, read> NW: array<vec4<f32>>;
+//X @group(0) @binding({{X_BINDING}}) var<storage, read> X: array<u32>;
 //S @group(0) @binding({{D_BINDING}}) var<storage, read_write> D: array<atomic<u32>>;
 @group(0) @binding({{P_BINDING}}) var<uniform> P: Params;
 
@@ -94,16 +103,33 @@ var<workgroup> chosen: array<u32, MAX_K>;
 //R const TPR: u32 = WG / RPW;
 //R var<workgroup> red: array<f32, WG>;
 //R var<workgroup> is_last: u32;
+//F var<private> inv_rms: f32;
 //R
 //R // Workgroup g's RPW logits of the token, stored as atomics, then its done-count: is_last
 //R // says whether it was the last of the n_groups workgroups (red and is_last are written
 //R // before they are read, the tree reading slots written before the barrier it follows).
 //R fn router_rows(g: u32, n_groups: u32, lid: u32) {
+//F     // The norm's 1 / rms, the same in every invocation (red reused by the rows after).
+//F     var ss = 0.0;
+//F     for (var i = lid; i < P.k_in / 4u; i += WG) {
+//F         let v = XR[i];
+//F         ss += dot(v, v);
+//F     }
+//F     red[lid] = ss;
+//F     workgroupBarrier();
+//F     for (var half = WG / 2u; half > 0u; half = half / 2u) {
+//F         if (lid < half) {
+//F             red[lid] += red[lid + half];
+//F         }
+//F         workgroupBarrier();
+//F     }
+//F     inv_rms = 1.0 / sqrt(red[0] / f32(P.k_in) + P.eps);
+//F     workgroupBarrier();
 //R     let row = g * RPW + lid / TPR;
 //R     var s = 0.0;
 //R     if (row < P.n_expert) {
 //R         for (var i = lid % TPR; i < P.k_in / 4u; i += TPR) {
-//R             s += dot(W[row * P.w_row4 + i], XR[i]);
+//R             s += dot(W[row * P.w_row4 + i], {{ROUTER_X}});
 //R         }
 //R     }
 //R     red[lid] = s;
@@ -287,7 +313,8 @@ fn main(
 //S // The routing (above) and X in place, then the flag: a host that sees it sees them.
 //S let x_at = P.data_at + 2u * P.ids_at;
 //S for (var i = lid; i < P.x_words; i += WG) {
-//S     atomicStore(&D[x_at + i], X[i]);
+//X     atomicStore(&D[x_at + i], X[i]);
+//Y     atomicStore(&D[x_at + i], bitcast<u32>(XR[i / 4u][i % 4u] * inv_rms * NW[i / 4u][i % 4u]));
 //S }
 //S storageBarrier();
 //S if (lid == 0u) {
