@@ -510,7 +510,8 @@ pub(super) struct ExpertTier {
     split_defer_refills: bool,
     /// Under [`MissPolicy::Split`] through the mailboxes, read the next layer's guessed GPU
     /// experts into the GPU's L2 cache while the GPU waits for the CPU's sum
-    /// (`split::touch_next_layer`; `DISKFORMER_SPLIT_TOUCH=0`: never, for A/B runs).
+    /// (`split::touch_next_layer`). Off unless `DISKFORMER_SPLIT_TOUCH=1`: not yet measured on
+    /// the H200 (no device time in the session that built it).
     split_touch: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),
@@ -880,7 +881,7 @@ impl WgpuBackend {
             split_mailbox: !super::env_off("DISKFORMER_SPLIT_MAILBOX"),
             split_step_refill: super::env_off("DISKFORMER_SPLIT_LAYER_REFILL"),
             split_defer_refills: !super::env_off("DISKFORMER_SPLIT_DEFER_REFILLS"),
-            split_touch: !super::env_off("DISKFORMER_SPLIT_TOUCH"),
+            split_touch: super::env_flag("DISKFORMER_SPLIT_TOUCH"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())

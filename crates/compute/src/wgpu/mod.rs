@@ -293,6 +293,9 @@ struct Pending {
     /// The index of a norm moved after the routing kernel that took its input
     /// (`fuse_route_signal` then finds that kernel just before it).
     norm_after_route: Option<usize>,
+    /// Flushes so far: a command taken out of the list and put back after one needs its
+    /// parameters written again (`params` starts over at each flush).
+    flushes: u64,
 }
 
 /// A one-row RMS norm's input, weight, output and epsilon, as `norm_dispatch` recorded it.
@@ -700,6 +703,7 @@ impl Ctx {
         }
         pending.norm_mark = None;
         pending.norm_after_route = None;
+        pending.flushes += 1;
         trace::mark("flush", None);
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let n_cmds = pending.cmds.len() as u64;
@@ -2065,8 +2069,9 @@ impl Backend for WgpuBackend {
             tier.note_router(router, spec);
         }
         // The norm that wrote `x`, taken out of the pending commands while the routing kernel
-        // that norms its input itself is recorded, then put back after it.
-        let held = self.take_norm_for_router(x);
+        // that norms its input itself is recorded, then put back after it (only where the ids
+        // stay on the GPU: a readback of them would submit the routing alone anyway).
+        let held = if ids_on_gpu { self.take_norm_for_router(x) } else { None };
         let routed = self.router_route_gpu(x, router, selection_bias, spec, ids_on_gpu, held.as_ref().map(|h| &h.1));
         if let Some((cmd, _)) = held {
             self.put_norm_back(cmd, matches!(routed, Ok(Some(_))));

@@ -225,6 +225,14 @@ pub enum NormKernel {
     },
 }
 
+/// A norm's dispatch taken out of the pending list by [`WgpuBackend::take_norm_for_router`],
+/// with a copy of its parameters and the flush count it was taken at.
+pub(super) struct HeldNorm {
+    cmd: super::Cmd,
+    params: Vec<u8>,
+    flushes: u64,
+}
+
 impl WgpuBackend {
     /// `norm_reg`'s shape for rows of `width`, `None` for `norm.wgsl`.
     pub(super) fn norm_shape(&self, width: usize) -> Option<NormShape> {
@@ -398,7 +406,7 @@ impl WgpuBackend {
     /// the ids. `None` (nothing taken) otherwise, on odd decode steps under
     /// `DISKFORMER_AB=ffnnorm`, or with `DISKFORMER_ROUTER_NORM=apart`. The caller puts it back
     /// with [`Self::put_norm_back`].
-    pub(super) fn take_norm_for_router(&self, h: &WgpuTensor) -> Option<(super::Cmd, super::NormMark)> {
+    pub(super) fn take_norm_for_router(&self, h: &WgpuTensor) -> Option<(HeldNorm, super::NormMark)> {
         static APART: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let apart = *APART.get_or_init(|| std::env::var("DISKFORMER_ROUTER_NORM").is_ok_and(|v| v.trim() == "apart"));
         if apart || crate::ab::is_b("ffnnorm") || !self.ctx.fuse || h.rows() != 1 {
@@ -413,14 +421,29 @@ impl WgpuBackend {
         }
         p.norm_mark = None;
         let cmd = p.cmds.pop()?;
-        Some((cmd, mark))
+        let super::Cmd::Dispatch { params_at, params_len, .. } = &cmd else { return None };
+        let (at, len) = (*params_at as usize, *params_len as usize);
+        let params = p.params[at..at + len].to_vec();
+        let flushes = p.flushes;
+        Some((HeldNorm { cmd, params, flushes }, mark))
     }
 
     /// Puts a norm [`Self::take_norm_for_router`] took back at the end of the pending list:
     /// `after_route` when the routing kernel was recorded in its place (the int8 blocks the norm
     /// wrote stay known to the int8 cache at the norm's new place), else where it was.
-    pub(super) fn put_norm_back(&self, cmd: super::Cmd, after_route: bool) {
+    pub(super) fn put_norm_back(&self, held: HeldNorm, after_route: bool) {
+        let HeldNorm { mut cmd, params, flushes } = held;
         let mut p = super::lock(&self.ctx.pending);
+        if p.flushes != flushes {
+            // An early submit inside the routing's recording took the parameters the norm's
+            // offset pointed at (and the int8 cache's entry with them): they go in again.
+            let at = p.params.len().next_multiple_of(self.ctx.params_align);
+            p.params.resize(at, 0);
+            p.params.extend_from_slice(&params);
+            if let super::Cmd::Dispatch { params_at, .. } = &mut cmd {
+                *params_at = at as u64;
+            }
+        }
         let at = p.cmds.len();
         p.cmds.push(cmd);
         if after_route {

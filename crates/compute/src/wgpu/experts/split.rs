@@ -1077,8 +1077,9 @@ impl WgpuBackend {
     /// per-pair kernels read them, so its share takes less of the link and the RAM the CPU's
     /// job reads, and the balance moves misses from the CPU to the GPU. Reads only: results do
     /// not depend on it. Nothing is recorded for a layer with no router noted after it (the
-    /// last, or the first step), a router the routing kernel cannot take, several tokens, with
-    /// `DISKFORMER_SPLIT_TOUCH=0`, or on odd decode steps under `DISKFORMER_AB=touch`.
+    /// last, or the first step), a router the routing kernel cannot take, several tokens, without
+    /// `DISKFORMER_SPLIT_TOUCH=1` (off by default until measured), or on odd decode steps under
+    /// `DISKFORMER_AB=touch`.
     fn touch_next_layer(
         &self,
         tier: &ExpertTier,
