@@ -1212,6 +1212,30 @@ mod tests {
         assert!(route_source(true, true, true).contains("@binding(6) var<storage, read> NW"));
     }
 
+    /// A random f32 router `[n_expert, n_embd]` on the GPU (the GPU's f32 layout is the rows as
+    /// they are), for the router variants.
+    fn f32_router(
+        g: &WgpuBackend,
+        n_expert: usize,
+        n_embd: usize,
+        next: &mut impl FnMut() -> f32,
+    ) -> super::super::WgpuWeight {
+        let values: Vec<f32> = (0..n_expert * n_embd).map(|_| 0.2 * next()).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&values);
+        super::super::WgpuWeight {
+            chunks: vec![super::super::WeightChunk {
+                buffer: g.upload_weight_bytes("router", bytes.len() as u64, bytes).unwrap(),
+                row0: 0,
+                n_rows: n_expert,
+            }],
+            layout: TypeLayout::of(GgmlType::F32).unwrap(),
+            k: n_embd,
+            n_rows: n_expert,
+            shape: vec![n_expert, n_embd],
+            name: "router".into(),
+        }
+    }
+
     /// The routing kernel with the hand-over fused in writes what the routing kernel and
     /// `mailbox_signal.wgsl` write apart: the same routing buffer, and in the mailbox the
     /// weights, the ids, the hidden state and the flag at the words the dispatcher reads. Run on
@@ -1250,20 +1274,7 @@ mod tests {
         };
         // A router of f32 rows for the router variant (the GPU's f32 layout is the rows as
         // they are): its logits are recomputed in the kernel, the same in both runs.
-        let router_values: Vec<f32> = (0..n_expert * n_embd).map(|_| 0.2 * next()).collect();
-        let router_bytes: &[u8] = bytemuck::cast_slice(&router_values);
-        let router_w = super::super::WgpuWeight {
-            chunks: vec![super::super::WeightChunk {
-                buffer: g.upload_weight_bytes("router", router_bytes.len() as u64, router_bytes).unwrap(),
-                row0: 0,
-                n_rows: n_expert,
-            }],
-            layout: TypeLayout::of(GgmlType::F32).unwrap(),
-            k: n_embd,
-            n_rows: n_expert,
-            shape: vec![n_expert, n_embd],
-            name: "router".into(),
-        };
+        let router_w = f32_router(&g, n_expert, n_embd, &mut next);
         for with_router in [false, true] {
             let route = || match with_router {
                 false => g.route_gpu(&logits, None, &spec, true).unwrap().expect("routed on the GPU"),
@@ -1331,20 +1342,7 @@ mod tests {
                 normalize: true,
                 scale: 1.0,
             };
-            let router_values: Vec<f32> = (0..n_expert * n_embd).map(|_| 0.2 * next()).collect();
-            let router_bytes: &[u8] = bytemuck::cast_slice(&router_values);
-            let router_w = super::super::WgpuWeight {
-                chunks: vec![super::super::WeightChunk {
-                    buffer: g.upload_weight_bytes("router", router_bytes.len() as u64, router_bytes).unwrap(),
-                    row0: 0,
-                    n_rows: n_expert,
-                }],
-                layout: TypeLayout::of(GgmlType::F32).unwrap(),
-                k: n_embd,
-                n_rows: n_expert,
-                shape: vec![n_expert, n_embd],
-                name: "router".into(),
-            };
+            let router_w = f32_router(&g, n_expert, n_embd, &mut next);
             let eps = 1e-6f32;
             let case = format!("{k} of {n_expert}, {n_embd} wide");
             // Apart: the norm submitted and done before the router reads its output.
