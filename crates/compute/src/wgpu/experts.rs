@@ -510,8 +510,10 @@ pub(super) struct ExpertTier {
     split_defer_refills: bool,
     /// Under [`MissPolicy::Split`] through the mailboxes, read the next layer's guessed GPU
     /// experts into the GPU's L2 cache while the GPU waits for the CPU's sum
-    /// (`split::touch_next_layer`). Off unless `DISKFORMER_SPLIT_TOUCH=1`: not yet measured on
-    /// the H200 (no device time in the session that built it).
+    /// (`split::touch_next_layer`). Off unless `DISKFORMER_SPLIT_TOUCH=1`: measured 2.4% slower
+    /// on the H200 (docs/BENCHMARKS.md, twenty-fourth session): the GPU took more of the misses,
+    /// but the wait for the CPU's sum grew by more (the touch reads share the RAM with the
+    /// CPU's job, and its workgroups stop only when they see the flag).
     split_touch: bool,
     /// Under [`MissPolicy::Host`] with LFU, how many selections more than the slot's expert a
     /// missed expert's score must show to replace it to start with ([`HOST_REPLACE_MARGIN`]),

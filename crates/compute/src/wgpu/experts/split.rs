@@ -1078,7 +1078,7 @@ impl WgpuBackend {
     /// job reads, and the balance moves misses from the CPU to the GPU. Reads only: results do
     /// not depend on it. Nothing is recorded for a layer with no router noted after it (the
     /// last, or the first step), a router the routing kernel cannot take, several tokens, without
-    /// `DISKFORMER_SPLIT_TOUCH=1` (off by default until measured), or on odd decode steps under
+    /// `DISKFORMER_SPLIT_TOUCH=1` (off by default: measured slower), or on odd decode steps under
     /// `DISKFORMER_AB=touch`.
     fn touch_next_layer(
         &self,
