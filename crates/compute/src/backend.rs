@@ -112,6 +112,65 @@ pub struct SsmScan<'a, B: Backend> {
     pub n_group: usize,
 }
 
+/// What [`SsmScan::check`] finds of a scan's shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SsmDims {
+    /// Tokens.
+    pub n: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub d_state: usize,
+}
+
+impl<B: Backend> SsmScan<'_, B> {
+    /// The scan's dimensions, after checking every input and `state` `[n_head, head_dim,
+    /// d_state]` against them (one check for every back end, so that each rejects the same
+    /// shapes with the same error).
+    ///
+    /// # Errors
+    /// [`OpError::ShapeMismatch`] naming the first input whose shape does not fit.
+    pub fn check(&self, backend: &B, state: &B::Tensor) -> Result<SsmDims, OpError> {
+        let shape = |t: &B::Tensor| backend.shape(t).to_vec();
+        // As the back ends' tensors count them: the last dimension is the width (1 for a
+        // scalar), the rest rows.
+        let len = |t: &B::Tensor| backend.shape(t).iter().product::<usize>();
+        let width = |t: &B::Tensor| backend.shape(t).last().copied().unwrap_or(1);
+        let rows = |t: &B::Tensor| len(t) / width(t).max(1);
+        let bad = |expected: String, got: Vec<usize>| OpError::ShapeMismatch { op: "ssm_scan", expected, got };
+        let n_head = len(self.a);
+        let n = rows(self.x);
+        // `n / d * d == n`: divisibility without `%` (clippy wants `is_multiple_of`, newer than
+        // the workspace's rust-version).
+        let divides = |d: usize, n: usize| d != 0 && n / d * d == n;
+        if !divides(self.n_group, n_head) || !divides(n_head, width(self.x)) {
+            return Err(bad(
+                format!("x [n, {n_head} heads * head_dim] and {} groups dividing the heads", self.n_group),
+                shape(self.x),
+            ));
+        }
+        let head_dim = width(self.x) / n_head;
+        let group_width = width(self.b);
+        if !divides(self.n_group, group_width) || width(self.c) != group_width {
+            return Err(bad(format!("b and c [n, {} groups * d_state]", self.n_group), shape(self.c)));
+        }
+        let d_state = group_width / self.n_group;
+        for (t, w) in [(self.dt, n_head), (self.b, group_width), (self.c, group_width)] {
+            if rows(t) != n || width(t) != w {
+                return Err(bad(format!("[{n}, {w}]"), shape(t)));
+            }
+        }
+        for t in [self.d, self.dt_bias].into_iter().flatten() {
+            if len(t) != n_head {
+                return Err(bad(format!("[{n_head}]"), shape(t)));
+            }
+        }
+        if len(state) != n_head * head_dim * d_state {
+            return Err(bad(format!("state [{n_head}, {head_dim}, {d_state}]"), shape(state)));
+        }
+        Ok(SsmDims { n, n_head, head_dim, d_state })
+    }
+}
+
 /// One attention step before rotary embedding, for [`Backend::rope_attention`]: the layer's
 /// projections of `n` tokens at positions `pos0..pos0 + n`.
 pub struct AttnStep<'a, B: Backend> {
@@ -562,4 +621,47 @@ pub(crate) fn route_router_logits<B: Backend>(
 ) -> Result<Routing<B>, OpError> {
     let logits = b.matmul(x, router)?;
     b.route(&logits, selection_bias, spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SsmDims, SsmScan};
+    use crate::cpu::{CpuBackend, CpuTensor};
+    use crate::error::OpError;
+    use crate::quant::MatmulMode;
+
+    fn zeros(shape: &[usize]) -> CpuTensor {
+        CpuTensor { shape: shape.to_vec(), data: vec![0.0; shape.iter().product()] }
+    }
+
+    /// The scan's shape check: the dimensions of a consistent set, and for each input made
+    /// inconsistent in turn, an error naming that input's shape.
+    #[test]
+    fn ssm_check_finds_the_dimensions_and_names_the_wrong_input() {
+        let cpu = CpuBackend::new(MatmulMode::Exact);
+        let (n, n_head, head_dim, d_state, n_group) = (3, 4, 8, 16, 2);
+        let x = zeros(&[n, n_head * head_dim]);
+        let dt = zeros(&[n, n_head]);
+        let bc = zeros(&[n, n_group * d_state]);
+        let a = zeros(&[n_head]);
+        let state = zeros(&[n_head, head_dim, d_state]);
+        let scan = |x, dt, b, c, a, d| SsmScan::<CpuBackend> { x, dt, b, c, a, d, dt_bias: None, n_group };
+        let dims = scan(&x, &dt, &bc, &bc, &a, None).check(&cpu, &state).unwrap();
+        assert_eq!(dims, SsmDims { n, n_head, head_dim, d_state });
+
+        let got = |r: Result<SsmDims, OpError>| match r {
+            Err(OpError::ShapeMismatch { got, .. }) => got,
+            other => panic!("expected a shape mismatch, got {other:?}"),
+        };
+        let x_odd = zeros(&[n, n_head * head_dim + 1]);
+        assert_eq!(got(scan(&x_odd, &dt, &bc, &bc, &a, None).check(&cpu, &state)), x_odd.shape);
+        let dt_short = zeros(&[n - 1, n_head]);
+        assert_eq!(got(scan(&x, &dt_short, &bc, &bc, &a, None).check(&cpu, &state)), dt_short.shape);
+        let c_narrow = zeros(&[n, n_group * d_state - 2]);
+        assert_eq!(got(scan(&x, &dt, &bc, &c_narrow, &a, None).check(&cpu, &state)), c_narrow.shape);
+        let d_long = zeros(&[n_head + 1]);
+        assert_eq!(got(scan(&x, &dt, &bc, &bc, &a, Some(&d_long)).check(&cpu, &state)), d_long.shape);
+        let state_small = zeros(&[n_head, head_dim, d_state - 1]);
+        assert_eq!(got(scan(&x, &dt, &bc, &bc, &a, None).check(&cpu, &state_small)), state_small.shape);
+    }
 }

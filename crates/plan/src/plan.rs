@@ -355,7 +355,7 @@ pub fn plan_with(desc: &ModelDescription, machine: &Machine, opts: &PlanOptions)
                       gpu_paged: its missed experts (uniform routing) read at the GPU's host read rate, the rest at its bandwidth; \
                       experts read from disk add their time at the probe's disk read rate (none measured: no speed). \
                       A bound, which GPU decode reaches a fraction of (H200, Qwen3-30B-A3B Q4_K at a 4 GiB budget: 34 tok/s of 57 with every miss read over the link, \
-                      44-55 on the sixteenth session's leases with the default split and on the seventeenth's 47-55 (uniform routing) and 56-60 (skew 0.3), whose CPU share this model leaves out); \
+                      with the default split 61.5 uniform and 72.6 at skew 0.3 in the twenty-fourth session's paged.sh (leases vary ~10%), whose CPU share this model leaves out); \
                       paged from disk on the CPU an estimate (this 2-core VM, OLMoE-1B-7B Q4_0 at a 2 GiB RAM budget: 2.0 estimated, 2.23 measured)"
             .into(),
         assumptions,
@@ -691,7 +691,7 @@ impl<'a> Ctx<'a> {
         if let Some(budget) = self.gpu_budget {
             if need > budget {
                 let reason = format!(
-                    "weights ({}), KV cache ({}) and scratch need {} of GPU memory but the budget is {}; raise --budget to at least {}{}",
+                    "weights ({}), KV cache ({}) and scratch need {} of GPU memory but the budget is {}; raise --gpu-budget to at least {}{}",
                     crate::format_bytes(weights),
                     crate::format_bytes(n.kv_bytes),
                     crate::format_bytes(need),
@@ -840,7 +840,7 @@ impl Plan {
                 what: "gpu",
                 need_bytes: need,
                 budget_bytes: self.gpu_budget.bytes.unwrap_or(0),
-                fix: format!("raise --budget to at least {}", crate::format_bytes(need)),
+                fix: format!("raise --gpu-budget to at least {}", crate::format_bytes(need)),
             },
             (Code::Ram, Some(need)) => PlanError::BudgetTooSmall {
                 what: "ram",

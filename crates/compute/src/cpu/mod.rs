@@ -15,7 +15,7 @@ pub mod warm;
 
 pub use attention::KvType;
 
-use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmScan};
+use crate::backend::{Backend, ExpertStore, Experts, HostExpert, HostMatrix, Routing, SsmDims, SsmScan};
 use crate::error::OpError;
 use crate::quant::{self, MatmulMode};
 use crate::spec::{Act, AttnCall, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
@@ -911,38 +911,7 @@ impl Backend for CpuBackend {
     }
 
     fn ssm_scan(&self, inputs: &SsmScan<'_, Self>, state: &mut CpuTensor) -> Result<CpuTensor, OpError> {
-        let n_head = inputs.a.data.len();
-        let n = inputs.x.rows();
-        let bad =
-            |expected: String, got: &[usize]| OpError::ShapeMismatch { op: "ssm_scan", expected, got: got.to_vec() };
-        // `n / d * d == n`: divisibility without `%` (clippy wants `is_multiple_of`, newer than
-        // the workspace's rust-version).
-        let divides = |d: usize, n: usize| d != 0 && n / d * d == n;
-        if !divides(inputs.n_group, n_head) || !divides(n_head, inputs.x.width()) {
-            return Err(bad(
-                format!("x [n, {n_head} heads * head_dim] and {} groups dividing the heads", inputs.n_group),
-                &inputs.x.shape,
-            ));
-        }
-        let head_dim = inputs.x.width() / n_head;
-        let group_width = inputs.b.width();
-        if !divides(inputs.n_group, group_width) || inputs.c.width() != group_width {
-            return Err(bad(format!("b and c [n, {} groups * d_state]", inputs.n_group), &inputs.c.shape));
-        }
-        let d_state = group_width / inputs.n_group;
-        for (t, w) in [(inputs.dt, n_head), (inputs.b, group_width), (inputs.c, group_width)] {
-            if t.rows() != n || t.width() != w {
-                return Err(bad(format!("[{n}, {w}]"), &t.shape));
-            }
-        }
-        for t in [inputs.d, inputs.dt_bias].into_iter().flatten() {
-            if t.data.len() != n_head {
-                return Err(bad(format!("[{n_head}]"), &t.shape));
-            }
-        }
-        if state.data.len() != n_head * head_dim * d_state {
-            return Err(bad(format!("state [{n_head}, {head_dim}, {d_state}]"), &state.shape));
-        }
+        let SsmDims { n, n_head, head_dim, d_state } = inputs.check(self, state)?;
         let params = kernels::ScanParams {
             a: &inputs.a.data,
             d: inputs.d.map(|t| &t.data[..]),

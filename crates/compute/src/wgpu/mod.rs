@@ -53,7 +53,7 @@ pub use experts::{
     ExpertTierOptions, MissPolicy, SlotPolicy, STAGING_BUFFERS,
 };
 
-use crate::backend::{AttnStep, Backend, Experts, Routing, SsmScan};
+use crate::backend::{AttnStep, Backend, Experts, Routing, SsmDims, SsmScan};
 use crate::cpu::kernels;
 use crate::error::OpError;
 use crate::spec::{Act, AttnSpec, Glu, MoeSpec, RopeSpec, RouteSpec};
@@ -2295,38 +2295,13 @@ impl Backend for WgpuBackend {
     }
 
     fn ssm_scan(&self, inputs: &SsmScan<'_, Self>, state: &mut WgpuTensor) -> Result<WgpuTensor, OpError> {
-        let n_head = inputs.a.len();
-        let n = inputs.x.rows();
-        let bad =
-            |expected: String, got: &[usize]| OpError::ShapeMismatch { op: "ssm_scan", expected, got: got.to_vec() };
-        let divides = |d: usize, n: usize| d != 0 && n / d * d == n;
-        if !divides(inputs.n_group, n_head) || !divides(n_head, inputs.x.width()) {
-            return Err(bad(
-                format!("x [n, {n_head} heads * head_dim] and {} groups dividing the heads", inputs.n_group),
-                &inputs.x.shape,
-            ));
-        }
-        let head_dim = inputs.x.width() / n_head;
-        let group_width = inputs.b.width();
-        if !divides(inputs.n_group, group_width) || inputs.c.width() != group_width {
-            return Err(bad(format!("b and c [n, {} groups * d_state]", inputs.n_group), &inputs.c.shape));
-        }
-        let d_state = group_width / inputs.n_group;
+        let SsmDims { n, n_head, head_dim, d_state } = inputs.check(self, state)?;
         if d_state > 256 {
-            return Err(bad("d_state up to 256".into(), &inputs.b.shape));
-        }
-        for (t, w) in [(inputs.dt, n_head), (inputs.b, group_width), (inputs.c, group_width)] {
-            if t.rows() != n || t.width() != w {
-                return Err(bad(format!("[{n}, {w}]"), &t.shape));
-            }
-        }
-        for t in [inputs.d, inputs.dt_bias].into_iter().flatten() {
-            if t.len() != n_head {
-                return Err(bad(format!("[{n_head}]"), &t.shape));
-            }
-        }
-        if state.len() != n_head * head_dim * d_state {
-            return Err(bad(format!("state [{n_head}, {head_dim}, {d_state}]"), &state.shape));
+            return Err(OpError::ShapeMismatch {
+                op: "ssm_scan",
+                expected: "d_state up to 256".into(),
+                got: inputs.b.shape.to_vec(),
+            });
         }
         // a, d and dt_bias side by side in one buffer (absent ones zero): the kernel then needs
         // 7 storage bindings, under the default limit of 8.

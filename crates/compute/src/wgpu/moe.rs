@@ -1212,6 +1212,16 @@ mod tests {
         assert!(route_source(true, true, true).contains("@binding(6) var<storage, read> NW"));
     }
 
+    /// A mailbox of `words` words the kernels write and the test reads back.
+    fn test_mailbox(g: &WgpuBackend, words: usize) -> wgpu::Buffer {
+        g.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("test mailbox"),
+            size: 4 * words as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
     /// A random f32 router `[n_expert, n_embd]` on the GPU (the GPU's f32 layout is the rows as
     /// they are), for the router variants.
     fn f32_router(
@@ -1264,14 +1274,7 @@ mod tests {
         };
         let (data_at, flag_at, seq) = (8u32, 3u32, 77u32);
         let words = data_at as usize + 2 * k + n_embd;
-        let mailbox = || {
-            g.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("test mailbox"),
-                size: 4 * words as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            })
-        };
+        let mailbox = || test_mailbox(&g, words);
         // A router of f32 rows for the router variant (the GPU's f32 layout is the rows as
         // they are): its logits are recomputed in the kernel, the same in both runs.
         let router_w = f32_router(&g, n_expert, n_embd, &mut next);
@@ -1365,12 +1368,7 @@ mod tests {
             }
             let (data_at, flag_at, seq) = (8u32, 3u32, 9u32);
             let words = data_at as usize + 2 * k + n_embd;
-            let mailbox = g.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("test mailbox"),
-                size: 4 * words as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
+            let mailbox = test_mailbox(&g, words);
             assert!(
                 g.fuse_route_signal(
                     &routed.weights.buf.buffer,
