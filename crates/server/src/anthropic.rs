@@ -36,22 +36,7 @@ pub struct MessagesRequest {
 fn text_of_blocks(v: &Value, where_: &str) -> Result<String, ApiError> {
     match v {
         Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut s = String::new();
-            for b in blocks {
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => s.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
-                    Some("tool_reference") => {}
-                    other => {
-                        return Err(ApiError::invalid_param(
-                            where_,
-                            format!("block type {other:?} is not supported here"),
-                        ))
-                    }
-                }
-            }
-            Ok(s)
-        }
+        Value::Array(blocks) => crate::openai::join_text_parts(blocks, where_, "block"),
         Value::Null => Ok(String::new()),
         _ => Err(ApiError::invalid_param(where_, "content must be a string or a list of blocks")),
     }

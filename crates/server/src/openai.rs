@@ -159,25 +159,29 @@ pub struct Prepared {
     pub tool_names: BTreeSet<String>,
 }
 
-/// Content parts joined to text; `tool_reference` parts dropped (they act through the tools).
+/// Text parts (OpenAI's content parts, Anthropic's blocks: `what`) joined; `tool_reference`
+/// parts dropped (they act through the tools); any other type is an error naming it.
+pub(crate) fn join_text_parts(parts: &[Value], where_: &str, what: &str) -> Result<String, ApiError> {
+    let mut s = String::new();
+    for p in parts {
+        match p.get("type").and_then(Value::as_str) {
+            Some("text") => s.push_str(p.get("text").and_then(Value::as_str).unwrap_or("")),
+            Some("tool_reference") => {}
+            other => {
+                return Err(ApiError::invalid_param(
+                    where_,
+                    format!("{what} type {other:?} is not supported here (text only)"),
+                ))
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// Content parts joined to text ([`join_text_parts`]).
 fn text_of_content(content: &Value, where_: &str) -> Result<Value, ApiError> {
     match content {
-        Value::Array(parts) => {
-            let mut s = String::new();
-            for p in parts {
-                match p.get("type").and_then(Value::as_str) {
-                    Some("text") => s.push_str(p.get("text").and_then(Value::as_str).unwrap_or("")),
-                    Some("tool_reference") => {}
-                    other => {
-                        return Err(ApiError::invalid_param(
-                            where_,
-                            format!("content part type {other:?} is not supported (text only)"),
-                        ))
-                    }
-                }
-            }
-            Ok(Value::String(s))
-        }
+        Value::Array(parts) => Ok(Value::String(join_text_parts(parts, where_, "content part")?)),
         other => Ok(other.clone()),
     }
 }
@@ -658,4 +662,26 @@ pub async fn embeddings(
         "object": "list", "data": data, "model": model.name,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::join_text_parts;
+    use serde_json::json;
+
+    /// Both APIs' text parts: joined in order, tool references dropped, any other type an error
+    /// naming it and the field.
+    #[test]
+    fn text_parts_join_and_other_types_are_named() {
+        let parts = json!([
+            {"type": "text", "text": "one "},
+            {"type": "tool_reference", "tool_name": "search"},
+            {"type": "text", "text": "two"}
+        ]);
+        assert_eq!(join_text_parts(parts.as_array().unwrap(), "messages[0].content", "block").unwrap(), "one two");
+        let image = json!([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]);
+        let e = join_text_parts(image.as_array().unwrap(), "messages[1].content", "content part").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[1].content"));
+        assert!(e.message.contains("content part type Some(\"image_url\")"), "{}", e.message);
+    }
 }
