@@ -6,6 +6,9 @@
 # DISKFORMER_NO_GPU=1 and they report themselves skipped instead of failing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Mesa's device-select layer would print "XDG_RUNTIME_DIR is invalid" lines from every GPU test
+# on a headless machine; the binary quiets it itself (cli main), the test binaries through this.
+export NODEVICE_SELECT=${NODEVICE_SELECT:-1}
 scripts/get-models.sh models
 cargo test --workspace --all-features "$@"
 # The GPU layouts a user can select instead of the defaults (DISKFORMER_Q4_0_LAYOUT=blocks,

@@ -66,6 +66,20 @@ fn main() {
     }
 }
 
+/// Mesa's implicit Vulkan layer `VK_LAYER_MESA_device_select` (installed with mesa-vulkan-drivers)
+/// opens a Wayland and an X11 connection to find the display's GPU and, on a headless machine,
+/// prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment." several times on
+/// every run that looks for a GPU. We list and choose adapters ourselves (`probe`, `--gpu`), so
+/// the layer has nothing to do for us: `NODEVICE_SELECT=1` turns it into a pass-through, unless
+/// the user set the variable.
+fn quiet_vulkan_device_select() {
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        // Safe: called first thing in `main`, before any thread exists that could read the
+        // environment concurrently (set_var is only racy against other threads' getenv).
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,19 +109,5 @@ mod tests {
         assert!(plan_args(&["a.gguf", "-m", "b.gguf"]).is_err());
         let describe = Cli::try_parse_from(["diskformer", "describe", "-m", "m.gguf"]).unwrap();
         assert!(matches!(describe.command, Command::Describe(ref a) if a.model.name() == "m.gguf"));
-    }
-}
-
-/// Mesa's implicit Vulkan layer `VK_LAYER_MESA_device_select` (installed with mesa-vulkan-drivers)
-/// opens a Wayland and an X11 connection to find the display's GPU and, on a headless machine,
-/// prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment." several times on
-/// every run that looks for a GPU. We list and choose adapters ourselves (`probe`, `--gpu`), so
-/// the layer has nothing to do for us: `NODEVICE_SELECT=1` turns it into a pass-through, unless
-/// the user set the variable.
-fn quiet_vulkan_device_select() {
-    if std::env::var_os("NODEVICE_SELECT").is_none() {
-        // Safe: called first thing in `main`, before any thread exists that could read the
-        // environment concurrently (set_var is only racy against other threads' getenv).
-        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }
