@@ -177,6 +177,39 @@ type RowsKernel = unsafe fn(&[*const u8; 8], usize, ActRow<'_>) -> [f32; 8];
 /// Four weight rows against `N` octets of tokens (32-value types): `out[row][octet][token]`.
 type OctetTileKernel<const N: usize> = unsafe fn(&[*const u8; 4], usize, &[TokenOctet<'_>; N]) -> [[[f32; 8]; N]; 4];
 
+/// Whether the AVX-512 decode kernels (eight rows against one token) beat the AVX2 ones on this
+/// CPU; the prefill tiles are AVX-512's either way. Not on AMD Zen 4 (family 0x19), which runs
+/// a 512-bit instruction as two 256-bit halves: on a 2-core EPYC of that family, 1B decode
+/// measured 30-31 tok/s with the AVX-512 kernels against 35-41 with AVX2's for Q4_0 and 25-27
+/// against 28-29 for Q4_K (2 threads; one thread 18.3 against 26.8 and 14.4 against 17.3),
+/// while its AVX-512 prefill tiles were 15-80% ahead. The two give the same bits (see
+/// `avx512`), so this only moves speed. `DISKFORMER_AVX512_DECODE=1|0` overrides.
+#[cfg(target_arch = "x86_64")]
+fn avx512_decode_pays() -> bool {
+    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PAYS.get_or_init(|| match std::env::var("DISKFORMER_AVX512_DECODE").as_deref().map(str::trim) {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => !is_amd_zen4(),
+    })
+}
+
+/// AMD family 0x19 (Zen 3 and Zen 4; of those only Zen 4 has AVX-512) by CPUID.
+#[cfg(target_arch = "x86_64")]
+fn is_amd_zen4() -> bool {
+    use std::arch::x86_64::__cpuid;
+    // SAFETY: CPUID exists on every x86-64 CPU; leaves 0 and 1 are always valid. (The function
+    // is safe in newer Rust; the block keeps older compilers happy.)
+    #[allow(unused_unsafe)]
+    let (vendor, signature) = unsafe {
+        let v = __cpuid(0);
+        ([v.ebx.to_le_bytes(), v.edx.to_le_bytes(), v.ecx.to_le_bytes()].concat(), __cpuid(1).eax)
+    };
+    let base_family = (signature >> 8) & 0xf;
+    let family = if base_family == 0xf { base_family + ((signature >> 20) & 0xff) } else { base_family };
+    vendor == b"AuthenticAMD" && family == 0x19
+}
+
 /// A prefill tile's kernels: sixteen tokens per call, one per lane ([`TokenOctet`]), and eight
 /// for a last odd octet.
 #[derive(Clone, Copy)]
@@ -209,7 +242,7 @@ impl Tiles {
             use avx512_lanes as l;
             let avx2 = Tiles::new(dtype, Kernel::Avx2)?;
             let TileKernel(_, one) = avx2.tile;
-            let (rows8, two): (RowsKernel, OctetTileKernel<2>) = match dtype {
+            let (mut rows8, two): (RowsKernel, OctetTileKernel<2>) = match dtype {
                 GgmlType::Q4_0 => (avx512::rows8::<{ t::Q4_0 }>, l::tile::<{ t::Q4_0 }>),
                 GgmlType::Q4_1 => (avx512::rows8::<{ t::Q4_1 }>, l::tile::<{ t::Q4_1 }>),
                 GgmlType::Q5_0 => (avx2.rows8, l::tile::<{ t::Q5_0 }>),
@@ -218,6 +251,9 @@ impl Tiles {
                 GgmlType::Q6_K => (avx512::rows8_k::<{ avx512::Q6_K }>, l::tile_q6_k),
                 _ => return Some(avx2),
             };
+            if !avx512_decode_pays() {
+                rows8 = avx2.rows8;
+            }
             let quad = match dtype {
                 GgmlType::Q4_0 => Some(l::tile4_q4_0 as OctetTileKernel<4>),
                 GgmlType::Q4_K => Some(l::tile4_q4_k as OctetTileKernel<4>),
