@@ -5,7 +5,7 @@
 //!
 //! Each round times a plain AVX2 read of the weight bytes and one-token `matmul_quantized`
 //! over them, alternating, and keeps each one's best round. Time is this thread's CPU time
-//! (`/proc/thread-self/schedstat`), not wall time, so other processes on a busy machine
+//! (`CLOCK_THREAD_CPUTIME_ID`), not wall time, so other processes on a busy machine
 //! slow neither side by being scheduled in between; they still share caches and memory. The
 //! figure to read is the ratio: how close the kernel comes to reading the weights once.
 //!
@@ -21,10 +21,16 @@ fn parse_type(name: &str) -> GgmlType {
     gguf::ALL_TYPES.into_iter().find(|t| t.name() == name).unwrap_or_else(|| panic!("unknown type {name}"))
 }
 
-/// This thread's run time in nanoseconds (first field of schedstat).
+/// This thread's CPU time in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`). Not schedstat's run time:
+/// some VMs update that only at scheduler ticks (every 4 ms on the twenty-fourth session's
+/// EPYC VM), which rounded every kernel's time to whole ticks.
 fn thread_cpu_ns() -> u64 {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat (Linux)");
-    s.split_whitespace().next().and_then(|v| v.parse().ok()).expect("run time field")
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration, and
+    // CLOCK_THREAD_CPUTIME_ID is a clock every Linux kernel since 2.6.12 has.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Reads every byte of `w` once (32 bytes per load), so the optimiser cannot drop the loop.
