@@ -19,3 +19,6 @@ cargo test --workspace --all-features "$@"
 DISKFORMER_Q4_0_LAYOUT=blocks DISKFORMER_Q4_K_LAYOUT=grouped DISKFORMER_Q8_PERSIST_GROUPS=1 \
   DISKFORMER_SPLIT_LAYER_REFILL=0 DISKFORMER_SPLIT_MAILBOX=0 \
   cargo test --workspace --all-features --test backend_ops --test gpu_int8 --test gpu_tier_moe --test gpu_tier "$@"
+# The AVX-512 decode kernels, which the CPU path skips on AMD Zen 4 (slower there) but must
+# still give the AVX2 bits wherever they run.
+DISKFORMER_AVX512_DECODE=1 cargo test --workspace --all-features --test quant_kernels "$@"
