@@ -78,6 +78,22 @@ pub trait ExpertStore: Send + Sync + std::fmt::Debug {
     /// layer's experts from it (that layer's router on this input). A hint: the default ignores
     /// it.
     fn note_input(&self, _layer: usize, _x: &[f32], _k: usize) {}
+
+    /// A guess of the experts `layer`'s router selects, from rows `x` (`[n, n_embd]`) that are
+    /// not its own input but an earlier layer's (the residual stream changes little over a
+    /// layer): each row's top `k`, their union in row order. Empty where the store keeps no
+    /// routers for guessing (the default) or has none for `layer`.
+    fn guess_experts(&self, _layer: usize, _x: &[f32], _k: usize) -> Vec<u32> {
+        Vec::new()
+    }
+
+    /// Reads the host copies of experts `ids` of `layer` into the CPU's caches, ahead of a job
+    /// that will compute them ([`crate::cpu::cache_fill::read_into_cache`]), until `stop`
+    /// returns true. Only experts already in host memory are read (no I/O); a hint: the
+    /// default does nothing. Returns the bytes read.
+    fn read_ahead(&self, _layer: usize, _ids: &[u32], _stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+        0
+    }
 }
 
 /// Routing result: for each token, `k` expert ids and their weights.

@@ -1010,6 +1010,9 @@ pub struct MappedExperts {
     access: MappedAccess,
     /// Per layer, with [`MappedAccess::HugeCopy`]: its stacked matrices copied (gate, up, down).
     copies: Vec<Option<LayerCopy>>,
+    /// The routers for [`ExpertStore::guess_experts`], made at the first guess: only the GPU's
+    /// split miss mode asks for guesses, and a CPU run should not pay their ~0.3 MB a layer.
+    guesses: std::sync::OnceLock<Guesses>,
 }
 
 /// How a [`MappedExperts`] store's experts reach the CPU that computes them.
@@ -1136,7 +1139,7 @@ impl MappedExperts {
                 }
             }
         }
-        Ok(MappedExperts { model: model.clone(), layers, access, copies })
+        Ok(MappedExperts { model: model.clone(), layers, access, copies, guesses: std::sync::OnceLock::new() })
     }
 
     /// How this store's experts reach the CPU.
@@ -1167,13 +1170,9 @@ fn on_all_cores<T: Send>(items: Vec<T>, work: impl Fn(T) -> std::io::Result<()> 
     first_error.into_inner().unwrap_or_else(|e| e.into_inner()).map_or(Ok(()), Err)
 }
 
-impl ExpertStore for MappedExperts {
-    fn with_host_experts(
-        &self,
-        layer: usize,
-        ids: &[u32],
-        compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
-    ) -> Result<(), OpError> {
+impl MappedExperts {
+    /// Experts `ids` of `layer` as the CPU reads them: slices of the copy or of the file's map.
+    fn lend(&self, layer: usize, ids: &[u32]) -> Result<Vec<HostExpert<'_>>, OpError> {
         let le = layer_experts(&self.layers, layer, ids, "mapped experts", &self.model.path().display())?;
         let files = self.model.files();
         let copy = self.copies.get(layer).and_then(|c| c.as_ref()).filter(|_| !compute::ab::is_b("map"));
@@ -1194,7 +1193,7 @@ impl ExpertStore for MappedExperts {
             };
             HostMatrix { dtype: m.dtype, bytes, n_out: m.n_out, k: m.k }
         }
-        let lent: Vec<HostExpert<'_>> = ids
+        Ok(ids
             .iter()
             .map(|&id| HostExpert {
                 id,
@@ -1202,7 +1201,38 @@ impl ExpertStore for MappedExperts {
                 up: take(files, &le.up, copy.map(|c| &c.up), id),
                 down: take(files, &le.down, copy.map(|c| &c.down), id),
             })
-            .collect();
-        compute(&lent)
+            .collect())
+    }
+}
+
+impl ExpertStore for MappedExperts {
+    fn with_host_experts(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+    ) -> Result<(), OpError> {
+        compute(&self.lend(layer, ids)?)
+    }
+
+    fn guess_experts(&self, layer: usize, x: &[f32], k: usize) -> Vec<u32> {
+        let guesses = self.guesses.get_or_init(|| {
+            let has_experts: Vec<bool> = self.layers.iter().map(Option::is_some).collect();
+            Guesses::from_model(&self.model, &has_experts)
+        });
+        guesses.guess(layer, x, k, usize::MAX)
+    }
+
+    fn read_ahead(&self, layer: usize, ids: &[u32], stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+        let Ok(lent) = self.lend(layer, ids) else { return 0 };
+        // In the order the CPU's job reads them: every expert's gate and up products, then the
+        // downs (`compute::cpu::experts_one_token`).
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(3 * lent.len());
+        for ex in &lent {
+            pieces.extend(ex.gate.as_ref().map(|g| g.bytes));
+            pieces.push(ex.up.bytes);
+        }
+        pieces.extend(lent.iter().map(|ex| ex.down.bytes));
+        compute::cpu::cache_fill::read_into_cache(&pieces, stop)
     }
 }

@@ -237,3 +237,56 @@ fn mapped_experts_lend_the_files_bytes_in_every_access() {
         }
     }
 }
+
+/// A mapped store's guesses are its routers' top k (checked against the router's f32 values
+/// in f64, within the Q8_0 rounding the guess works in) and its read-ahead reads exactly the
+/// bytes of the experts asked for, or nothing once stopped.
+#[test]
+fn mapped_experts_guess_the_routers_top_k_and_read_ahead_the_experts_bytes() {
+    use compute::ExpertStore;
+    use pager::MappedExperts;
+    let (_, cases) = moe_cases();
+    let mut guessed_layers = 0;
+    for (arch, variant, path) in cases {
+        let model = Arc::new(GgufModel::open(&path).expect("fixture opens"));
+        let store = MappedExperts::open(&model).expect("store opens");
+        for layer in 0..64 {
+            let Some(router) = model.tensor_opt(&format!("blk.{layer}.ffn_gate_inp.weight")) else { continue };
+            let Some((_, up)) = model.tensor_location(&format!("blk.{layer}.ffn_up_exps.weight")) else { continue };
+            let n_expert = up.shape[2] as usize;
+            let ids: Vec<u32> = vec![0, (n_expert - 1) as u32];
+            let per_expert: u64 = ["gate", "up", "down"]
+                .iter()
+                .filter_map(|m| model.tensor_location(&format!("blk.{layer}.ffn_{m}_exps.weight")))
+                .map(|(f, info)| model.files()[f].tensor_bytes(info).len() as u64 / n_expert as u64)
+                .sum();
+            assert_eq!(store.read_ahead(layer, &ids, &|| false), 2 * per_expert, "{arch} {variant} layer {layer}");
+            assert_eq!(store.read_ahead(layer, &ids, &|| true), 0, "{arch} {variant} layer {layer}: stopped");
+            // Only f32 routers are checked against values read straight from the file.
+            if router.dtype() != gguf::GgmlType::F32 {
+                continue;
+            }
+            let w: Vec<f32> =
+                router.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let n_embd = w.len() / n_expert;
+            let x: Vec<f32> = (0..n_embd).map(|i| ((i * 7919 % 257) as f32 - 128.0) / 64.0).collect();
+            let exact: Vec<f64> =
+                w.chunks(n_embd).map(|r| r.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum()).collect();
+            let mut order: Vec<usize> = (0..n_expert).collect();
+            order.sort_by(|&a, &b| exact[b].total_cmp(&exact[a]));
+            let k = 2.min(n_expert);
+            let got = store.guess_experts(layer, &x, k);
+            assert_eq!(got.len(), k, "{arch} {variant} layer {layer}: {got:?}");
+            let scale = exact.iter().fold(0f64, |m, &v| m.max(v.abs()));
+            for &e in &got {
+                assert!(
+                    exact[e as usize] >= exact[order[k - 1]] - 0.02 * scale,
+                    "{arch} {variant} layer {layer}: guessed {got:?}, top by f64 {:?}",
+                    &order[..k]
+                );
+            }
+            guessed_layers += 1;
+        }
+    }
+    assert!(guessed_layers > 0, "no fixture has an f32 router to check guesses against");
+}

@@ -7,6 +7,7 @@
 //! activations quantized to Q8 the way llama.cpp does ([`MatmulMode::QuantizedActivations`]).
 
 mod attention;
+pub mod cache_fill;
 mod experts;
 mod gelu;
 pub mod kernels;

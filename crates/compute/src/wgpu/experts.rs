@@ -233,6 +233,11 @@ struct TierProfile {
     /// Of those, the ones that read the next layer's guessed experts ahead
     /// (`split::touch_next_layer`).
     split_touches: u64,
+    /// The dispatcher's read-ahead of the CPU's guessed experts (`split::Dispatcher::read_ahead`):
+    /// bytes read, experts guessed, those the CPU then computed.
+    read_ahead_bytes: u64,
+    read_ahead_experts: u64,
+    read_ahead_right: u64,
     split_gpu_first: u64,
     split_misses: u64,
     split_cpu_experts: u64,
@@ -309,10 +314,14 @@ impl TierProfile {
             if self.split_mailbox_layers > 0 {
                 format!(
                     "{shares}, {} reading the next layer's guess ahead); per step, us: the CPU's dispatcher waiting for the \
-                     GPU's hand-overs {:.0}, from a hand-over to its CPU job's start {:.0}\n",
+                     GPU's hand-overs {:.0}, from a hand-over to its CPU job's start {:.0}; the CPU read {:.1} MiB of \
+                     guessed experts ahead per step, {:.1} experts, {:.0}% of them then its own\n",
                     self.split_touches,
                     per(self.split_join_wait_secs),
                     per(self.split_queued_secs),
+                    self.read_ahead_bytes as f64 / 1048576.0 / self.steps.max(1) as f64,
+                    self.read_ahead_experts as f64 / self.steps.max(1) as f64,
+                    100.0 * self.read_ahead_right as f64 / self.read_ahead_experts.max(1) as f64,
                 )
             } else {
                 format!(

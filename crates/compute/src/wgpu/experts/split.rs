@@ -246,6 +246,9 @@ pub(super) struct Dispatcher {
     queue: std::sync::Mutex<(std::collections::VecDeque<Handoff>, bool)>,
     /// What the task found of the layers it took, oldest first, until the host takes it in.
     decided: std::sync::Mutex<Vec<Decided>>,
+    /// The last decode layer's input row, which the next layer's experts are guessed from
+    /// ([`Dispatcher::read_ahead`]), and its layer.
+    last_input: std::sync::Mutex<Option<(usize, Vec<f32>)>>,
 }
 
 impl Dispatcher {
@@ -293,6 +296,7 @@ impl Dispatcher {
             h.up.store(h.slot, h.seq);
         };
         let t_poll = Instant::now();
+        let guessed = if h.down.load(h.slot) != h.seq { self.read_ahead(&h) } else { Vec::new() };
         let mut polls = 0u32;
         while h.down.load(h.slot) != h.seq {
             std::hint::spin_loop();
@@ -328,6 +332,15 @@ impl Dispatcher {
         }
         let is_miss = |e: u32| h.missed[e as usize];
         let cpu = cpu_misses(&ids, is_miss, h.share_q);
+        let xs: Vec<f32> = words[2 * nk..].iter().map(|&b| f32::from_bits(b)).collect();
+        if h.n == 1 {
+            *lock(&self.last_input) = Some((h.layer, xs.clone()));
+        }
+        if !guessed.is_empty() {
+            let right = guessed.iter().filter(|e| cpu.contains(e)).count();
+            h.shared.read_ahead_experts.fetch_add(guessed.len() as u64, Ordering::Relaxed);
+            h.shared.read_ahead_right.fetch_add(right as u64, Ordering::Relaxed);
+        }
         let n_misses = {
             let mut used = ids.clone();
             used.sort_unstable();
@@ -354,7 +367,6 @@ impl Dispatcher {
             return;
         }
         let weights: Vec<f32> = words[..nk].iter().map(|&b| f32::from_bits(b)).collect();
-        let xs: Vec<f32> = words[2 * nk..].iter().map(|&b| f32::from_bits(b)).collect();
         let job = CpuJob {
             store: h.store.clone(),
             layer: h.layer,
@@ -383,6 +395,43 @@ impl Dispatcher {
             Err(e) => release(&h, Some(e)),
         }
     }
+
+    /// While the GPU has not yet handed layer `h` over: guesses its experts from the previous
+    /// decode layer's input ([`ExpertStore::guess_experts`]), picks the CPU's of them by the
+    /// partition's rule ([`cpu_misses`] with the layer's table and share) and reads their host
+    /// copies into the CPU's caches until the hand-over's flag is up
+    /// ([`ExpertStore::read_ahead`]). Returns the experts it picked (empty: none read).
+    ///
+    /// Why: from a CPU job's end to the next hand-over (~100 us a layer on the H200: the add,
+    /// the next attention, the router) the CPU waits and the RAM idles, while the job after it
+    /// is bound by that RAM (the experts' phase read 810 MiB a token at 4 GB, near the RAM's
+    /// rate, twenty-fourth session). What the wait reads ahead the job finds in the cache. Reads
+    /// only: results cannot change. Off with `DISKFORMER_SPLIT_READ_AHEAD=0`; A/B name `ahead`
+    /// (the B arm does not read ahead).
+    fn read_ahead(&self, h: &Handoff) -> Vec<u32> {
+        if h.n != 1 || !read_ahead_enabled() || crate::ab::is_b("ahead") {
+            return Vec::new();
+        }
+        let Some((layer, x)) = lock(&self.last_input).take() else { return Vec::new() };
+        if layer >= h.layer {
+            // The previous step's last layer: too far from this one to guess it.
+            return Vec::new();
+        }
+        let guess = h.store.guess_experts(h.layer, &x, h.k);
+        let is_miss = |e: u32| h.missed.get(e as usize).copied().unwrap_or(false);
+        let cpu = cpu_misses(&guess, is_miss, h.share_q);
+        if !cpu.is_empty() {
+            let bytes = h.store.read_ahead(h.layer, &cpu, &|| h.down.load(h.slot) == h.seq);
+            h.shared.read_ahead_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        cpu
+    }
+}
+
+/// False when the environment sets `DISKFORMER_SPLIT_READ_AHEAD=0` (read once).
+fn read_ahead_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DISKFORMER_SPLIT_READ_AHEAD").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Through the mailboxes, the fraction of layers whose GPU share should be done before the CPU's
@@ -458,6 +507,11 @@ pub(super) struct SplitShared {
     pub(super) join_wait_nanos: Arc<AtomicU64>,
     /// From a CPU job's end (or the join's start, when later) to the join taking its result.
     pub(super) noticed_nanos: Arc<AtomicU64>,
+    /// The dispatcher's read-ahead ([`Dispatcher::read_ahead`]): bytes read, experts guessed
+    /// for the CPU, and those of them the CPU then computed.
+    pub(super) read_ahead_bytes: Arc<AtomicU64>,
+    pub(super) read_ahead_experts: Arc<AtomicU64>,
+    pub(super) read_ahead_right: Arc<AtomicU64>,
 }
 
 impl Default for SplitShared {
@@ -470,6 +524,9 @@ impl Default for SplitShared {
             queued_nanos: Arc::default(),
             join_wait_nanos: Arc::default(),
             noticed_nanos: Arc::default(),
+            read_ahead_bytes: Arc::default(),
+            read_ahead_experts: Arc::default(),
+            read_ahead_right: Arc::default(),
         }
     }
 }
@@ -873,6 +930,9 @@ impl WgpuBackend {
         prof.split_queued_secs = tier.split.queued_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_join_wait_secs = tier.split.join_wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_noticed_secs = tier.split.noticed_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+        prof.read_ahead_bytes = tier.split.read_ahead_bytes.load(Ordering::Relaxed);
+        prof.read_ahead_experts = tier.split.read_ahead_experts.load(Ordering::Relaxed);
+        prof.read_ahead_right = tier.split.read_ahead_right.load(Ordering::Relaxed);
         prof.submit_after_join_secs = self.ctx.submit_after_join_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_misses += n_misses as u64;
         prof.split_cpu_experts += n_cpu as u64;
@@ -1679,5 +1739,99 @@ mod tests {
             let want = if flag == seq { [0, 0] } else { want };
             assert_eq!(got, want, "flag {flag}, {groups} workgroups: words read and their XOR");
         }
+    }
+
+    /// A store that guesses fixed experts and, asked to read ahead, records what it was asked
+    /// and polls `stop` until it says so (or 10 s pass).
+    #[derive(Debug, Default)]
+    struct GuessingStore {
+        guess: Vec<u32>,
+        guessed_from: std::sync::Mutex<Vec<(usize, Vec<f32>)>>,
+        read: std::sync::Mutex<Vec<(usize, Vec<u32>, bool)>>,
+    }
+
+    impl crate::backend::ExpertStore for GuessingStore {
+        fn with_host_experts(
+            &self,
+            _layer: usize,
+            _ids: &[u32],
+            _compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+        ) -> Result<(), OpError> {
+            unreachable!("read_ahead computes nothing")
+        }
+
+        fn guess_experts(&self, layer: usize, x: &[f32], _k: usize) -> Vec<u32> {
+            lock(&self.guessed_from).push((layer, x.to_vec()));
+            self.guess.clone()
+        }
+
+        fn read_ahead(&self, layer: usize, ids: &[u32], stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+            let t0 = Instant::now();
+            while !stop() && t0.elapsed().as_secs() < 10 {
+                std::thread::yield_now();
+            }
+            lock(&self.read).push((layer, ids.to_vec(), stop()));
+            1000
+        }
+    }
+
+    /// While a layer's hand-over is not there, the dispatcher guesses its experts from the
+    /// previous layer's input, reads ahead the CPU's of them (the partition's rule on the
+    /// layer's table and share) and stops at the hand-over's flag; it guesses nothing from a
+    /// later layer's input (the previous step's) or without an input.
+    #[test]
+    fn read_ahead_reads_the_cpus_guessed_experts_until_the_hand_over() {
+        let (n_embd, n_expert, k) = (8usize, 16usize, 4usize);
+        let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
+        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
+        let shared = Arc::new(SplitShared::default());
+        let handoff = |layer: usize| Handoff {
+            seq: 7,
+            slot: 1,
+            data_at: MAILBOX_DATA,
+            up: Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64)),
+            down: down.clone(),
+            layer,
+            n: 1,
+            n_embd,
+            k,
+            // 3 hits (the pool holds every third expert); 9, 12 and 6 miss.
+            missed: (0..n_expert).map(|e| e % 3 != 0 || e == 12 || e == 6 || e == 9).collect(),
+            share_q: 171,
+            adapt: false,
+            store: store.clone(),
+            biases: Arc::new(HostBiases { gate: None, up: None, down: None }),
+            spec: MoeSpec { n_expert, n_ff: 4, glu: crate::spec::Glu::Plain(crate::spec::Act::Silu) },
+            mode: crate::quant::MatmulMode::Exact,
+            shared: shared.clone(),
+            failed: Arc::default(),
+        };
+        let dispatcher = Dispatcher::default();
+        let x: Vec<f32> = (0..n_embd).map(|i| i as f32 * 0.25).collect();
+
+        // No input kept yet: nothing guessed.
+        assert!(dispatcher.read_ahead(&handoff(5)).is_empty());
+        // The previous step's last layer: nothing guessed.
+        *lock(&dispatcher.last_input) = Some((5, x.clone()));
+        assert!(dispatcher.read_ahead(&handoff(5)).is_empty());
+        assert!(lock(&store.guessed_from).is_empty());
+
+        *lock(&dispatcher.last_input) = Some((4, x.clone()));
+        let h = handoff(5);
+        let picked = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                down.store(1, 7);
+            });
+            dispatcher.read_ahead(&h)
+        });
+        // Of the misses 6, 9, 12 the CPU takes round(3 * 171 / 256) = 2: the lowest ids.
+        assert_eq!(picked, vec![6, 9]);
+        assert_eq!(picked, cpu_misses(&store.guess, |e| h.missed[e as usize], 171));
+        assert_eq!(*lock(&store.guessed_from), vec![(5, x)]);
+        assert_eq!(*lock(&store.read), vec![(5, vec![6, 9], true)], "read ahead until the flag");
+        assert_eq!(shared.read_ahead_bytes.load(Ordering::Relaxed), 1000);
+        // The input is used once.
+        assert!(lock(&dispatcher.last_input).is_none());
     }
 }

@@ -1,0 +1,93 @@
+//! Reading memory into the CPU's caches ahead of a job that will read it, on the pool's threads,
+//! until told to stop.
+//!
+//! Why: in the GPU back end's split miss mode (`wgpu/experts/split.rs`) the CPU waits about
+//! 100 us a layer for the GPU's hand-over of the next layer (the chain of its attention and
+//! router), while the RAM, which the CPU's experts job is bound by, idles. The next layer's
+//! experts can be guessed from this layer's input (`ExpertStore::guess_experts`); reading the
+//! guessed ones the CPU will compute into its caches during the wait moves part of the job's
+//! reads out of the job. The H200's host has 300 MiB of L3, room for a layer's CPU experts
+//! (~13 MB of Qwen3-30B-A3B's) many times over.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Bytes a thread reads between looks at the stop condition: ~1-2 us at one core's read rate,
+/// so a stop is seen that soon by every thread.
+const CHUNK: usize = 16 << 10;
+
+/// The size of the cache lines read: one 8-byte load per line brings it in.
+const LINE: usize = 64;
+
+/// Reads every cache line of `pieces`, in order, on the calling thread and the current rayon
+/// pool's other workers, until all are read or `stop` returns true (each thread looks before
+/// every 16 KiB). Returns the bytes read. Reads only: nothing is written.
+pub fn read_into_cache(pieces: &[&[u8]], stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+    let chunks: Vec<&[u8]> = pieces.iter().flat_map(|p| p.chunks(CHUNK)).collect();
+    if chunks.is_empty() {
+        return 0;
+    }
+    let next = AtomicUsize::new(0);
+    let read = AtomicU64::new(0);
+    let work = || {
+        let mut sum = 0u64;
+        let mut bytes = 0u64;
+        loop {
+            if stop() {
+                break;
+            }
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(chunk) = chunks.get(i) else { break };
+            for line in chunk.chunks(LINE) {
+                let mut word = [0u8; 8];
+                let n = line.len().min(8);
+                word[..n].copy_from_slice(&line[..n]);
+                sum = sum.wrapping_add(u64::from_ne_bytes(word));
+            }
+            bytes += chunk.len() as u64;
+        }
+        // The loads must happen: their values go somewhere the compiler cannot see through.
+        std::hint::black_box(sum);
+        read.fetch_add(bytes, Ordering::Relaxed);
+    };
+    let helpers = rayon::current_num_threads().saturating_sub(1).min(chunks.len() - 1);
+    rayon::scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    read.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn reads_every_byte_of_every_piece_when_not_stopped() {
+        let a = vec![1u8; 100_000];
+        let b = vec![2u8; 3];
+        assert_eq!(read_into_cache(&[&a, &[], &b], &|| false), 100_003);
+        assert_eq!(read_into_cache(&[], &|| false), 0);
+    }
+
+    #[test]
+    fn reads_nothing_once_stopped_and_stops_partway() {
+        let a = vec![0u8; 64 * CHUNK];
+        assert_eq!(read_into_cache(&[&a], &|| true), 0);
+        // Stopped after the fourth look: at most the chunks taken by then (one per thread's
+        // look before the stop) are read, never all of them.
+        let looks = AtomicUsize::new(0);
+        let stopped = AtomicBool::new(false);
+        let stop = || {
+            if looks.fetch_add(1, Ordering::Relaxed) >= 4 {
+                stopped.store(true, Ordering::Relaxed);
+            }
+            stopped.load(Ordering::Relaxed)
+        };
+        let read = read_into_cache(&[&a], &stop);
+        assert!(read <= 4 * CHUNK as u64, "{read} bytes read after the stop");
+        assert_eq!(read % CHUNK as u64, 0);
+    }
+}
