@@ -88,10 +88,10 @@ pub trait ExpertStore: Send + Sync + std::fmt::Debug {
     }
 
     /// Reads the host copies of experts `ids` of `layer` into the CPU's caches, ahead of a job
-    /// that will compute them ([`crate::cpu::cache_fill::read_into_cache`]), until `stop`
-    /// returns true. Only experts already in host memory are read (no I/O); a hint: the
-    /// default does nothing. Returns the bytes read.
-    fn read_ahead(&self, _layer: usize, _ids: &[u32], _stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+    /// that will compute them ([`crate::cpu::cache_fill::read_into_cache`] on up to `threads`
+    /// threads), until `stop` returns true. Only experts already in host memory are read (no
+    /// I/O); a hint: the default does nothing. Returns the bytes read.
+    fn read_ahead(&self, _layer: usize, _ids: &[u32], _threads: usize, _stop: &(dyn Fn() -> bool + Sync)) -> u64 {
         0
     }
 }

@@ -1223,7 +1223,7 @@ impl ExpertStore for MappedExperts {
         guesses.guess(layer, x, k, usize::MAX)
     }
 
-    fn read_ahead(&self, layer: usize, ids: &[u32], stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+    fn read_ahead(&self, layer: usize, ids: &[u32], threads: usize, stop: &(dyn Fn() -> bool + Sync)) -> u64 {
         let Ok(lent) = self.lend(layer, ids) else { return 0 };
         // In the order the CPU's job reads them: every expert's gate and up products, then the
         // downs (`compute::cpu::experts_one_token`).
@@ -1233,6 +1233,6 @@ impl ExpertStore for MappedExperts {
             pieces.push(ex.up.bytes);
         }
         pieces.extend(lent.iter().map(|ex| ex.down.bytes));
-        compute::cpu::cache_fill::read_into_cache(&pieces, stop)
+        compute::cpu::cache_fill::read_into_cache(&pieces, threads, stop)
     }
 }

@@ -260,8 +260,8 @@ fn mapped_experts_guess_the_routers_top_k_and_read_ahead_the_experts_bytes() {
                 .filter_map(|m| model.tensor_location(&format!("blk.{layer}.ffn_{m}_exps.weight")))
                 .map(|(f, info)| model.files()[f].tensor_bytes(info).len() as u64 / n_expert as u64)
                 .sum();
-            assert_eq!(store.read_ahead(layer, &ids, &|| false), 2 * per_expert, "{arch} {variant} layer {layer}");
-            assert_eq!(store.read_ahead(layer, &ids, &|| true), 0, "{arch} {variant} layer {layer}: stopped");
+            assert_eq!(store.read_ahead(layer, &ids, 4, &|| false), 2 * per_expert, "{arch} {variant} layer {layer}");
+            assert_eq!(store.read_ahead(layer, &ids, 4, &|| true), 0, "{arch} {variant} layer {layer}: stopped");
             // Only f32 routers are checked against values read straight from the file.
             if router.dtype() != gguf::GgmlType::F32 {
                 continue;

@@ -18,10 +18,15 @@ const CHUNK: usize = 16 << 10;
 /// The size of the cache lines read: one 8-byte load per line brings it in.
 const LINE: usize = 64;
 
-/// Reads every cache line of `pieces`, in order, on the calling thread and the current rayon
-/// pool's other workers, until all are read or `stop` returns true (each thread looks before
-/// every 16 KiB). Returns the bytes read. Reads only: nothing is written.
-pub fn read_into_cache(pieces: &[&[u8]], stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+/// Reads every cache line of `pieces`, in order, on the calling thread and `threads - 1` of
+/// the current rayon pool's other workers (at most), until all are read or `stop` returns true
+/// (each thread looks before every 16 KiB). Returns the bytes read. Reads only: nothing is
+/// written.
+///
+/// Why not every worker: the caller's process has other threads to run meanwhile (the GPU back
+/// end's host thread records and submits the next layers while the split's dispatcher reads
+/// ahead); idle pool workers poll and yield their cores to them, workers reading here do not.
+pub fn read_into_cache(pieces: &[&[u8]], threads: usize, stop: &(dyn Fn() -> bool + Sync)) -> u64 {
     let chunks: Vec<&[u8]> = pieces.iter().flat_map(|p| p.chunks(CHUNK)).collect();
     if chunks.is_empty() {
         return 0;
@@ -49,7 +54,7 @@ pub fn read_into_cache(pieces: &[&[u8]], stop: &(dyn Fn() -> bool + Sync)) -> u6
         std::hint::black_box(sum);
         read.fetch_add(bytes, Ordering::Relaxed);
     };
-    let helpers = rayon::current_num_threads().saturating_sub(1).min(chunks.len() - 1);
+    let helpers = rayon::current_num_threads().min(threads).saturating_sub(1).min(chunks.len() - 1);
     rayon::scope(|s| {
         for _ in 0..helpers {
             s.spawn(|_| work());
@@ -68,14 +73,14 @@ mod tests {
     fn reads_every_byte_of_every_piece_when_not_stopped() {
         let a = vec![1u8; 100_000];
         let b = vec![2u8; 3];
-        assert_eq!(read_into_cache(&[&a, &[], &b], &|| false), 100_003);
-        assert_eq!(read_into_cache(&[], &|| false), 0);
+        assert_eq!(read_into_cache(&[&a, &[], &b], 4, &|| false), 100_003);
+        assert_eq!(read_into_cache(&[], 4, &|| false), 0);
     }
 
     #[test]
     fn reads_nothing_once_stopped_and_stops_partway() {
         let a = vec![0u8; 64 * CHUNK];
-        assert_eq!(read_into_cache(&[&a], &|| true), 0);
+        assert_eq!(read_into_cache(&[&a], 4, &|| true), 0);
         // Stopped after the fourth look: at most the chunks taken by then (one per thread's
         // look before the stop) are read, never all of them.
         let looks = AtomicUsize::new(0);
@@ -86,7 +91,7 @@ mod tests {
             }
             stopped.load(Ordering::Relaxed)
         };
-        let read = read_into_cache(&[&a], &stop);
+        let read = read_into_cache(&[&a], 4, &stop);
         assert!(read <= 4 * CHUNK as u64, "{read} bytes read after the stop");
         assert_eq!(read % CHUNK as u64, 0);
     }

@@ -406,10 +406,13 @@ impl Dispatcher {
     /// the next attention, the router) the CPU waits and the RAM idles, while the job after it
     /// is bound by that RAM (the experts' phase read 810 MiB a token at 4 GB, near the RAM's
     /// rate, twenty-fourth session). What the wait reads ahead the job finds in the cache. Reads
-    /// only: results cannot change. Off with `DISKFORMER_SPLIT_READ_AHEAD=0`; A/B name `ahead`
-    /// (the B arm does not read ahead).
+    /// only: results cannot change. On half the pool's threads (`DISKFORMER_SPLIT_READ_AHEAD=N`
+    /// threads, 0 off): with every worker reading, the host thread, which records and submits
+    /// the next layers meanwhile, found no core (its time per step went from 5.6 to 8.9 ms on the
+    /// H200, twenty-fifth session). A/B name `ahead` (the B arm does not read ahead).
     fn read_ahead(&self, h: &Handoff) -> Vec<u32> {
-        if h.n != 1 || !read_ahead_enabled() || crate::ab::is_b("ahead") {
+        let threads = read_ahead_threads();
+        if h.n != 1 || threads == 0 || crate::ab::is_b("ahead") {
             return Vec::new();
         }
         let Some((layer, x)) = lock(&self.last_input).take() else { return Vec::new() };
@@ -417,21 +420,29 @@ impl Dispatcher {
             // The previous step's last layer: too far from this one to guess it.
             return Vec::new();
         }
+        let t_guess = Instant::now();
         let guess = h.store.guess_experts(h.layer, &x, h.k);
+        h.shared.read_ahead_guess_nanos.fetch_add(t_guess.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let is_miss = |e: u32| h.missed.get(e as usize).copied().unwrap_or(false);
         let cpu = cpu_misses(&guess, is_miss, h.share_q);
         if !cpu.is_empty() {
-            let bytes = h.store.read_ahead(h.layer, &cpu, &|| h.down.load(h.slot) == h.seq);
+            let bytes = h.store.read_ahead(h.layer, &cpu, threads, &|| h.down.load(h.slot) == h.seq);
             h.shared.read_ahead_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
         cpu
     }
 }
 
-/// False when the environment sets `DISKFORMER_SPLIT_READ_AHEAD=0` (read once).
-fn read_ahead_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DISKFORMER_SPLIT_READ_AHEAD").map_or(true, |v| v.trim() != "0"))
+/// Threads of [`Dispatcher::read_ahead`]: `DISKFORMER_SPLIT_READ_AHEAD` (0: none), else half
+/// the pool's (read once).
+fn read_ahead_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::env::var("DISKFORMER_SPLIT_READ_AHEAD")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| rayon::current_num_threads().div_ceil(2))
+    })
 }
 
 /// Through the mailboxes, the fraction of layers whose GPU share should be done before the CPU's
@@ -512,6 +523,8 @@ pub(super) struct SplitShared {
     pub(super) read_ahead_bytes: Arc<AtomicU64>,
     pub(super) read_ahead_experts: Arc<AtomicU64>,
     pub(super) read_ahead_right: Arc<AtomicU64>,
+    /// The guesses' time, summed.
+    pub(super) read_ahead_guess_nanos: Arc<AtomicU64>,
 }
 
 impl Default for SplitShared {
@@ -527,6 +540,7 @@ impl Default for SplitShared {
             read_ahead_bytes: Arc::default(),
             read_ahead_experts: Arc::default(),
             read_ahead_right: Arc::default(),
+            read_ahead_guess_nanos: Arc::default(),
         }
     }
 }
@@ -930,9 +944,6 @@ impl WgpuBackend {
         prof.split_queued_secs = tier.split.queued_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_join_wait_secs = tier.split.join_wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_noticed_secs = tier.split.noticed_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
-        prof.read_ahead_bytes = tier.split.read_ahead_bytes.load(Ordering::Relaxed);
-        prof.read_ahead_experts = tier.split.read_ahead_experts.load(Ordering::Relaxed);
-        prof.read_ahead_right = tier.split.read_ahead_right.load(Ordering::Relaxed);
         prof.submit_after_join_secs = self.ctx.submit_after_join_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         prof.split_misses += n_misses as u64;
         prof.split_cpu_experts += n_cpu as u64;
@@ -1224,6 +1235,10 @@ impl WgpuBackend {
                 prof.split_joins = tier.split.joins.load(Ordering::Relaxed);
                 prof.split_queued_secs = tier.split.queued_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
                 prof.split_join_wait_secs = tier.split.join_wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+                prof.read_ahead_bytes = tier.split.read_ahead_bytes.load(Ordering::Relaxed);
+                prof.read_ahead_experts = tier.split.read_ahead_experts.load(Ordering::Relaxed);
+                prof.read_ahead_right = tier.split.read_ahead_right.load(Ordering::Relaxed);
+                prof.read_ahead_guess_secs = tier.split.read_ahead_guess_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
             }
             if at_step_start {
                 st.host.deferred_refills.push_back(d.layer);
@@ -1765,7 +1780,7 @@ mod tests {
             self.guess.clone()
         }
 
-        fn read_ahead(&self, layer: usize, ids: &[u32], stop: &(dyn Fn() -> bool + Sync)) -> u64 {
+        fn read_ahead(&self, layer: usize, ids: &[u32], _threads: usize, stop: &(dyn Fn() -> bool + Sync)) -> u64 {
             let t0 = Instant::now();
             while !stop() && t0.elapsed().as_secs() < 10 {
                 std::thread::yield_now();
