@@ -23,7 +23,8 @@
 //! GPU's L2 cache during the wait for the CPU's sum; the split's share is common to both arms,
 //! so this A/B shows the cache's effect at one balance, not the rebalancing it allows),
 //! `ffnnorm` (the FFN norm in its own dispatch before the MoE router's kernel instead of inside
-//! it, with the norm's dispatch after it).
+//! it, with the norm's dispatch after it), `ahead` (the split's dispatcher does not read the
+//! CPU's guessed experts of the next layer into its caches while it waits for the hand-over).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
