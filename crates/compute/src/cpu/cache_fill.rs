@@ -31,6 +31,7 @@ pub fn read_into_cache(pieces: &[&[u8]], threads: usize, stop: &(dyn Fn() -> boo
     if chunks.is_empty() {
         return 0;
     }
+    let demote = demote_enabled();
     let next = AtomicUsize::new(0);
     let read = AtomicU64::new(0);
     let work = || {
@@ -47,6 +48,9 @@ pub fn read_into_cache(pieces: &[&[u8]], threads: usize, stop: &(dyn Fn() -> boo
                 let n = line.len().min(8);
                 word[..n].copy_from_slice(&line[..n]);
                 sum = sum.wrapping_add(u64::from_ne_bytes(word));
+                if demote {
+                    demote_line(line.as_ptr());
+                }
             }
             bytes += chunk.len() as u64;
         }
@@ -64,6 +68,50 @@ pub fn read_into_cache(pieces: &[&[u8]], threads: usize, stop: &(dyn Fn() -> boo
     read.into_inner()
 }
 
+/// Whether lines read are also demoted to the shared last-level cache
+/// (`DISKFORMER_READ_AHEAD_DEMOTE=1`, where the CPU has CLDEMOTE; read once).
+///
+/// Why it might matter: on Intel's server cores since Skylake-SP the L3 is not inclusive, so a
+/// line one core reads fills that core's L2 (2 MB on the H200's host) and reaches the L3 only
+/// when evicted; the job that then computes the expert spreads its rows over every core, and
+/// the others find the line in a neighbour's L2 rather than in the L3 they all share.
+/// CLDEMOTE (Sapphire Rapids on) pushes it to the L3 at once. Off until measured.
+fn demote_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DISKFORMER_READ_AHEAD_DEMOTE").is_ok_and(|v| v.trim() == "1") && has_cldemote())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_cldemote() -> bool {
+    // SAFETY: CPUID leaf 7 exists on every x86-64 CPU this builds for (leaf 0 reports the
+    // highest leaf; a CPU without leaf 7 returns zeros, read as "not supported").
+    let max = unsafe { std::arch::x86_64::__cpuid(0) }.eax;
+    // SAFETY: as above; leaf 7 is only read when the CPU reports it.
+    max >= 7 && unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.ecx & (1 << 25) != 0
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_cldemote() -> bool {
+    false
+}
+
+/// CLDEMOTE of the line at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn demote_line(p: *const u8) {
+    // SAFETY: CLDEMOTE (0F 1C /0, written as bytes for assemblers that lack the mnemonic) is a
+    // hint: it moves the line holding `p`, if cached, toward the last-level cache; it reads and
+    // writes no memory, raises no fault, and is a reserved NOP on CPUs without it. `p` points
+    // into a live slice; RAX holds it only for the instruction.
+    unsafe {
+        std::arch::asm!(".byte 0x0f, 0x1c, 0x00", in("rax") p, options(nostack, preserves_flags, readonly));
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn demote_line(_p: *const u8) {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +123,17 @@ mod tests {
         let b = vec![2u8; 3];
         assert_eq!(read_into_cache(&[&a, &[], &b], 4, &|| false), 100_003);
         assert_eq!(read_into_cache(&[], 4, &|| false), 0);
+    }
+
+    /// The demote's bytes run on this CPU (a hint, or a reserved NOP where it has none) and
+    /// change nothing.
+    #[test]
+    fn demoting_a_line_leaves_its_bytes() {
+        let a: Vec<u8> = (0..4 * LINE).map(|i| i as u8).collect();
+        for line in a.chunks(LINE) {
+            demote_line(line.as_ptr());
+        }
+        assert!(a.iter().enumerate().all(|(i, &v)| v == i as u8));
     }
 
     #[test]
