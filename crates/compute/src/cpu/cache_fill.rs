@@ -83,11 +83,9 @@ fn demote_enabled() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 fn has_cldemote() -> bool {
-    // SAFETY: CPUID leaf 7 exists on every x86-64 CPU this builds for (leaf 0 reports the
-    // highest leaf; a CPU without leaf 7 returns zeros, read as "not supported").
-    let max = unsafe { std::arch::x86_64::__cpuid(0) }.eax;
-    // SAFETY: as above; leaf 7 is only read when the CPU reports it.
-    max >= 7 && unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.ecx & (1 << 25) != 0
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    // Leaf 0 reports the highest leaf; CLDEMOTE is leaf 7's ECX bit 25.
+    __cpuid(0).eax >= 7 && __cpuid_count(7, 0).ecx & (1 << 25) != 0
 }
 
 #[cfg(not(target_arch = "x86_64"))]
