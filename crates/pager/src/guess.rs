@@ -36,15 +36,17 @@ impl Router {
         Some(Router { q8, n_out: w.len() / n_embd, n_embd })
     }
 
-    /// The logits of one row `x` (`n_embd` values), approximately: on this thread, in pieces of
-    /// rows small enough that the product does not go to the thread pool (where the experts of
-    /// the layer being computed may be running).
-    fn logits(&self, x: &[f32]) -> Vec<f32> {
+    /// The logits of one row `x` (`n_embd` values), approximately. With `on_pool` false on this
+    /// thread, in pieces of rows small enough that the product does not go to the thread pool
+    /// (where the experts of the layer being computed may be running); else in one product,
+    /// which the pool shares (for a caller whose pool is idle: ~68 us a guess of Qwen3-30B-A3B
+    /// in pieces on the H200's host, twenty-fifth session).
+    fn logits(&self, x: &[f32], on_pool: bool) -> Vec<f32> {
         /// Below `compute::quant`'s threshold for running a product on the pool.
         const SERIAL_VALUES: usize = 1 << 15;
         let t = GgmlType::Q8_0;
         let row_bytes = self.n_embd / t.block_elems() * t.block_bytes();
-        let rows = (SERIAL_VALUES / self.n_embd).max(1);
+        let rows = if on_pool { self.n_out } else { (SERIAL_VALUES / self.n_embd).max(1) };
         let mut y = vec![0f32; self.n_out];
         for (w, y) in self.q8.chunks(rows * row_bytes).zip(y.chunks_mut(rows)) {
             if quant::matmul_quantized(t, w, y.len(), self.n_embd, x, y, Kernel::best()).is_err() {
@@ -87,15 +89,16 @@ impl Guesses {
     /// The experts `layer`'s router ranks highest for the rows of `x` (`[n, n_embd]`): each
     /// row's top `k` by logit (ties to the lower id), their union in row order, at most `cap`.
     /// Empty when the layer has no router here, `x` is not whole rows of its width, or it has
-    /// more than [`GUESS_ROWS_MAX`] rows.
-    pub(crate) fn guess(&self, layer: usize, x: &[f32], k: usize, cap: usize) -> Vec<u32> {
+    /// more than [`GUESS_ROWS_MAX`] rows. `on_pool`: whether the product may use the thread pool
+    /// ([`Router::logits`]).
+    pub(crate) fn guess(&self, layer: usize, x: &[f32], k: usize, cap: usize, on_pool: bool) -> Vec<u32> {
         let Some(r) = self.routers.get(layer).and_then(|r| r.as_ref()) else { return Vec::new() };
         if x.is_empty() || !x.len().is_multiple_of(r.n_embd) || x.len() / r.n_embd > GUESS_ROWS_MAX {
             return Vec::new();
         }
         let mut out: Vec<u32> = Vec::new();
         for row in x.chunks_exact(r.n_embd) {
-            let logits = r.logits(row);
+            let logits = r.logits(row, on_pool);
             let mut order: Vec<u32> = (0..logits.len() as u32).collect();
             order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
             for e in order.into_iter().take(k) {
@@ -127,7 +130,7 @@ mod tests {
             let exact: Vec<f32> = w.chunks(n_embd).map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum()).collect();
             let mut order: Vec<usize> = (0..n_expert).collect();
             order.sort_by(|&a, &b| exact[b].total_cmp(&exact[a]));
-            let got = g.guess(1, x, 4, 16);
+            let got = g.guess(1, x, 4, 16, t % 2 == 1);
             let scale = exact.iter().fold(0f32, |m, &v| m.max(v.abs()));
             // Every guessed expert is within the rounding of the f32 top 4's fourth logit.
             for &e in &got {
@@ -139,11 +142,11 @@ mod tests {
             assert_eq!(got.len(), 4);
         }
         // Two rows: the union, capped.
-        assert_eq!(g.guess(1, &xs, 4, 5).len(), 5);
+        assert_eq!(g.guess(1, &xs, 4, 5, false).len(), 5);
         // Past the row limit, no router, or a width that is not the router's: no guess.
-        assert!(g.guess(1, &xs.repeat(GUESS_ROWS_MAX), 4, 16).is_empty());
-        assert!(g.guess(0, &xs, 4, 16).is_empty());
-        assert!(g.guess(1, &xs[..10], 4, 16).is_empty());
+        assert!(g.guess(1, &xs.repeat(GUESS_ROWS_MAX), 4, 16, false).is_empty());
+        assert!(g.guess(0, &xs, 4, 16, false).is_empty());
+        assert!(g.guess(1, &xs[..10], 4, 16, false).is_empty());
         // Widths of no whole Q8_0 blocks get no router.
         assert!(Router::new(&[0.0; 4], 2).is_none());
     }

@@ -888,7 +888,7 @@ impl ExpertStore for Pager {
         let s = &self.shared;
         let Some(next) = s.next_moe_layer(layer) else { return };
         // Computed before the lock: the prefetch thread and other callers need it meanwhile.
-        let ids = g.guess(next, x, k, s.n_slots / 4);
+        let ids = g.guess(next, x, k, s.n_slots / 4, false);
         s.lock().guess_ids[next] = ids;
     }
 
@@ -1220,7 +1220,8 @@ impl ExpertStore for MappedExperts {
             let has_experts: Vec<bool> = self.layers.iter().map(Option::is_some).collect();
             Guesses::from_model(&self.model, &has_experts)
         });
-        guesses.guess(layer, x, k, usize::MAX)
+        // The split's dispatcher guesses while the pool waits with it.
+        guesses.guess(layer, x, k, usize::MAX, true)
     }
 
     fn read_ahead(&self, layer: usize, ids: &[u32], threads: usize, stop: &(dyn Fn() -> bool + Sync)) -> u64 {
