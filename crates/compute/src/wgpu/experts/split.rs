@@ -296,7 +296,7 @@ impl Dispatcher {
             h.up.store(h.slot, h.seq);
         };
         let t_poll = Instant::now();
-        let guessed = if h.down.load(h.slot) != h.seq { self.read_ahead(&h) } else { Vec::new() };
+        let guessed = if h.down.load(h.slot) != h.seq { self.read_ahead(&h, read_ahead_threads()) } else { Vec::new() };
         let mut polls = 0u32;
         while h.down.load(h.slot) != h.seq {
             std::hint::spin_loop();
@@ -404,14 +404,21 @@ impl Dispatcher {
     ///
     /// Why: from a CPU job's end to the next hand-over (~100 us a layer on the H200: the add,
     /// the next attention, the router) the CPU waits and the RAM idles, while the job after it
-    /// is bound by that RAM (the experts' phase read 810 MiB a token at 4 GB, near the RAM's
-    /// rate, twenty-fourth session). What the wait reads ahead the job finds in the cache. Reads
-    /// only: results cannot change. On half the pool's threads (`DISKFORMER_SPLIT_READ_AHEAD=N`
-    /// threads, 0 off): with every worker reading, the host thread, which records and submits
-    /// the next layers meanwhile, found no core (its time per step went from 5.6 to 8.9 ms on the
-    /// H200, twenty-fifth session). A/B name `ahead` (the B arm does not read ahead).
-    fn read_ahead(&self, h: &Handoff) -> Vec<u32> {
-        let threads = read_ahead_threads();
+    /// was thought bound by that RAM (the experts' phase read 810 MiB a token at 4 GB, near the
+    /// RAM's rate, twenty-fourth session). What the wait reads ahead the job should find in the
+    /// cache. Reads only: results cannot change.
+    ///
+    /// Measured on the H200 (twenty-fifth session) it changes nothing, so it is off by default
+    /// (`DISKFORMER_SPLIT_READ_AHEAD=N` reads on N threads): on 8 threads, with the guesses on
+    /// the pool (32 us a layer), it read 135 MiB a step (2.8 MB a layer, ~22% of the CPU's
+    /// expert bytes) of experts 94% of which the CPU then computed, and steps with it were as
+    /// fast as steps without (`ab-steps.sh ahead`: 0.9834 against the control's 0.9827; with
+    /// `DISKFORMER_READ_AHEAD_DEMOTE=1` 0.9816 against 0.9839). So the CPU's job is not bound by
+    /// the RAM alone at 16 threads (its kernels' rate is the next suspect). With every worker
+    /// reading, the host thread, which records and submits the next layers meanwhile, found no
+    /// core (its time a step went from 5.6 to 8.9 ms): hence at most the threads asked for.
+    /// A/B name `ahead` (the B arm does not read ahead; set the threads for the A arm).
+    fn read_ahead(&self, h: &Handoff, threads: usize) -> Vec<u32> {
         if h.n != 1 || threads == 0 || crate::ab::is_b("ahead") {
             return Vec::new();
         }
@@ -433,15 +440,12 @@ impl Dispatcher {
     }
 }
 
-/// Threads of [`Dispatcher::read_ahead`]: `DISKFORMER_SPLIT_READ_AHEAD` (0: none), else half
-/// the pool's (read once).
+/// Threads of [`Dispatcher::read_ahead`]: `DISKFORMER_SPLIT_READ_AHEAD`, else none (read once;
+/// measured no faster, see there).
 fn read_ahead_threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *THREADS.get_or_init(|| {
-        std::env::var("DISKFORMER_SPLIT_READ_AHEAD")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| rayon::current_num_threads().div_ceil(2))
+        std::env::var("DISKFORMER_SPLIT_READ_AHEAD").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0)
     })
 }
 
@@ -1825,10 +1829,10 @@ mod tests {
         let x: Vec<f32> = (0..n_embd).map(|i| i as f32 * 0.25).collect();
 
         // No input kept yet: nothing guessed.
-        assert!(dispatcher.read_ahead(&handoff(5)).is_empty());
+        assert!(dispatcher.read_ahead(&handoff(5), 2).is_empty());
         // The previous step's last layer: nothing guessed.
         *lock(&dispatcher.last_input) = Some((5, x.clone()));
-        assert!(dispatcher.read_ahead(&handoff(5)).is_empty());
+        assert!(dispatcher.read_ahead(&handoff(5), 2).is_empty());
         assert!(lock(&store.guessed_from).is_empty());
 
         *lock(&dispatcher.last_input) = Some((4, x.clone()));
@@ -1838,7 +1842,7 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(30));
                 down.store(1, 7);
             });
-            dispatcher.read_ahead(&h)
+            dispatcher.read_ahead(&h, 2)
         });
         // Of the misses 6, 9, 12 the CPU takes round(3 * 171 / 256) = 2: the lowest ids.
         assert_eq!(picked, vec![6, 9]);
@@ -1846,7 +1850,10 @@ mod tests {
         assert_eq!(*lock(&store.guessed_from), vec![(5, x)]);
         assert_eq!(*lock(&store.read), vec![(5, vec![6, 9], true)], "read ahead until the flag");
         assert_eq!(shared.read_ahead_bytes.load(Ordering::Relaxed), 1000);
-        // The input is used once.
+        // The input is used once; no threads, no read.
         assert!(lock(&dispatcher.last_input).is_none());
+        *lock(&dispatcher.last_input) = Some((4, vec![0.0; n_embd]));
+        assert!(dispatcher.read_ahead(&h, 0).is_empty());
+        assert_eq!(lock(&store.guessed_from).len(), 1);
     }
 }
