@@ -215,7 +215,7 @@ unsafe fn q6_k_block<const N: usize>(
 /// step left for the loads is short enough for out-of-order execution to hide.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefetch_next_rows_l2(rows: &[*const u8; 8], row_bytes: usize, at: usize, len: usize) {
+pub(super) unsafe fn prefetch_next_rows_l2(rows: &[*const u8; 8], row_bytes: usize, at: usize, len: usize) {
     let from = rows[7].wrapping_add(row_bytes + 8 * at);
     for offset in (0..8 * len).step_by(64) {
         _mm_prefetch::<_MM_HINT_T1>(from.wrapping_add(offset) as *const i8);
