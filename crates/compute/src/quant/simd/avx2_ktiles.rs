@@ -75,7 +75,7 @@ unsafe fn x32(p: *const i8, at: usize) -> __m256i {
 /// |sum| <= 32 * 127.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_sums(x: &ActRow<'_>, ib: usize) -> __m128i {
+pub(super) unsafe fn group_sums(x: &ActRow<'_>, ib: usize) -> __m128i {
     let b = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
     _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1))
 }
@@ -95,7 +95,7 @@ unsafe fn transpose4x4_halves(v: [__m256i; 4]) -> [__m256i; 4] {
 /// 32-bit lane on its own.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn within_lanes(b: [u8; 4]) -> __m256i {
+pub(super) unsafe fn within_lanes(b: [u8; 4]) -> __m256i {
     let at = |lane: u8| {
         let pick = |i: usize| if b[i] & 0x80 != 0 { 0x80 } else { b[i] + 4 * lane };
         i32::from_le_bytes([pick(0), pick(1), pick(2), pick(3)])
@@ -107,7 +107,7 @@ unsafe fn within_lanes(b: [u8; 4]) -> __m256i {
 /// Eight lanes of f16 pairs to (first halves, second halves) as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_lanes(v: __m256i) -> (__m256, __m256) {
+pub(super) unsafe fn f16_lanes(v: __m256i) -> (__m256, __m256) {
     // Per 128-bit lane: [first halves of the four words | second halves].
     let split = _mm256_setr_epi8(
         0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
@@ -124,7 +124,7 @@ unsafe fn f16_lanes(v: __m256i) -> (__m256, __m256) {
 /// AVX2 must be available and every `rows[r] + at` must start a whole Q4_K super-block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_heads8(rows: &[*const u8; 8], at: usize) -> [__m256i; 5] {
+pub(super) unsafe fn q4_k_heads8(rows: &[*const u8; 8], at: usize) -> [__m256i; 5] {
     let head = transpose4x4_halves(std::array::from_fn(|p| {
         _mm256_loadu2_m128i(rows[p + 4].add(at) as *const __m128i, rows[p].add(at) as *const __m128i)
     }));

@@ -19,9 +19,9 @@
 use std::arch::x86_64::*;
 
 use super::super::qdot::ActRow;
-use super::avx2::{broadcast_i16_index, pair_broadcast_index, scales_mins_k4};
-use super::avx2_ktiles::prefetch_next_rows_l2;
-use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, f16_pairs8, prefetch_next_rows, Q4_0, Q4_1, Q8_0};
+use super::avx2::pair_broadcast_index;
+use super::avx2_ktiles::{f16_lanes, group_sums, prefetch_next_rows_l2, q4_k_heads8, within_lanes};
+use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, prefetch_next_rows, Q4_0, Q4_1, Q8_0};
 
 /// True when the CPU has everything these kernels (and the AVX2 ones they fall back to) use.
 pub(in crate::quant) fn detected() -> bool {
@@ -250,12 +250,18 @@ const fn k_block_bytes(t: u8) -> usize {
 /// One Q4_K super-block of two rows (`a` in the low half, `b` in the high half) with one
 /// token: the AVX2 kernel's `maddubs` of levels and activations and `madd` with the sub-block
 /// scales (here one `vpdpwssd`), so each half's eight i32 lanes sum to that row's
-/// `sum_j scale_j * dot(levels_j, x_j)`.
+/// `sum_j scale_j * dot(levels_j, x_j)`. `scales` holds, in every 128-bit lane of a half, that
+/// row's eight scales as bytes 0..8 (from [`q4_k_heads8`], see [`rows8_k`]).
+///
+/// # Safety
+/// The features of [`rows8_k`] must be available; `a` and `b` must start whole Q4_K
+/// super-blocks and `xq` their 256 activation quants.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_pair(a: *const u8, b: *const u8, xq: *const i8, sm_a: __m256i, sm_b: __m256i) -> __m512i {
+unsafe fn q4_k_pair(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
     let m4 = _mm512_set1_epi8(0x0F);
-    let scales = join(_mm256_permute2x128_si256(sm_a, sm_a, 0x00), _mm256_permute2x128_si256(sm_b, sm_b, 0x00));
+    // Byte `j` zero-extended to every i16 lane (0x80 zeroes the high byte).
+    let scale = |j: i16| _mm512_shuffle_epi8(scales, _mm512_set1_epi16(j | 0x80 << 8));
     let mut sumi = _mm512_setzero_si512();
     for c in 0..4 {
         let q = join(
@@ -264,8 +270,7 @@ unsafe fn q4_k_pair(a: *const u8, b: *const u8, xq: *const i8, sm_a: __m256i, sm
         );
         let lo = _mm512_and_si512(q, m4);
         let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-        let s_lo = _mm512_shuffle_epi8(scales, _mm512_broadcast_i64x4(broadcast_i16_index(2 * c)));
-        let s_hi = _mm512_shuffle_epi8(scales, _mm512_broadcast_i64x4(broadcast_i16_index(2 * c + 1)));
+        let (s_lo, s_hi) = (scale(2 * c as i16), scale(2 * c as i16 + 1));
         let x_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c) as *const __m256i));
         let x_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c + 32) as *const __m256i));
         sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, x_lo), s_lo);
@@ -332,11 +337,24 @@ unsafe fn q6_k_pair(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -
     sumi
 }
 
-/// Four vectors of four i32 lanes to one vector of their four lane sums, in order.
+/// The exact `sum_j min_j * (bsum 2j + bsum 2j+1)` of eight Q4_K rows, row `r` in lane `r`,
+/// from [`q4_k_heads8`]'s mins and the token's [`group_sums`]: two `j` per `madd`, no fold (as
+/// in `avx2_ktiles::rows8`).
+///
+/// # Safety
+/// The features of [`rows8_k`] must be available.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn fold4x128(m: &[__m128i; 4]) -> __m128i {
-    _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]))
+unsafe fn q4_k_min_sums8(mins_lo: __m256i, mins_hi: __m256i, groups: __m128i) -> __m256i {
+    let mut g = [0i32; 4];
+    _mm_storeu_si128(g.as_mut_ptr() as *mut __m128i, groups);
+    [(mins_lo, 0u8), (mins_lo, 1), (mins_hi, 0), (mins_hi, 1)].into_iter().enumerate().fold(
+        _mm256_setzero_si256(),
+        |m, (q, (v, h))| {
+            let pair = _mm256_shuffle_epi8(v, within_lanes([2 * h, 0x80, 2 * h + 1, 0x80]));
+            _mm256_add_epi32(m, _mm256_madd_epi16(pair, _mm256_set1_epi32(g[q])))
+        },
+    )
 }
 
 /// Dot products of eight Q4_K or Q6_K rows (`rows[i]`, `nb` super-blocks each) with one Q8_K
@@ -345,8 +363,12 @@ unsafe fn fold4x128(m: &[__m128i; 4]) -> __m128i {
 /// The next group of eight rows is prefetched into L2, as in `avx2_ktiles::rows8` (see its
 /// notes): on Zen 4 (2 vCPUs, one thread, `DISKFORMER_AVX512_DECODE=1`, `quant_speed`'s
 /// 131072 x 2048 matmul, streaming read 22-26 GB/s) that took Q4_K from 8.8-10.5 to 11.6-14.7
-/// GB/s and Q6_K from 8.9-9.3 to 17.0-18.7 GB/s against the L1 (`T0`) prefetch. Not measured
-/// on Intel.
+/// GB/s and Q6_K from 8.9-9.3 to 17.0-18.7 GB/s against the L1 (`T0`) prefetch. Q4_K's
+/// super-block heads (`d`, `dmin`, packed scales and mins) of the eight rows are then decoded
+/// together, one row per lane, by `avx2_ktiles`'s [`q4_k_heads8`] instead of per row in scalar
+/// code: one `vpermd` per row pair gives [`q4_k_pair`] its two rows' scales, the min term is
+/// four `madd` with no fold, `d` and `dmin` need no gather. Same setting: Q4_K 11.9-13.6 ->
+/// 18.2-19.7 GB/s (9 MiB that stay in L3: 13.0-21.0 -> 24.8-24.9 GB/s). Not measured on Intel.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C must be available ([`detected`]); every `rows[i]`
@@ -363,22 +385,21 @@ pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: u
         let xq = x.qs.as_ptr().add(256 * ib);
         let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
         if T == Q4_K {
-            // The eight 32-value group sums of the activations (pairs of the 16 Q8_K sums).
-            let b = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
-            let groups = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-            let mut sm = [_mm256_setzero_si256(); 8];
-            let mut m = [_mm_setzero_si128(); 8];
-            for r in 0..8 {
-                sm[r] = scales_mins_k4(rows[r].add(at + 4));
-                m[r] = _mm_madd_epi16(_mm256_extracti128_si256(sm[r], 1), groups);
-            }
+            let [d_dmin, scales_lo, scales_hi, mins_lo, mins_hi] = q4_k_heads8(rows, at);
+            // Dwords 0..8: scales 0..4 of row r in dword r, 8..16: scales 4..8.
+            let scales = join(scales_lo, scales_hi);
             let mut p = [_mm512_setzero_si512(); 4];
             for (k, p) in p.iter_mut().enumerate() {
-                *p = q4_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, sm[2 * k], sm[2 * k + 1]);
+                // Every 128-bit lane of half h gets [scales 0..4, scales 4..8] of row 2k + h.
+                let (a, b) = (2 * k as i32, 2 * k as i32 + 1);
+                let idx =
+                    _mm512_setr_epi32(a, a + 8, a, a + 8, a, a + 8, a, a + 8, b, b + 8, b, b + 8, b, b + 8, b, b + 8);
+                let pair_scales = _mm512_permutexvar_epi32(idx, scales);
+                *p = q4_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, pair_scales);
             }
             let s = fold_row_pairs(&p);
-            let mins = _mm256_set_m128i(fold4x128(&[m[4], m[5], m[6], m[7]]), fold4x128(&[m[0], m[1], m[2], m[3]]));
-            let (dw, dmin) = f16_pairs8(rows, at);
+            let mins = q4_k_min_sums8(mins_lo, mins_hi, group_sums(&x, ib));
+            let (dw, dmin) = f16_lanes(d_dmin);
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
             acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, dx), acc_m);
         } else {
