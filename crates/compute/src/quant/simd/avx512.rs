@@ -21,7 +21,7 @@ use std::arch::x86_64::*;
 use super::super::qdot::ActRow;
 use super::avx2::pair_broadcast_index;
 use super::avx2_ktiles::{f16_lanes, group_sums, prefetch_next_rows_l2, q4_k_heads8, within_lanes};
-use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, prefetch_next_rows, Q4_0, Q4_1, Q8_0};
+use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, prefetch_for, prefetch_next_rows, Q4_0, Q4_1, Q8_0};
 
 /// True when the CPU has everything these kernels (and the AVX2 ones they fall back to) use.
 pub(in crate::quant) fn detected() -> bool {
@@ -192,7 +192,7 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
     } else {
         while ib + 2 <= nb {
             let at = ib * bb;
-            prefetch_next_rows(rows, row_bytes, at, 2 * bb);
+            prefetch_for::<T>(rows, row_bytes, at, 2 * bb);
             let [first, second] = q8_0_sums2(rows, at, &x, ib);
             // The `128 * sum(x)` is already off; Q8_0 has no level offset in `add_block`.
             add_block::<T>(first, rows, at, &x, ib, &mut acc, &mut acc_m);
@@ -201,7 +201,7 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
         }
         if ib < nb {
             let at = ib * bb;
-            prefetch_next_rows(rows, row_bytes, at, bb);
+            prefetch_for::<T>(rows, row_bytes, at, bb);
             add_block::<T>(q8_0_sums1(rows, at, &x, ib), rows, at, &x, ib, &mut acc, &mut acc_m);
         }
     }
