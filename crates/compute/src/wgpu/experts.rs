@@ -315,15 +315,22 @@ impl TierProfile {
             if self.split_mailbox_layers > 0 {
                 format!(
                     "{shares}, {} reading the next layer's guess ahead); per step, us: the CPU's dispatcher waiting for the \
-                     GPU's hand-overs {:.0}, from a hand-over to its CPU job's start {:.0}; the CPU read {:.1} MiB of \
-                     guessed experts ahead per step, {:.1} experts, {:.0}% of them then its own (guessing took {:.0} us)\n",
+                     GPU's hand-overs {:.0}, from a hand-over to its CPU job's start {:.0}{}\n",
                     self.split_touches,
                     per(self.split_join_wait_secs),
                     per(self.split_queued_secs),
-                    self.read_ahead_bytes as f64 / 1048576.0 / self.steps.max(1) as f64,
-                    self.read_ahead_experts as f64 / self.steps.max(1) as f64,
-                    100.0 * self.read_ahead_right as f64 / self.read_ahead_experts.max(1) as f64,
-                    per(self.read_ahead_guess_secs),
+                    if self.read_ahead_experts > 0 {
+                        format!(
+                            "; the CPU read {:.1} MiB of guessed experts ahead per step, {:.1} experts, {:.0}% of them \
+                             then its own (guessing took {:.0} us)",
+                            self.read_ahead_bytes as f64 / 1048576.0 / self.steps.max(1) as f64,
+                            self.read_ahead_experts as f64 / self.steps.max(1) as f64,
+                            100.0 * self.read_ahead_right as f64 / self.read_ahead_experts as f64,
+                            per(self.read_ahead_guess_secs),
+                        )
+                    } else {
+                        String::new()
+                    },
                 )
             } else {
                 format!(

@@ -333,7 +333,7 @@ impl Dispatcher {
         let is_miss = |e: u32| h.missed[e as usize];
         let cpu = cpu_misses(&ids, is_miss, h.share_q);
         let xs: Vec<f32> = words[2 * nk..].iter().map(|&b| f32::from_bits(b)).collect();
-        if h.n == 1 {
+        if h.n == 1 && read_ahead_threads() > 0 {
             *lock(&self.last_input) = Some((h.layer, xs.clone()));
         }
         if !guessed.is_empty() {
