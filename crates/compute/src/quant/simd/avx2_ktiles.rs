@@ -22,8 +22,8 @@
 //!
 //! Speed (Zen 4 EPYC, 2 vCPUs, one thread, `quant_speed`'s `decode_matmul_against_streaming_read`,
 //! 131072 x 2048 rows, 144 MiB Q4_K / 210 MiB Q6_K; streaming read 20-30 GB/s): the weights are
-//! prefetched into L2 rather than L1 ([`prefetch_next_rows_l2`]), Q4_K 9.6-11 -> 13-17 GB/s and
-//! Q6_K 8-10 -> 17-21 GB/s (the same kernels over 9-13 MiB that stay in L3 run at 20-22 GB/s,
+//! prefetched into L2 rather than L1 (`prefetch_next_rows::<_MM_HINT_T1>`), Q4_K 9.6-11 -> 13-17
+//! GB/s and Q6_K 8-10 -> 17-21 GB/s (the same kernels over 9-13 MiB that stay in L3 run at 20-22 GB/s,
 //! so the large matrices were stalled on memory, not arithmetic). T2 measured as T1, NTA and no
 //! prefetch slower than T0. The eight-row Q4_K head decode then took Q4_K's arithmetic from
 //! 20.5 to 23.4 GB/s on L1-resident rows and the 131072 x 2048 matmul from 0.74-0.75 to
@@ -43,7 +43,7 @@ use std::arch::x86_64::*;
 
 use super::super::qdot::ActRow;
 use super::avx2::pair_broadcast_index;
-use super::avx2_tiles::f16_firsts8;
+use super::avx2_tiles::{f16_firsts8, prefetch_next_rows};
 
 /// Q4_K: 144-byte super-blocks (`d`, `dmin`, 12 bytes of 6-bit scales and mins, 128 of nibbles).
 pub(in crate::quant) const Q4_K: u8 = 0;
@@ -209,19 +209,6 @@ unsafe fn q6_k_block<const N: usize>(
     sumi
 }
 
-/// As `avx2_tiles::prefetch_next_rows` (the next group of eight rows, a share per step), but
-/// into L2 (`T1`) rather than L1: see the module notes on speed. A k-quant step asks for 18 or
-/// 27 lines at once; into L1 they likely queue behind its few miss buffers, while the L2-to-L1
-/// step left for the loads is short enough for out-of-order execution to hide.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn prefetch_next_rows_l2(rows: &[*const u8; 8], row_bytes: usize, at: usize, len: usize) {
-    let from = rows[7].wrapping_add(row_bytes + 8 * at);
-    for offset in (0..8 * len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T1>(from.wrapping_add(offset) as *const i8);
-    }
-}
-
 /// Eight vectors of eight i32 lanes to one vector of their eight lane sums, in order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -245,7 +232,7 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
     let mut acc_m = _mm256_setzero_ps();
     for ib in 0..nb {
         let at = ib * block_bytes(T);
-        prefetch_next_rows_l2(rows, nb * block_bytes(T), at, block_bytes(T));
+        prefetch_next_rows::<_MM_HINT_T1>(rows, nb * block_bytes(T), at, block_bytes(T));
         let xq = token_quants(&xs, ib);
         let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
         if T == Q4_K {

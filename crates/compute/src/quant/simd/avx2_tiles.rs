@@ -142,12 +142,23 @@ pub(super) unsafe fn f16_firsts8(p: &[*const u8; 8], offset: usize) -> __m256 {
 /// (tests/quant_speed.rs; Q4_0 5.9 -> 12-13 GB/s, Q4_K 5.3 -> 13-15 GB/s), where rows of 32768
 /// values had 0.74 without it. Prefetching two groups ahead measured the same. A prefetch
 /// never faults, so the last group's look past the end of the matrix is harmless.
+///
+/// `HINT` is the cache level: `_MM_HINT_T0` (L1) for Q4_0, Q4_1 and Q5_0, `_MM_HINT_T1` (L2)
+/// for the k-quants and Q8_0 (`avx2_ktiles`' module notes and [`prefetch_for`] have the
+/// measurements): a k-quant step asks for 18 or 27 lines at once; into L1 they likely queue
+/// behind its few miss buffers, while the L2-to-L1 step left for the loads is short enough for
+/// out-of-order execution to hide.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn prefetch_next_rows(rows: &[*const u8; 8], row_bytes: usize, at: usize, len: usize) {
+pub(super) unsafe fn prefetch_next_rows<const HINT: i32>(
+    rows: &[*const u8; 8],
+    row_bytes: usize,
+    at: usize,
+    len: usize,
+) {
     let from = rows[7].wrapping_add(row_bytes + 8 * at);
     for offset in (0..8 * len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(offset) as *const i8);
+        _mm_prefetch::<HINT>(from.wrapping_add(offset) as *const i8);
     }
 }
 
@@ -163,9 +174,9 @@ pub(super) unsafe fn prefetch_next_rows(rows: &[*const u8; 8], row_bytes: usize,
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn prefetch_for<const T: u8>(rows: &[*const u8; 8], row_bytes: usize, at: usize, len: usize) {
     if T == Q8_0 {
-        super::avx2_ktiles::prefetch_next_rows_l2(rows, row_bytes, at, len);
+        prefetch_next_rows::<_MM_HINT_T1>(rows, row_bytes, at, len);
     } else {
-        prefetch_next_rows(rows, row_bytes, at, len);
+        prefetch_next_rows::<_MM_HINT_T0>(rows, row_bytes, at, len);
     }
 }
 
@@ -256,7 +267,7 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
     if T == Q4_0 || T == Q4_1 {
         while ib + 2 <= nb {
             let at = ib * block_bytes(T);
-            prefetch_next_rows(rows, row_bytes, at, 2 * block_bytes(T));
+            prefetch_next_rows::<_MM_HINT_T0>(rows, row_bytes, at, 2 * block_bytes(T));
             let x0 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib) as *const __m256i);
             let x1 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * ib + 32) as *const __m256i);
             let (x_lo, x_hi) = (_mm256_permute2x128_si256(x0, x1, 0x20), _mm256_permute2x128_si256(x0, x1, 0x31));

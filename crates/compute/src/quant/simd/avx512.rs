@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 
 use super::super::qdot::ActRow;
 use super::avx2::pair_broadcast_index;
-use super::avx2_ktiles::{f16_lanes, group_sums, prefetch_next_rows_l2, q4_k_heads8, within_lanes};
+use super::avx2_ktiles::{f16_lanes, group_sums, q4_k_heads8, within_lanes};
 use super::avx2_tiles::{add_block, block_bytes, f16_firsts8, prefetch_for, prefetch_next_rows, Q4_0, Q4_1, Q8_0};
 
 /// True when the CPU has everything these kernels (and the AVX2 ones they fall back to) use.
@@ -177,7 +177,7 @@ pub(in crate::quant) unsafe fn rows8<const T: u8>(rows: &[*const u8; 8], nb: usi
         while ib < nb {
             let n = (nb - ib).min(4);
             let at = ib * bb;
-            prefetch_next_rows(rows, row_bytes, at, n * bb);
+            prefetch_next_rows::<_MM_HINT_T0>(rows, row_bytes, at, n * bb);
             let sums = match n {
                 4 => nibble_sums::<T, 4>(rows, at, &x, ib),
                 3 => nibble_sums::<T, 3>(rows, at, &x, ib),
@@ -381,7 +381,7 @@ pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: u
     let mut acc_m = _mm256_setzero_ps();
     for ib in 0..nb {
         let at = ib * bb;
-        prefetch_next_rows_l2(rows, nb * bb, at, bb);
+        prefetch_next_rows::<_MM_HINT_T1>(rows, nb * bb, at, bb);
         let xq = x.qs.as_ptr().add(256 * ib);
         let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
         if T == Q4_K {
