@@ -514,7 +514,10 @@ pub mod timing {
     /// Means over `calls`, in microseconds: the setup before the region, the region, when the
     /// first and last task began, when the first and last ran out of gate/up rows and of all
     /// rows, each task's busy time, wait for gated rows and claims, and the join after the last
-    /// task's end.
+    /// task's end. Then the median and 90th percentile over the calls of the region, of the
+    /// spread of the tasks' gate/up ends and of the longest wait for gated rows: a mean that a
+    /// few stalled calls make (a thread descheduled while it holds an expert's last rows) reads
+    /// apart from a cost every call pays.
     pub fn summary(calls: &[CallTiming]) -> String {
         let n = calls.len().max(1) as f64;
         let us = |v: u64| v as f64 / 1e3;
@@ -546,7 +549,23 @@ pub mod timing {
             per_task(&|t| us(t.waited)),
             per_task(&|t| t.claims as f64),
             mean(&|c| us(c.region) - us(c.tasks.iter().map(|t| t.end).max().unwrap_or(0))),
+        ) + &format!(
+            "; over calls (median / 90th percentile): region {}, gate/up ends' spread {}, longest wait {}",
+            percentiles(calls, |c| c.region),
+            percentiles(calls, |c| {
+                let ends = c.tasks.iter().map(|t| t.gate_up_done);
+                ends.clone().max().unwrap_or(0) - ends.min().unwrap_or(0)
+            }),
+            percentiles(calls, |c| c.tasks.iter().map(|t| t.waited).max().unwrap_or(0)),
         )
+    }
+
+    /// `"p50 / p90"` of `f` (nanoseconds) over `calls`, in microseconds.
+    fn percentiles(calls: &[CallTiming], f: impl Fn(&CallTiming) -> u64) -> String {
+        let mut v: Vec<u64> = calls.iter().map(f).collect();
+        v.sort_unstable();
+        let at = |q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).map_or(0.0, |&x| x as f64 / 1e3);
+        format!("{:.1} / {:.1}", at(0.5), at(0.9))
     }
 
     /// Records a call: `at` is its start, the end of its allocations, of the matrices' checks,
