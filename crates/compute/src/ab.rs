@@ -24,7 +24,9 @@
 //! so this A/B shows the cache's effect at one balance, not the rebalancing it allows),
 //! `ffnnorm` (the FFN norm in its own dispatch before the MoE router's kernel instead of inside
 //! it, with the norm's dispatch after it), `ahead` (the split's dispatcher does not read the
-//! CPU's guessed experts of the next layer into its caches while it waits for the hand-over).
+//! CPU's guessed experts of the next layer into its caches while it waits for the hand-over),
+//! `pace` (every split call records all of its layers' pool replacements, no
+//! `DISKFORMER_SPLIT_REFILLS_PER_CALL` limit).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -463,6 +463,9 @@ struct HostTierState {
     deferred_refills: std::collections::VecDeque<usize>,
     /// Experts copied into the pool in this step (at most `refill_max`).
     refills_this_step: usize,
+    /// Replacements the split call now recording may still make (`None`, no limit, outside
+    /// [`WgpuBackend::take_decided`]; see [`ExpertTier::split_refills_per_call`]).
+    call_refills_left: Option<usize>,
     /// Under LFU, the margin a miss's score must exceed a pooled expert's by to replace it,
     /// and what the replacements earned (`None` until the first refill sets it up).
     admission: Option<admission::Admission>,
@@ -526,6 +529,15 @@ pub(super) struct ExpertTier {
     /// ([`WgpuBackend::settle_dispatcher`]); `DISKFORMER_SPLIT_DEFER_REFILLS=0` makes them at
     /// the step's start, as before (A/B runs).
     split_defer_refills: bool,
+    /// Under [`MissPolicy::Split`] through the mailboxes, the most pool replacements one split
+    /// call records (`DISKFORMER_SPLIT_REFILLS_PER_CALL`, default 1; 0: no limit). Why: a
+    /// replacement is a ~55 us copy over the link on the GPU's queue, recorded after the
+    /// layer's share and before its wait for the CPU's sum, meant to fill the GPU's idle time
+    /// while the CPU computes. One fits there; two or three did not: on the H200 (twenty-sixth
+    /// session, skew 0.3) the layers whose call submitted replacements took 161.7 us from the
+    /// CPU job's end to the next layer's ids against 89.2 for the others, a quarter of the layers
+    /// and ~0.9 ms a step. A layer over the limit waits in the deferred queue for a later call.
+    split_refills_per_call: usize,
     /// Under [`MissPolicy::Split`] through the mailboxes, read the next layer's guessed GPU
     /// experts into the GPU's L2 cache while the GPU waits for the CPU's sum
     /// (`split::touch_next_layer`). Off unless `DISKFORMER_SPLIT_TOUCH=1`: measured 2.4% slower
@@ -901,6 +913,14 @@ impl WgpuBackend {
             split_mailbox: !super::env_off("DISKFORMER_SPLIT_MAILBOX"),
             split_step_refill: super::env_off("DISKFORMER_SPLIT_LAYER_REFILL"),
             split_defer_refills: !super::env_off("DISKFORMER_SPLIT_DEFER_REFILLS"),
+            split_refills_per_call: match std::env::var("DISKFORMER_SPLIT_REFILLS_PER_CALL")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+            {
+                Some(0) => usize::MAX,
+                Some(n) => n,
+                None => 1,
+            },
             split_touch: super::env_flag("DISKFORMER_SPLIT_TOUCH"),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
@@ -2205,6 +2225,8 @@ impl WgpuBackend {
             prof.replace_yield = admission.yield_per_replacement();
         }
         st.host.refills_this_step = 0;
+        // No split call's limit carried over (one that returned early with an error).
+        st.host.call_refills_left = None;
         if tier.opts.miss == MissPolicy::Split && !tier.split_step_refill {
             return Ok(());
         }
@@ -2292,7 +2314,7 @@ impl WgpuBackend {
             if st.slot_of[l][e] != NO_SLOT {
                 continue;
             }
-            if st.host.refills_this_step >= tier.refill_max {
+            if st.host.refills_this_step >= tier.refill_max || st.host.call_refills_left == Some(0) {
                 break;
             }
             let Some(host_mats) = st.host.layers.get(l).and_then(|h| h.as_ref()).map(|h| h.mats[e]) else { continue };
@@ -2343,6 +2365,9 @@ impl WgpuBackend {
             touch(l * st.host.row + e);
             st.host.table_dirty = true;
             st.host.refills_this_step += 1;
+            if let Some(left) = &mut st.host.call_refills_left {
+                *left = left.saturating_sub(1);
+            }
             let s = &mut st.stats[l];
             s.uploads += 1;
             s.refills += 1;

@@ -1217,6 +1217,9 @@ impl WgpuBackend {
     /// replacements made ([`Self::record_layer_refill`]), with up to
     /// [`DEFERRED_REFILLS_PER_CALL`] of the layers a step's start deferred; all of them in one
     /// submission. At a step's start (`at_step_start`) the replacements are deferred instead.
+    /// At most `ExpertTier::split_refills_per_call` replacements a call (the rest of the layer
+    /// whose replacements reach the limit are dropped: they come again at their next miss); the
+    /// layers after it wait in the deferred queue.
     pub(super) fn take_decided(
         &self,
         tier: &ExpertTier,
@@ -1225,6 +1228,11 @@ impl WgpuBackend {
     ) -> Result<(), OpError> {
         let decided = std::mem::take(&mut *lock(&tier.dispatcher.decided));
         let mut recorded = false;
+        // The call's limit on replacements (`ExpertTier::split_refills_per_call`); the A/B arm
+        // `pace` records every layer's as before.
+        st.host.call_refills_left =
+            (!at_step_start && !crate::ab::is_b("pace") && tier.split_refills_per_call != usize::MAX)
+                .then_some(tier.split_refills_per_call);
         for d in decided {
             self.note_selections_seen(tier, st, d.layer, &d.ids, Some(&d.missed));
             let s = &mut st.stats[d.layer];
@@ -1244,18 +1252,25 @@ impl WgpuBackend {
                 prof.read_ahead_right = tier.split.read_ahead_right.load(Ordering::Relaxed);
                 prof.read_ahead_guess_secs = tier.split.read_ahead_guess_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
             }
-            if at_step_start {
-                st.host.deferred_refills.push_back(d.layer);
+            if at_step_start || st.host.call_refills_left == Some(0) {
+                // Once per layer: a later call takes in all of the layer's misses then.
+                if !st.host.deferred_refills.contains(&d.layer) {
+                    st.host.deferred_refills.push_back(d.layer);
+                }
             } else {
                 recorded |= self.record_layer_refill(tier, st, d.layer)?;
             }
         }
         if !at_step_start {
             for _ in 0..DEFERRED_REFILLS_PER_CALL {
+                if st.host.call_refills_left == Some(0) {
+                    break;
+                }
                 let Some(layer) = st.host.deferred_refills.pop_front() else { break };
                 recorded |= self.record_layer_refill(tier, st, layer)?;
             }
         }
+        st.host.call_refills_left = None;
         if recorded {
             let mut p = lock(&self.ctx.pending);
             self.ctx.flush_locked(&mut p);
