@@ -515,7 +515,8 @@ pub mod timing {
     /// first and last task began, when the first and last ran out of gate/up rows and of all
     /// rows, each task's busy time, wait for gated rows and claims, and the join after the last
     /// task's end. Then the median and 90th percentile over the calls of the region, of the
-    /// spread of the tasks' gate/up ends and of the longest wait for gated rows: a mean that a
+    /// spread of the gate/up ends of the tasks that claimed rows and of the longest wait for
+    /// gated rows: a mean that a
     /// few stalled calls make (a thread descheduled while it holds an expert's last rows) reads
     /// apart from a cost every call pays.
     pub fn summary(calls: &[CallTiming]) -> String {
@@ -552,8 +553,10 @@ pub mod timing {
         ) + &format!(
             "; over calls (median / 90th percentile): region {}, gate/up ends' spread {}, longest wait {}",
             percentiles(calls, |c| c.region),
+            // Over the tasks that claimed rows: one that started after every row was taken
+            // (the split's sixteenth, its thread busy recording) would stand for the spread.
             percentiles(calls, |c| {
-                let ends = c.tasks.iter().map(|t| t.gate_up_done);
+                let ends = c.tasks.iter().filter(|t| t.claims > 0).map(|t| t.gate_up_done);
                 ends.clone().max().unwrap_or(0) - ends.min().unwrap_or(0)
             }),
             percentiles(calls, |c| c.tasks.iter().map(|t| t.waited).max().unwrap_or(0)),
