@@ -254,6 +254,29 @@ pub(super) unsafe fn add_block<const T: u8>(
 
 /// Dot products of eight weight rows (`rows[i]`, `nb` blocks each) with one activation row.
 ///
+/// Q4_0 variants measured and not kept (2-vCPU Zen 4 VM, one thread, the kernel copied into a
+/// scratch harness with old and new alternated each repetition; paired median speed ratios,
+/// new/old). The kernel runs at the same ~27.5 GB/s from L1 (8 rows of 4096 values) as from L2
+/// or L3, about 36 cycles per two-block step at the ~3.5 GHz a dependent-add loop measured, so
+/// it is compute-bound in cache. Upper bounds by deleting work (wrong results): no block scales
+/// at all 1.13-1.16 (best-of ratio), `vphaddw` replaced by `vpaddw` 1.14-1.16, no
+/// `vcvtph2ps` 1.02, no prefetch 1.03 at 0.3 MiB but 0.95 at 1.2 MiB. Bit-identical variants:
+/// - scales: two `vpgatherdd` a step 0.75; all sixteen by `vpinsrw` from memory 0.987-0.991;
+///   rows 0..4 packed in an integer register and rows 4..8 by `vpinsrw` 1.003-1.05 in cache
+///   but no better from RAM (the harness 0.92-1.13 as the compiler scheduled the loop;
+///   quant_speed 229376x2048 in the crate, four alternations, 14.6-19.2 GB/s against
+///   17.0-21.5, the next four 14.6-19.9 against 12.2-17.8); packing by partial-register moves
+///   (`asm!`, seven instructions per four scales instead of ten) 1.00. Fewer integer
+///   instructions did not help.
+/// - rows `i` and `i + 4` sharing a register per block (activation halves by broadcast, no
+///   cross-lane permutes) 0.997 in cache and 0.79-0.91 from RAM, also with the split scales
+///   above (1.02-1.04 in cache, 0.80-0.91 from RAM).
+/// - `vpmulhuw` by 4096 instead of `vpsrlw` for the high nibbles 0.999; a memory `vpblendd` of
+///   two overlapping 32-byte loads instead of `vinserti128` 0.976-0.982; `vpmaddwd` plus
+///   `vpackssdw` instead of the first `vphaddw` level 1.00.
+/// - `prefetchnta` for the next group: the harness from RAM 1.01-1.05, quant_speed mixed, and
+///   1B Q4_0 decode (two threads, 11 alternated pairs) 28.45 against 29.4 tok/s.
+///
 /// # Safety
 /// AVX2, FMA and F16C must be available; every `rows[i]` must point at `nb` blocks of `T`;
 /// `x` must hold at least `nb` blocks (checked).
