@@ -49,6 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 mod admission;
+mod prefetch;
 mod split;
 
 /// What happens to an expert the router picked that holds no GPU slot.
@@ -475,6 +476,9 @@ const NO_SLOT: u32 = u32::MAX;
 
 /// The pool, the staging ring and the store behind a [`WgpuBackend`]'s paged experts.
 pub(super) struct ExpertTier {
+    /// Under [`MissPolicy::Split`] with a copy queue, the next layer's likely misses copied into
+    /// reserved slots beside the chain between layers (`prefetch.rs`); `None` otherwise.
+    prefetch: Option<Arc<prefetch::Prefetch>>,
     store: Arc<dyn ExpertStore>,
     opts: ExpertTierOptions,
     slot_words: usize,
@@ -551,6 +555,16 @@ pub(super) struct ExpertTier {
     /// DISKFORMER_HOST_REPLACE_MARGIN fixes it (`replace_margin_fixed`, for experiments).
     replace_margin: f32,
     replace_margin_fixed: Option<f32>,
+}
+
+impl Drop for ExpertTier {
+    /// The copy queue's work reads the host copies and writes the pool: it must end before they
+    /// are freed (wgpu waits only for its own queue).
+    fn drop(&mut self) {
+        if let Some(p) = &self.prefetch {
+            p.wait_idle();
+        }
+    }
 }
 
 impl std::fmt::Debug for ExpertTier {
@@ -889,9 +903,22 @@ impl WgpuBackend {
         let n_slots = opts.n_slots;
         let replace_margin_fixed: Option<f32> =
             std::env::var("DISKFORMER_HOST_REPLACE_MARGIN").ok().and_then(|v| v.parse().ok());
-        let regions =
+        let mut regions: Vec<std::ops::Range<usize>> =
             (0..pool.len()).map(|b| b * slots_per_buffer..((b + 1) * slots_per_buffer).min(n_slots)).collect();
+        // The prefetch's staging slots come off each region's end: the cache never uses them.
+        let prefetch = match (&self.ctx.transfer, opts.miss) {
+            (Some(t), MissPolicy::Split) => {
+                prefetch::Prefetch::new(device, t.clone(), &regions, prefetch::per_call_from_env()).map(Arc::new)
+            }
+            _ => None,
+        };
+        if let Some(p) = &prefetch {
+            for (r, reserved) in regions.iter_mut().zip(p.reserved()) {
+                r.end = reserved.start;
+            }
+        }
         let mut tier = ExpertTier {
+            prefetch,
             store,
             opts: ExpertTierOptions { slot_bytes, staging_bytes, ..opts },
             slot_words: (slot_bytes / 4) as usize,
@@ -1238,6 +1265,20 @@ impl WgpuBackend {
         }
         out.push_str(&row("all".into(), &total));
         out.push_str(&lock(&t.profile).report());
+        if let Some(p) = &t.prefetch {
+            // The partition's counts of announced misses whose copies had landed, and not.
+            let counts = self.read_back_tier(t, &p.tags, 8).ok().map(|b| {
+                let word = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+                (word(prefetch::STAT_LANDED), word(prefetch::STAT_LATE))
+            });
+            out.push_str(&format!(
+                "prefetch on the copy queue: {} experts announced, {} announcements refused (ring busy); misses among them landed in time {}, late {}\n",
+                p.issued.load(std::sync::atomic::Ordering::Relaxed),
+                p.refused.load(std::sync::atomic::Ordering::Relaxed),
+                counts.map_or("?".into(), |c| c.0.to_string()),
+                counts.map_or("?".into(), |c| c.1.to_string()),
+            ));
+        }
         Some(out)
     }
 

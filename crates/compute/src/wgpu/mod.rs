@@ -45,6 +45,7 @@ mod mailbox;
 mod moe;
 mod norm;
 mod shaders;
+mod transfer;
 use crate::trace;
 
 pub use crate::ExpertTierStats;
@@ -420,6 +421,8 @@ const BIND_GROUP_CACHE_MAX: usize = 8192;
 struct Ctx {
     device: wgpu::Device,
     queue: wgpu::Queue,
+    /// A queue for copies beside the compute queue (transfer.rs), where the device has one.
+    transfer: Option<Arc<transfer::TransferQueue>>,
     adapter: AdapterSummary,
     subgroups: bool,
     unroll: bool,
@@ -934,7 +937,7 @@ impl WgpuBackend {
             features |= gpu_timer::GpuTimer::features();
         }
         let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        let desc = wgpu::DeviceDescriptor {
             label: Some("diskformer"),
             required_features: features,
             required_limits: limits.clone(),
@@ -948,8 +951,17 @@ impl WgpuBackend {
                 suballocated_device_memory_block_size: ALLOCATOR_MIN_BLOCK_BYTES..ALLOCATOR_MAX_BLOCK_BYTES,
             },
             trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| GpuError::RequestDevice { adapter: summary.name.clone(), why: e.to_string() })?;
+        };
+        // A second queue for copies beside the compute work where the adapter offers one
+        // (transfer.rs); else the device as wgpu opens it.
+        let (device, queue, transfer) = match transfer::open_device(adapter, &desc) {
+            Some((device, queue, t)) => (device, queue, Some(Arc::new(t))),
+            None => {
+                let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+                    .map_err(|e| GpuError::RequestDevice { adapter: summary.name.clone(), why: e.to_string() })?;
+                (device, queue, None)
+            }
+        };
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("dummy"),
             size: 16,
@@ -972,6 +984,7 @@ impl WgpuBackend {
         let ctx = Ctx {
             device,
             queue,
+            transfer,
             adapter: summary,
             subgroups,
             unroll: !env_flag("DISKFORMER_NO_UNROLL"),

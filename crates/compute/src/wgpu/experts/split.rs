@@ -133,7 +133,7 @@ impl ExpertTier {
     /// Keeps a layer's router for the split's look-ahead the first time the model routes with
     /// it (a router the routing kernel cannot take is kept too: the guess then makes nothing).
     pub(in crate::wgpu) fn note_router(&self, router: &WgpuWeight, spec: &RouteSpec) {
-        if self.opts.miss != super::MissPolicy::Split || !self.split_touch {
+        if self.opts.miss != super::MissPolicy::Split || !(self.split_touch || self.prefetch.is_some()) {
             return;
         }
         let Some(layer) = router_layer(&router.name) else { return };
@@ -166,6 +166,10 @@ const MAILBOX_SLOTS: usize = 2;
 const DOWN_TIMEOUT: usize = 2;
 const DOWN_WAITED: usize = 4;
 const DOWN_GPU_DONE: usize = 8;
+/// Each slot's guess of the next layer's experts for the prefetch (`prefetch.rs`), written by
+/// `moe_split_prefetch_pick.wgsl`: the call's sequence number, the count, the ids.
+pub(super) const DOWN_GUESS: usize = 16;
+pub(super) const GUESS_WORDS: usize = 8;
 const MAILBOX_DATA: usize = 64;
 
 /// Deferred layers' replacements (see [`WgpuBackend::settle_dispatcher`]) a split call makes
@@ -219,6 +223,10 @@ struct Handoff {
     mode: crate::quant::MatmulMode,
     shared: Arc<SplitShared>,
     failed: Arc<std::sync::Mutex<Option<OpError>>>,
+    /// The prefetch (`prefetch.rs`) where the tier has one, and whether this call recorded the
+    /// guess of the next layer's experts it announces from.
+    prefetch: Option<Arc<super::prefetch::Prefetch>>,
+    guessed: bool,
 }
 
 /// What the dispatcher found of a layer, for the host's bookkeeping (`take_decided`).
@@ -331,7 +339,10 @@ impl Dispatcher {
             return;
         }
         let is_miss = |e: u32| h.missed[e as usize];
-        let cpu = cpu_misses(&ids, is_miss, h.share_q);
+        // Experts announced for the copy queue are the GPU's (the partition's prefetch variant
+        // excludes the same ones).
+        let announced = h.prefetch.as_ref().map(|p| p.announced_for(&h.up, h.seq, h.layer)).unwrap_or_default();
+        let cpu = cpu_misses(&ids, |e| is_miss(e) && !announced.contains(&e), h.share_q);
         let xs: Vec<f32> = words[2 * nk..].iter().map(|&b| f32::from_bits(b)).collect();
         if h.n == 1 && read_ahead_threads() > 0 {
             *lock(&self.last_input) = Some((h.layer, xs.clone()));
@@ -358,7 +369,9 @@ impl Dispatcher {
             n_cpu,
         });
         if cpu.is_empty() {
+            let copies = self.announce_next(&h);
             release(&h, None);
+            self.submit_copies(&h, copies);
             if n_misses > 0 && h.adapt {
                 // No join will measure the balance: the share grows until one does (as on the
                 // readback path).
@@ -385,7 +398,9 @@ impl Dispatcher {
                 // measures it on the readback path.
                 let gpu_done = h.down.load(DOWN_GPU_DONE + h.slot) == h.seq;
                 h.up.write(h.data_at, &sum.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+                let copies = self.announce_next(&h);
                 h.up.store(h.slot, h.seq);
+                self.submit_copies(&h, copies);
                 h.shared.joined_toward(
                     JoinSeen { gpu_done, waited: std::time::Duration::ZERO, taken_after: std::time::Duration::ZERO },
                     h.adapt,
@@ -393,6 +408,20 @@ impl Dispatcher {
                 );
             }
             Err(e) => release(&h, Some(e)),
+        }
+    }
+
+    /// The prefetch's announcement for the call after `h` (`prefetch.rs`), made before `h`'s flag.
+    fn announce_next(&self, h: &Handoff) -> Option<super::prefetch::Copies> {
+        let p = h.prefetch.as_ref().filter(|_| h.guessed)?;
+        p.announce_next(&h.down, &h.up, MAILBOX_SLOTS, h.seq, h.layer)
+    }
+
+    /// Submits an announcement's copies, after `h`'s flag: the chain to the next layer starts first.
+    fn submit_copies(&self, h: &Handoff, copies: Option<super::prefetch::Copies>) {
+        if let (Some(p), Some(c)) = (&h.prefetch, copies) {
+            p.submit(&c);
+            trace::mark("prefetch", Some(h.layer + 1));
         }
     }
 
@@ -498,12 +527,23 @@ struct MailboxCall {
     data_at: usize,
 }
 
-/// The partition kernel's source, sized for the per-pair kernels' most pairs.
-fn partition_source() -> String {
-    include_str!("../shaders/moe_split_partition.wgsl")
+/// The partition kernel's source, sized for the per-pair kernels' most pairs; `prefetch`: its
+/// variant that reads the prefetch's announcement and writes the per-pair kernels' table (its
+/// `//F ` lines, `prefetch.rs`).
+fn partition_source(prefetch: bool) -> String {
+    let src = include_str!("../shaders/moe_split_partition.wgsl")
         .replace("{{MAX_PAIRS}}", &moe::MAX_HOST_PAIRS.to_string())
         .replace("{{SKIP}}", &SKIP.to_string())
+        .replace("{{PF_MAX}}", &super::prefetch::PREFETCH_MAX.to_string());
+    if prefetch {
+        src.replace("{{P_BINDING}}", "6").replace("//F ", "")
+    } else {
+        src.replace("{{P_BINDING}}", "3")
+    }
 }
+
+/// The prefetch's guess kernel (`prefetch.rs`).
+const PREFETCH_PICK: &str = include_str!("../shaders/moe_split_prefetch_pick.wgsl");
 
 /// The split's state shared with the joins of its CPU work (which run inside a submit, where
 /// the tier's state may be locked).
@@ -805,7 +845,7 @@ impl WgpuBackend {
             let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
             self.dispatch(
                 // Workgroup memory written before it is read (the shader's phase 1).
-                self.ctx.pipeline_with("moe_split_partition", partition_source, true),
+                self.ctx.pipeline_with("moe_split_partition", || partition_source(false), true),
                 &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer],
                 &[nk as u32, nk as u32, slots_at, share_q],
                 [1, 1, 1],
@@ -1060,14 +1100,45 @@ impl WgpuBackend {
         // in queue order with the table's updates).
         let missed: Vec<bool> = st.slot_of[layer].iter().map(|&s| s == NO_SLOT).collect();
         let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
-        self.dispatch(
-            // Workgroup memory written before it is read (the shader's phase 1).
-            self.ctx.pipeline_with("moe_split_partition", partition_source, true),
-            &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer],
-            &[nk as u32, nk as u32, place.slots_at, place.share_q],
-            [1, 1, 1],
-        );
-        let table = PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
+        let prefetch = tier.prefetch.clone().filter(|_| n == 1);
+        // With the prefetch, the per-pair kernels read the partition's copy of the layer's row.
+        let pair_slots = match &prefetch {
+            Some(pf) => {
+                let row = st.host.row;
+                let slots = self.alloc_bytes("moe split slots", 16 * row as u64)?;
+                self.dispatch(
+                    // Workgroup memory written before it is read (the shader's first phase).
+                    self.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
+                    &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer, up.buffer(), &pf.tags, &slots.buffer],
+                    &[
+                        nk as u32,
+                        nk as u32,
+                        place.slots_at,
+                        place.share_q,
+                        super::prefetch::area_at(call.seq, MAILBOX_SLOTS) as u32,
+                        call.seq,
+                        row as u32,
+                        super::prefetch::STAT_LANDED as u32,
+                    ],
+                    [1, 1, 1],
+                );
+                Some(slots)
+            }
+            None => {
+                self.dispatch(
+                    // Workgroup memory written before it is read (the shader's phase 1).
+                    self.ctx.pipeline_with("moe_split_partition", || partition_source(false), true),
+                    &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer],
+                    &[nk as u32, nk as u32, place.slots_at, place.share_q],
+                    [1, 1, 1],
+                );
+                None
+            }
+        };
+        let table = match &pair_slots {
+            Some(s) => PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: &s.buffer, slots_at: 0 },
+            None => PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at },
+        };
         let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?;
         // The share's end marked for the dispatcher, which balances the CPU's share by it: the
         // marker reads `y`, so it runs after every kernel that wrote it.
@@ -1086,6 +1157,10 @@ impl WgpuBackend {
         // `refill_layer`): their copies run while the GPU waits for the CPU.
         self.take_decided(tier, st, false)?;
         self.touch_next_layer(tier, st, layer, x, &up, &call)?;
+        let guessed = match &prefetch {
+            Some(pf) => self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?,
+            None => false,
+        };
         let out = self.alloc("moe split sum", &[n, n_embd])?;
         self.dispatch(
             self.wait_add_pipeline(false),
@@ -1132,6 +1207,8 @@ impl WgpuBackend {
             mode: tier.opts.cpu_matmul,
             shared: tier.split.clone(),
             failed: self.ctx.deferred_error.clone(),
+            prefetch,
+            guessed,
         });
         trace::mark("split end", Some(layer));
         let mut prof = lock(&tier.profile);
@@ -1140,6 +1217,64 @@ impl WgpuBackend {
         prof.split_layers += 1;
         prof.split_mailbox_layers += 1;
         Ok(out)
+    }
+
+    /// The prefetch's guess (`prefetch.rs`), recorded after a decode layer's GPU share: the next
+    /// layer's router on this layer's input `x`, routed, and `moe_split_prefetch_pick.wgsl`, which
+    /// writes the guessed experts in host memory into the down mailbox for the dispatcher.
+    /// Registers the next layer with the prefetch on its first guess. `false` (nothing recorded)
+    /// for the last layer, a layer whose host copy or router is not there yet, or a router the
+    /// routing kernel cannot take.
+    #[allow(clippy::too_many_arguments)] // the split call's place and the prefetch
+    fn prefetch_guess_next(
+        &self,
+        tier: &ExpertTier,
+        pf: &super::prefetch::Prefetch,
+        st: &mut TierState,
+        layer: usize,
+        x: &WgpuTensor,
+        down: &Mailbox,
+        call: &MailboxCall,
+    ) -> Result<bool, OpError> {
+        if crate::ab::is_b("prefetch") {
+            return Ok(false);
+        }
+        let next = layer + 1;
+        let Some(guess_router) = st.guess_routers.get(next).cloned().flatten() else { return Ok(false) };
+        let row = st.host.row;
+        if !pf.has_layer(next) {
+            let Some(host) = st.host.layers.get(next).and_then(|h| h.as_ref()) else { return Ok(false) };
+            let Some(&like) = host.mats.first() else { return Ok(false) };
+            let (host_buffer, host_mats) = (host.buffer.clone(), host.mats.clone());
+            let region = st.region(next, &tier.regions);
+            let place = |slot: usize| tier.place_like(tier.slot_base(slot).1, &like);
+            pf.register(next, &host_buffer, host_mats, region, &tier.pool[region], place, (next * row) as u32);
+            if !pf.has_layer(next) {
+                return Ok(false);
+            }
+        }
+        let Some(table) = st.host.table_gpu.clone() else { return Ok(false) };
+        let spec = &guess_router.spec;
+        let Some(guess) = self.router_route_gpu(x, &guess_router.router, None, spec, true, None)? else {
+            return Ok(false);
+        };
+        self.dispatch(
+            self.ctx.pipeline_with("moe_split_prefetch_pick", || PREFETCH_PICK.to_string(), true),
+            &[&guess.weights.buf.buffer, &table, down.buffer()],
+            &[
+                spec.k as u32,
+                spec.k as u32,
+                (next * row) as u32,
+                (DOWN_GUESS + call.slot * GUESS_WORDS) as u32,
+                call.seq,
+                pf.per_call as u32,
+                0,
+                0,
+            ],
+            [1, 1, 1],
+        );
+        trace::mark("guess", Some(next));
+        Ok(true)
     }
 
     /// The split's look-ahead, recorded between a decode layer's GPU share and its wait for the
@@ -1607,6 +1742,8 @@ mod tests {
                 mode: crate::quant::MatmulMode::Exact,
                 shared: shared.clone(),
                 failed: call.failed.clone(),
+                prefetch: None,
+                guessed: false,
             });
         }
         // The GPU: a call's hand-over only after the previous call's sum (queue order).
@@ -1693,7 +1830,107 @@ mod tests {
     /// The partition kernel parses and validates (naga) at the per-pair kernels' pair limit.
     #[test]
     fn partition_kernel_validates() {
-        crate::wgpu::shaders::tests::parse("moe_split_partition", &partition_source());
+        crate::wgpu::shaders::tests::parse("moe_split_partition", &partition_source(false));
+        crate::wgpu::shaders::tests::parse("moe_split_partition_prefetch", &partition_source(true));
+        crate::wgpu::shaders::tests::parse("moe_split_prefetch_pick", PREFETCH_PICK);
+    }
+
+    /// The partition's prefetch variant (`prefetch.rs`): the experts announced for this call
+    /// (in the words `prefetch::announcement` writes) are the GPU's, so the CPU's share is taken
+    /// from the other misses by the host's rule (`cpu_misses` with them excluded); an announced
+    /// miss whose tag holds its value is read from its staging slot in the per-pair kernels'
+    /// table, one whose tag does not from host memory (its own entry), an announced pool hit is
+    /// left alone; the counts say one landed and one late. An announcement for another call
+    /// (sequence number) or another layer (first table entry) is ignored.
+    #[test]
+    fn partition_takes_announced_misses_for_the_gpu_and_points_landed_ones_to_staging() {
+        use super::super::prefetch::{announcement, Entry, STAT_LANDED, STAT_LATE};
+        let Ok(g) = WgpuBackend::new(crate::wgpu::WgpuOptions { adapter_index: None, prefer_discrete: true }) else {
+            eprintln!("no GPU adapter: skipped");
+            return;
+        };
+        let (row, slots_at) = (16usize, 16usize);
+        let pooled = [2u32, 9];
+        let mut table = vec![[7u32, 1, 2, 3]; slots_at];
+        for e in 0..row as u32 {
+            table.push([u32::from(!pooled.contains(&e)), 100 + e, 200 + e, 300 + e]);
+        }
+        let ids = [3u32, 9, 12, 5, 7, 2, 14, 0];
+        let share_q = 128u32;
+        let layout = crate::wgpu::layout::TypeLayout::for_weight(gguf::GgmlType::Q8_0, 32).unwrap();
+        let placed = |word0: usize| super::super::Placed { layout, n_out: 1, k: 32, word0 };
+        let staging = |w: usize| SlotMats { gate: Some(placed(w)), up: placed(w + 100), down: placed(w + 200) };
+        let entries = [
+            Entry { expert: 12, staging: staging(1000), tag_word: 4, tag: 77 },
+            Entry { expert: 5, staging: staging(2000), tag_word: 5, tag: 78 },
+            Entry { expert: 9, staging: staging(3000), tag_word: 6, tag: 79 },
+        ];
+        // Tags: 12's copy landed, 5's did not, 9's landed (but 9 is in the pool).
+        let tags_now = [0u32, 0, 0, 0, 77, 3, 79, 0];
+        let (pf_at, seq) = (20usize, 11u32);
+        let upload = |label, words: &[u32]| g.upload(label, bytemuck::cast_slice(words)).unwrap();
+        let (ids_buf, s_buf) = (upload("test ids", &ids), upload("test slot table", table.as_flattened()));
+        for (announced_seq, announced_at, used) in
+            [(seq, slots_at as u32, true), (seq - 1, slots_at as u32, false), (seq, 0, false)]
+        {
+            let mut upm = vec![0u32; 64];
+            let words = announcement(announced_seq, announced_at, &entries);
+            upm[pf_at..pf_at + words.len()].copy_from_slice(&words);
+            let (upm, tags) = (upload("test up mailbox", &upm), upload("test tags", &tags_now));
+            let out = upload("test ids out", &[0; 8]);
+            let s2 = upload("test pair table", &[0; 4 * 16]);
+            g.dispatch(
+                g.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
+                &[&ids_buf.buffer, &s_buf.buffer, &out.buffer, &upm.buffer, &tags.buffer, &s2.buffer],
+                &[8, 0, slots_at as u32, share_q, pf_at as u32, seq, row as u32, STAT_LANDED as u32],
+                [1, 1, 1],
+            );
+            let announced: Vec<u32> = if used { vec![12, 5, 9] } else { Vec::new() };
+            let is_miss = |e: u32| !pooled.contains(&e);
+            let cpu = cpu_misses(&ids, |e| is_miss(e) && !announced.contains(&e), share_q);
+            assert_eq!(cpu, if used { vec![0, 3] } else { vec![0, 3, 5] }, "the host's rule");
+            let want_ids: Vec<u32> = ids.iter().map(|&e| if cpu.contains(&e) { SKIP } else { e }).collect();
+            assert_eq!(le_u32s(&g.read_back(&out.buffer, 32).unwrap()), want_ids, "ids, announced {used}");
+            let mut want_s2: Vec<u32> = table[slots_at..].as_flattened().to_vec();
+            if used {
+                want_s2[4 * 12..4 * 13].copy_from_slice(&[0, 1000, 1100, 1200]);
+            }
+            assert_eq!(le_u32s(&g.read_back(&s2.buffer, 256).unwrap()), want_s2, "pair table, announced {used}");
+            let counts = le_u32s(&g.read_back(&tags.buffer, 32).unwrap());
+            let want = if used { [1, 1] } else { [0, 0] };
+            assert_eq!([counts[STAT_LANDED], counts[STAT_LATE]], want, "landed and late, announced {used}");
+        }
+    }
+
+    /// The prefetch's pick writes the first guessed experts the table puts in host memory, best
+    /// first and at most `max_n`, their count, and then the call's number.
+    #[test]
+    fn pick_writes_the_first_guessed_host_experts_then_the_flag() {
+        let Ok(g) = WgpuBackend::new(crate::wgpu::WgpuOptions { adapter_index: None, prefer_discrete: true }) else {
+            eprintln!("no GPU adapter: skipped");
+            return;
+        };
+        let (row, slots_at, k) = (16usize, 16usize, 8usize);
+        let mut table = vec![[1u32, 0, 0, 0]; slots_at];
+        for e in 0..row as u32 {
+            table.push([u32::from(e != 9 && e != 3), 0, 0, 0]);
+        }
+        let mut guess = vec![0u32; k];
+        guess.extend([3u32, 9, 12, 5, 7, 2, 14, 0]);
+        let upload = |label, words: &[u32]| g.upload(label, bytemuck::cast_slice(words)).unwrap();
+        let (g_buf, s_buf) = (upload("test guess", &guess), upload("test slot table", table.as_flattened()));
+        for max_n in [2u32, 4] {
+            let down = upload("test down mailbox", &[0; 32]);
+            g.dispatch(
+                g.ctx.pipeline_with("moe_split_prefetch_pick", || PREFETCH_PICK.to_string(), true),
+                &[&g_buf.buffer, &s_buf.buffer, &down.buffer],
+                &[k as u32, k as u32, slots_at as u32, 16, 5, max_n, 0, 0],
+                [1, 1, 1],
+            );
+            let got = le_u32s(&g.read_back(&down.buffer, 128).unwrap());
+            let want: &[u32] = if max_n == 2 { &[5, 2, 12, 5] } else { &[5, 4, 12, 5, 7, 2] };
+            assert_eq!(&got[16..16 + want.len()], want, "max {max_n}");
+        }
     }
 
     /// The look-ahead kernel reads exactly the guessed experts the slot table places in host
@@ -1839,6 +2076,8 @@ mod tests {
             mode: crate::quant::MatmulMode::Exact,
             shared: shared.clone(),
             failed: Arc::default(),
+            prefetch: None,
+            guessed: false,
         };
         let dispatcher = Dispatcher::default();
         let x: Vec<f32> = (0..n_embd).map(|i| i as f32 * 0.25).collect();

@@ -1,0 +1,283 @@
+//! A second Vulkan queue on wgpu's device, from a transfer-only queue family (the GPU's copy
+//! engines), for copies that must run beside the compute queue rather than in line with it.
+//!
+//! Why: wgpu gives a device one queue, and on it a copy recorded between two dependent compute
+//! dispatches waits for the first and holds up the second (a pipeline barrier waits for all
+//! earlier work). The split miss mode (experts/split.rs) leaves the host's RAM and the PCIe link
+//! idle for ~80-100 us a layer while the GPU runs the chain of small kernels from one layer's
+//! experts to the next layer's routing; copies on the compute queue there were measured to cost
+//! the link time they saved (fifteenth session). On a queue of their own, served by the copy
+//! engines, they overlap that chain (`split::prefetch`).
+//!
+//! How: [`open_device`] opens the device through wgpu-hal's `open_with_callback`, adding one
+//! queue of a family that has `TRANSFER` and neither `GRAPHICS` nor `COMPUTE` (NVIDIA exposes
+//! one), then hands the device to wgpu (`create_device_from_hal`). [`TransferQueue::copy_then_tag`]
+//! records raw `vkCmdCopyBuffer`s between wgpu's buffers and then `vkCmdUpdateBuffer`s of tag
+//! words, ordered after the copies by a barrier, and submits them with a fence of a small ring.
+//! Consumers on the compute queue poll the tags (atomically, in kernels) and read a copy's
+//! destination only once its tag says it landed; they never wait for it.
+//!
+//! What is outside Vulkan's promises: no semaphore orders the two queues, and the buffers are
+//! exclusive to wgpu's queue family (no ownership transfer is recorded). For buffers, NVIDIA's
+//! driver keeps no per-family state, and a tag written after a barrier on the copy queue is seen
+//! by a kernel only after the bytes it announces (both go through the GPU's L2). Consumers must
+//! be correct whatever a tag reads (the split reads the same bytes from host memory instead);
+//! `DISKFORMER_TRANSFER_QUEUE=0` opens the device as before.
+
+use ash::vk;
+use std::sync::Mutex;
+
+/// Command buffers (and fences) in the ring: a submission waits for nothing, so a ring slot
+/// whose fence is still unsignalled is skipped (the copies are an optimization).
+const RING: usize = 4;
+
+/// The transfer queue and the means to record and submit on it.
+pub(crate) struct TransferQueue {
+    /// Keeps wgpu's device (and so the raw device below) alive while this lives.
+    _device: wgpu::Device,
+    raw: ash::Device,
+    queue: vk::Queue,
+    /// The queue family's index, for the `--stats` line.
+    pub(crate) family: u32,
+    ring: Mutex<Ring>,
+}
+
+struct Ring {
+    pool: vk::CommandPool,
+    buffers: Vec<vk::CommandBuffer>,
+    fences: Vec<vk::Fence>,
+    next: usize,
+}
+
+impl std::fmt::Debug for TransferQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferQueue").field("family", &self.family).finish()
+    }
+}
+
+/// One buffer-to-buffer copy, in bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopyRegion {
+    pub(crate) src_offset: u64,
+    pub(crate) dst_offset: u64,
+    pub(crate) size: u64,
+}
+
+/// The raw Vulkan buffer behind a wgpu buffer (`None` off Vulkan).
+pub(crate) fn raw_buffer(buffer: &wgpu::Buffer) -> Option<vk::Buffer> {
+    // SAFETY: only the handle is read; the buffer stays owned and tracked by wgpu.
+    unsafe { buffer.as_hal::<wgpu::hal::api::Vulkan>().map(|b| b.raw_handle()) }
+}
+
+/// The index of a queue family with `TRANSFER` and neither `GRAPHICS` nor `COMPUTE`.
+fn transfer_family(families: &[vk::QueueFamilyProperties]) -> Option<u32> {
+    families
+        .iter()
+        .position(|f| {
+            f.queue_count > 0
+                && f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+                && !f.queue_flags.intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+        })
+        .map(|i| i as u32)
+}
+
+/// Opens `adapter` as `request_device` would, plus a transfer queue where the adapter is a
+/// Vulkan one with a transfer-only family (see the module docs). `None` when it is not, when
+/// `DISKFORMER_TRANSFER_QUEUE=0`, or when opening that way failed (the caller then opens the
+/// device as before).
+pub(crate) fn open_device(
+    adapter: &wgpu::Adapter,
+    desc: &wgpu::DeviceDescriptor<'_>,
+) -> Option<(wgpu::Device, wgpu::Queue, TransferQueue)> {
+    if std::env::var("DISKFORMER_TRANSFER_QUEUE").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    static PRIORITY: [f32; 1] = [1.0];
+    // SAFETY: the device is opened from this adapter with the features and limits the
+    // descriptor asks for (what `request_device` does), the callback only adds a queue create
+    // info of a family the adapter reports, and the opened device goes to
+    // `create_device_from_hal` of the same adapter. The queue handle is taken from the raw
+    // device before wgpu owns it; wgpu never touches that family.
+    unsafe {
+        let (open, family) = {
+            let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
+            let instance = hal.shared_instance().raw_instance();
+            let family = transfer_family(&instance.get_physical_device_queue_family_properties(hal.raw_physical_device()))?;
+            let open = hal
+                .open_with_callback(
+                    desc.required_features,
+                    &desc.required_limits,
+                    &desc.memory_hints,
+                    Some(Box::new(move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs<'_, '_, '_>| {
+                        args.queue_create_infos.push(
+                            vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&PRIORITY),
+                        );
+                    })),
+                )
+                .ok()?;
+            (open, family)
+        };
+        let raw = open.device.raw_device().clone();
+        let queue = raw.get_device_queue(family, 0);
+        let (device, wgpu_queue) = adapter.create_device_from_hal(open, desc).ok()?;
+        let ring = Ring::new(&raw, family).ok()?;
+        Some((device.clone(), wgpu_queue, TransferQueue { _device: device, raw, queue, family, ring: Mutex::new(ring) }))
+    }
+}
+
+impl Ring {
+    /// # Safety
+    /// `raw` is a live device with a queue of `family`.
+    unsafe fn new(raw: &ash::Device, family: u32) -> Result<Ring, vk::Result> {
+        // SAFETY: plain object creation on a live device (the caller's promise).
+        unsafe {
+            let pool = raw.create_command_pool(
+                &vk::CommandPoolCreateInfo::default()
+                    .queue_family_index(family)
+                    .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                None,
+            )?;
+            let buffers = raw.allocate_command_buffers(
+                &vk::CommandBufferAllocateInfo::default()
+                    .command_pool(pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(RING as u32),
+            )?;
+            let mut fences = Vec::with_capacity(RING);
+            for _ in 0..RING {
+                fences.push(raw.create_fence(&vk::FenceCreateInfo::default().flags(vk::FenceCreateFlags::SIGNALED), None)?);
+            }
+            Ok(Ring { pool, buffers, fences, next: 0 })
+        }
+    }
+}
+
+impl TransferQueue {
+    /// Submits `copies` from `src` to `dst`, then writes each `(word offset in bytes, value)` of
+    /// `tags` into `tag_buffer`, after the copies (and after every copy submitted before).
+    /// Returns `false`, submitting nothing, when the ring's next command buffer is still in
+    /// flight or a Vulkan call failed: the caller's consumers then never see the tags.
+    ///
+    /// The buffers must be wgpu buffers of this device that outlive the submission (the expert
+    /// tier's pool, host copies and tag buffer live as long as the tier, whose drop waits for
+    /// this queue); `src` with `COPY_SRC`, `dst` and `tag_buffer` with `COPY_DST`.
+    pub(crate) fn copy_then_tag(
+        &self,
+        src: vk::Buffer,
+        dst: vk::Buffer,
+        copies: &[CopyRegion],
+        tag_buffer: vk::Buffer,
+        tags: &[(u64, u32)],
+    ) -> bool {
+        let mut ring = match self.ring.lock() {
+            Ok(r) => r,
+            Err(p) => p.into_inner(),
+        };
+        let i = ring.next;
+        let (cb, fence) = (ring.buffers[i], ring.fences[i]);
+        let regions: Vec<vk::BufferCopy> = copies
+            .iter()
+            .map(|c| vk::BufferCopy { src_offset: c.src_offset, dst_offset: c.dst_offset, size: c.size })
+            .collect();
+        let transfer_barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(vk::AccessFlags::TRANSFER_WRITE | vk::AccessFlags::TRANSFER_READ)];
+        // SAFETY: the command buffer and fence belong to this ring, used under its lock; the
+        // fence is signalled (checked first), so the command buffer is not pending and may be
+        // reset. The buffers are live wgpu buffers of this device with the usages the copies
+        // need (the caller's promise); the queue is this device's and submitted to only here,
+        // under the lock.
+        unsafe {
+            if self.raw.get_fence_status(fence) != Ok(true) {
+                return false;
+            }
+            let recorded = (|| -> Result<(), vk::Result> {
+                self.raw.reset_fences(&[fence])?;
+                self.raw.reset_command_buffer(cb, vk::CommandBufferResetFlags::empty())?;
+                self.raw.begin_command_buffer(
+                    cb,
+                    &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )?;
+                // After every copy submitted before (a destination reused two calls later).
+                self.raw.cmd_pipeline_barrier(
+                    cb,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::DependencyFlags::empty(),
+                    &transfer_barrier,
+                    &[],
+                    &[],
+                );
+                if !regions.is_empty() {
+                    self.raw.cmd_copy_buffer(cb, src, dst, &regions);
+                }
+                // The tags only after the bytes they announce.
+                self.raw.cmd_pipeline_barrier(
+                    cb,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::DependencyFlags::empty(),
+                    &transfer_barrier,
+                    &[],
+                    &[],
+                );
+                for &(at, value) in tags {
+                    self.raw.cmd_update_buffer(cb, tag_buffer, at, &value.to_le_bytes());
+                }
+                self.raw.end_command_buffer(cb)?;
+                let cbs = [cb];
+                self.raw.queue_submit(self.queue, &[vk::SubmitInfo::default().command_buffers(&cbs)], fence)
+            })();
+            if recorded.is_err() {
+                // The fence may be unsignalled with nothing submitted: signal it by an empty
+                // submission so the slot is usable again (ignored if that fails too).
+                let _ = self.raw.queue_submit(self.queue, &[], fence);
+                return false;
+            }
+        }
+        ring.next = (i + 1) % RING;
+        true
+    }
+
+    /// Waits until everything submitted here has run.
+    pub(crate) fn wait_idle(&self) {
+        let _guard = self.ring.lock();
+        // SAFETY: the queue is submitted to only under the ring's lock, held here.
+        unsafe {
+            let _ = self.raw.queue_wait_idle(self.queue);
+        }
+    }
+}
+
+impl Drop for TransferQueue {
+    fn drop(&mut self) {
+        self.wait_idle();
+        let ring = match self.ring.get_mut() {
+            Ok(r) => r,
+            Err(p) => p.into_inner(),
+        };
+        // SAFETY: the queue is idle, so no command buffer or fence of the ring is in use; the
+        // device is alive (`_device` is dropped after this).
+        unsafe {
+            for &f in &ring.fences {
+                self.raw.destroy_fence(f, None);
+            }
+            self.raw.destroy_command_pool(ring.pool, None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transfer_family_has_transfer_and_no_graphics_or_compute() {
+        let f = |flags: vk::QueueFlags, n: u32| vk::QueueFamilyProperties { queue_flags: flags, queue_count: n, ..Default::default() };
+        let all = vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER;
+        assert_eq!(transfer_family(&[f(all, 16)]), None);
+        assert_eq!(transfer_family(&[f(all, 16), f(vk::QueueFlags::TRANSFER, 2)]), Some(1));
+        assert_eq!(transfer_family(&[f(all, 16), f(vk::QueueFlags::TRANSFER, 0), f(vk::QueueFlags::TRANSFER, 1)]), Some(2));
+        assert_eq!(transfer_family(&[f(vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER, 8)]), None);
+    }
+}
