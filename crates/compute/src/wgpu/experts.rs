@@ -1272,9 +1272,10 @@ impl WgpuBackend {
                 (word(prefetch::STAT_LANDED), word(prefetch::STAT_LATE))
             });
             out.push_str(&format!(
-                "prefetch on the copy queue: {} experts announced, {} announcements refused (ring busy); misses among them landed in time {}, late {}\n",
+                "prefetch on the copy queue: {} experts announced, {} announcements refused (ring busy), {} copies done by the next hand-over; misses among them landed by the second pass {}, late {}\n",
                 p.issued.load(std::sync::atomic::Ordering::Relaxed),
                 p.refused.load(std::sync::atomic::Ordering::Relaxed),
+                p.done_by_hand_over.load(std::sync::atomic::Ordering::Relaxed),
                 counts.map_or("?".into(), |c| c.0.to_string()),
                 counts.map_or("?".into(), |c| c.1.to_string()),
             ));

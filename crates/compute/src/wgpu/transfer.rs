@@ -102,7 +102,8 @@ pub(crate) fn open_device(
         let (open, family) = {
             let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
             let instance = hal.shared_instance().raw_instance();
-            let family = transfer_family(&instance.get_physical_device_queue_family_properties(hal.raw_physical_device()))?;
+            let family =
+                transfer_family(&instance.get_physical_device_queue_family_properties(hal.raw_physical_device()))?;
             let open = hal
                 .open_with_callback(
                     desc.required_features,
@@ -121,7 +122,11 @@ pub(crate) fn open_device(
         let queue = raw.get_device_queue(family, 0);
         let (device, wgpu_queue) = adapter.create_device_from_hal(open, desc).ok()?;
         let ring = Ring::new(&raw, family).ok()?;
-        Some((device.clone(), wgpu_queue, TransferQueue { _device: device, raw, queue, family, ring: Mutex::new(ring) }))
+        Some((
+            device.clone(),
+            wgpu_queue,
+            TransferQueue { _device: device, raw, queue, family, ring: Mutex::new(ring) },
+        ))
     }
 }
 
@@ -145,7 +150,9 @@ impl Ring {
             )?;
             let mut fences = Vec::with_capacity(RING);
             for _ in 0..RING {
-                fences.push(raw.create_fence(&vk::FenceCreateInfo::default().flags(vk::FenceCreateFlags::SIGNALED), None)?);
+                fences.push(
+                    raw.create_fence(&vk::FenceCreateInfo::default().flags(vk::FenceCreateFlags::SIGNALED), None)?,
+                );
             }
             Ok(Ring { pool, buffers, fences, next: 0 })
         }
@@ -155,8 +162,9 @@ impl Ring {
 impl TransferQueue {
     /// Submits `copies` from `src` to `dst`, then writes each `(word offset in bytes, value)` of
     /// `tags` into `tag_buffer`, after the copies (and after every copy submitted before).
-    /// Returns `false`, submitting nothing, when the ring's next command buffer is still in
-    /// flight or a Vulkan call failed: the caller's consumers then never see the tags.
+    /// Returns the submission's place in the ring (for [`Self::done`]), or `None`, submitting
+    /// nothing, when the ring's next command buffer is still in flight or a Vulkan call failed:
+    /// the caller's consumers then never see the tags.
     ///
     /// The buffers must be wgpu buffers of this device that outlive the submission (the expert
     /// tier's pool, host copies and tag buffer live as long as the tier, whose drop waits for
@@ -168,7 +176,7 @@ impl TransferQueue {
         copies: &[CopyRegion],
         tag_buffer: vk::Buffer,
         tags: &[(u64, u32)],
-    ) -> bool {
+    ) -> Option<usize> {
         let mut ring = match self.ring.lock() {
             Ok(r) => r,
             Err(p) => p.into_inner(),
@@ -189,7 +197,7 @@ impl TransferQueue {
         // under the lock.
         unsafe {
             if self.raw.get_fence_status(fence) != Ok(true) {
-                return false;
+                return None;
             }
             let recorded = (|| -> Result<(), vk::Result> {
                 self.raw.reset_fences(&[fence])?;
@@ -232,11 +240,21 @@ impl TransferQueue {
                 // The fence may be unsignalled with nothing submitted: signal it by an empty
                 // submission so the slot is usable again (ignored if that fails too).
                 let _ = self.raw.queue_submit(self.queue, &[], fence);
-                return false;
+                return None;
             }
         }
         ring.next = (i + 1) % RING;
-        true
+        Some(i)
+    }
+
+    /// Whether the submission at ring place `i` has run (until the ring comes round to it).
+    pub(crate) fn done(&self, i: usize) -> bool {
+        let ring = match self.ring.lock() {
+            Ok(r) => r,
+            Err(p) => p.into_inner(),
+        };
+        // SAFETY: the fence belongs to this ring and lives as long as it.
+        ring.fences.get(i).is_some_and(|&f| unsafe { self.raw.get_fence_status(f) } == Ok(true))
     }
 
     /// Waits until everything submitted here has run.
@@ -273,11 +291,18 @@ mod tests {
 
     #[test]
     fn the_transfer_family_has_transfer_and_no_graphics_or_compute() {
-        let f = |flags: vk::QueueFlags, n: u32| vk::QueueFamilyProperties { queue_flags: flags, queue_count: n, ..Default::default() };
+        let f = |flags: vk::QueueFlags, n: u32| vk::QueueFamilyProperties {
+            queue_flags: flags,
+            queue_count: n,
+            ..Default::default()
+        };
         let all = vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER;
         assert_eq!(transfer_family(&[f(all, 16)]), None);
         assert_eq!(transfer_family(&[f(all, 16), f(vk::QueueFlags::TRANSFER, 2)]), Some(1));
-        assert_eq!(transfer_family(&[f(all, 16), f(vk::QueueFlags::TRANSFER, 0), f(vk::QueueFlags::TRANSFER, 1)]), Some(2));
+        assert_eq!(
+            transfer_family(&[f(all, 16), f(vk::QueueFlags::TRANSFER, 0), f(vk::QueueFlags::TRANSFER, 1)]),
+            Some(2)
+        );
         assert_eq!(transfer_family(&[f(vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER, 8)]), None);
     }
 }

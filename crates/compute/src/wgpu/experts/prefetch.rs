@@ -140,6 +140,10 @@ pub(super) struct Prefetch {
     /// Experts announced, and announcements whose copies the queue did not take (ring busy).
     pub(super) issued: AtomicU64,
     pub(super) refused: AtomicU64,
+    /// The last submission's place in the copy queue's ring, and how many submissions had run
+    /// by the next call's hand-over (when the dispatcher takes it: the partition's time).
+    last: Mutex<Option<usize>>,
+    pub(super) done_by_hand_over: AtomicU64,
 }
 
 impl std::fmt::Debug for Prefetch {
@@ -182,6 +186,8 @@ impl Prefetch {
             next_tag: AtomicU32::new(1),
             issued: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            last: Mutex::new(None),
+            done_by_hand_over: AtomicU64::new(0),
         })
     }
 
@@ -230,6 +236,11 @@ impl Prefetch {
 
     /// The experts announced for call `seq` of `layer` through `up` (empty when none were).
     pub(super) fn announced_for(&self, up: &Mailbox, seq: u32, layer: usize) -> Vec<u32> {
+        if let Some(i) = lock(&self.last).take() {
+            if self.transfer.done(i) {
+                self.done_by_hand_over.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let mailbox = up as *const Mailbox as usize;
         match &*lock(&self.announced) {
             Some(a) if a.mailbox == mailbox && a.seq == seq && a.layer == layer => a.experts.clone(),
@@ -297,8 +308,11 @@ impl Prefetch {
 
     /// Submits an announcement's copies and tags on the copy queue; counts a refusal.
     pub(super) fn submit(&self, c: &Copies) {
-        if !self.transfer.copy_then_tag(c.host, c.pool, &c.regions, self.tags_raw, &c.tags) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
+        match self.transfer.copy_then_tag(c.host, c.pool, &c.regions, self.tags_raw, &c.tags) {
+            Some(i) => *lock(&self.last) = Some(i),
+            None => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 

@@ -536,7 +536,7 @@ fn partition_source(prefetch: bool) -> String {
         .replace("{{SKIP}}", &SKIP.to_string())
         .replace("{{PF_MAX}}", &super::prefetch::PREFETCH_MAX.to_string());
     if prefetch {
-        src.replace("{{P_BINDING}}", "6").replace("//F ", "")
+        src.replace("{{P_BINDING}}", "5").replace("//F ", "")
     } else {
         src.replace("{{P_BINDING}}", "3")
     }
@@ -544,6 +544,12 @@ fn partition_source(prefetch: bool) -> String {
 
 /// The prefetch's guess kernel (`prefetch.rs`).
 const PREFETCH_PICK: &str = include_str!("../shaders/moe_split_prefetch_pick.wgsl");
+
+/// The prefetch's table for the second pass (`prefetch.rs`).
+fn prefetch_patch_source() -> String {
+    include_str!("../shaders/moe_split_prefetch_patch.wgsl")
+        .replace("{{PF_MAX}}", &super::prefetch::PREFETCH_MAX.to_string())
+}
 
 /// The split's state shared with the joins of its CPU work (which run inside a submit, where
 /// the tier's state may be locked).
@@ -1101,29 +1107,12 @@ impl WgpuBackend {
         let missed: Vec<bool> = st.slot_of[layer].iter().map(|&s| s == NO_SLOT).collect();
         let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
         let prefetch = tier.prefetch.clone().filter(|_| n == 1);
-        // With the prefetch, the per-pair kernels read the partition's copy of the layer's row.
-        let pair_slots = match &prefetch {
-            Some(pf) => {
-                let row = st.host.row;
-                let slots = self.alloc_bytes("moe split slots", 16 * row as u64)?;
-                self.dispatch(
-                    // Workgroup memory written before it is read (the shader's first phase).
-                    self.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
-                    &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer, up.buffer(), &pf.tags, &slots.buffer],
-                    &[
-                        nk as u32,
-                        nk as u32,
-                        place.slots_at,
-                        place.share_q,
-                        super::prefetch::area_at(call.seq, MAILBOX_SLOTS) as u32,
-                        call.seq,
-                        row as u32,
-                        super::prefetch::STAT_LANDED as u32,
-                    ],
-                    [1, 1, 1],
-                );
-                Some(slots)
-            }
+        // The next layer's guess first, so that the dispatcher finds it by the CPU job's end.
+        let guessed = match &prefetch {
+            Some(pf) => self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?,
+            None => false,
+        };
+        let y = match &prefetch {
             None => {
                 self.dispatch(
                     // Workgroup memory written before it is read (the shader's phase 1).
@@ -1132,14 +1121,54 @@ impl WgpuBackend {
                     &[nk as u32, nk as u32, place.slots_at, place.share_q],
                     [1, 1, 1],
                 );
-                None
+                let table =
+                    PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
+                self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?
+            }
+            Some(pf) => {
+                // Two passes: the announced misses after the rest, from where the patch finds them.
+                let late_ids = self.alloc_bytes("moe split late ids", 4 * nk as u64)?;
+                let area = super::prefetch::area_at(call.seq, MAILBOX_SLOTS) as u32;
+                self.dispatch(
+                    // Workgroup memory written before it is read (the shader's first phase).
+                    self.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
+                    &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer, up.buffer(), &late_ids.buffer],
+                    &[nk as u32, nk as u32, place.slots_at, place.share_q, area, call.seq, 0, 0],
+                    [1, 1, 1],
+                );
+                let table =
+                    PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
+                let first = self.moe_pairs(
+                    x,
+                    k,
+                    &table,
+                    (&routing.weights.buf.buffer, 0),
+                    place.fused,
+                    place.gpu_biases,
+                    spec,
+                )?;
+                let row = st.host.row;
+                let slots = self.alloc_bytes("moe split late slots", 16 * row as u64)?;
+                self.dispatch(
+                    // Workgroup memory written before it is read (invocation 0, before the barrier).
+                    self.ctx.pipeline_with("moe_split_prefetch_patch", prefetch_patch_source, true),
+                    &[place.table, up.buffer(), &pf.tags, &slots.buffer],
+                    &[place.slots_at, area, call.seq, row as u32, super::prefetch::STAT_LANDED as u32, 0, 0, 0],
+                    [1, 1, 1],
+                );
+                let table = PairTable::Slots { ids: &late_ids.buffer, at: 0, slots: &slots.buffer, slots_at: 0 };
+                let late = self.moe_pairs(
+                    x,
+                    k,
+                    &table,
+                    (&routing.weights.buf.buffer, 0),
+                    place.fused,
+                    place.gpu_biases,
+                    spec,
+                )?;
+                self.add(&first, &late)?
             }
         };
-        let table = match &pair_slots {
-            Some(s) => PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: &s.buffer, slots_at: 0 },
-            None => PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at },
-        };
-        let y = self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?;
         // The share's end marked for the dispatcher, which balances the CPU's share by it: the
         // marker reads `y`, so it runs after every kernel that wrote it.
         self.dispatch(
@@ -1157,10 +1186,6 @@ impl WgpuBackend {
         // `refill_layer`): their copies run while the GPU waits for the CPU.
         self.take_decided(tier, st, false)?;
         self.touch_next_layer(tier, st, layer, x, &up, &call)?;
-        let guessed = match &prefetch {
-            Some(pf) => self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?,
-            None => false,
-        };
         let out = self.alloc("moe split sum", &[n, n_embd])?;
         self.dispatch(
             self.wait_add_pipeline(false),
@@ -1833,17 +1858,19 @@ mod tests {
         crate::wgpu::shaders::tests::parse("moe_split_partition", &partition_source(false));
         crate::wgpu::shaders::tests::parse("moe_split_partition_prefetch", &partition_source(true));
         crate::wgpu::shaders::tests::parse("moe_split_prefetch_pick", PREFETCH_PICK);
+        crate::wgpu::shaders::tests::parse("moe_split_prefetch_patch", &prefetch_patch_source());
     }
 
-    /// The partition's prefetch variant (`prefetch.rs`): the experts announced for this call
-    /// (in the words `prefetch::announcement` writes) are the GPU's, so the CPU's share is taken
-    /// from the other misses by the host's rule (`cpu_misses` with them excluded); an announced
-    /// miss whose tag holds its value is read from its staging slot in the per-pair kernels'
-    /// table, one whose tag does not from host memory (its own entry), an announced pool hit is
-    /// left alone; the counts say one landed and one late. An announcement for another call
-    /// (sequence number) or another layer (first table entry) is ignored.
+    /// The partition's prefetch variant and the patch (`prefetch.rs`): the experts announced for
+    /// this call (in the words `prefetch::announcement` writes) are the GPU's, so the CPU's share
+    /// is taken from the other misses by the host's rule (`cpu_misses` with them excluded); their
+    /// pairs leave the first pass's ids for the second pass's (an announced pool hit stays in the
+    /// first). The patch points an announced miss whose tag holds its value at its staging slot in
+    /// the second pass's table, keeps one whose tag does not at its own entry (host memory), and
+    /// counts one landed and one late. An announcement for another call (sequence number) or
+    /// another layer (first table entry) is ignored by both.
     #[test]
-    fn partition_takes_announced_misses_for_the_gpu_and_points_landed_ones_to_staging() {
+    fn announced_misses_go_to_the_second_pass_and_landed_ones_to_staging() {
         use super::super::prefetch::{announcement, Entry, STAT_LANDED, STAT_LATE};
         let Ok(g) = WgpuBackend::new(crate::wgpu::WgpuOptions { adapter_index: None, prefer_discrete: true }) else {
             eprintln!("no GPU adapter: skipped");
@@ -1877,25 +1904,35 @@ mod tests {
             let words = announcement(announced_seq, announced_at, &entries);
             upm[pf_at..pf_at + words.len()].copy_from_slice(&words);
             let (upm, tags) = (upload("test up mailbox", &upm), upload("test tags", &tags_now));
-            let out = upload("test ids out", &[0; 8]);
+            let (out, late) = (upload("test ids out", &[0; 8]), upload("test late ids", &[0; 8]));
             let s2 = upload("test pair table", &[0; 4 * 16]);
             g.dispatch(
                 g.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
-                &[&ids_buf.buffer, &s_buf.buffer, &out.buffer, &upm.buffer, &tags.buffer, &s2.buffer],
-                &[8, 0, slots_at as u32, share_q, pf_at as u32, seq, row as u32, STAT_LANDED as u32],
+                &[&ids_buf.buffer, &s_buf.buffer, &out.buffer, &upm.buffer, &late.buffer],
+                &[8, 0, slots_at as u32, share_q, pf_at as u32, seq, 0, 0],
+                [1, 1, 1],
+            );
+            g.dispatch(
+                g.ctx.pipeline_with("moe_split_prefetch_patch", prefetch_patch_source, true),
+                &[&s_buf.buffer, &upm.buffer, &tags.buffer, &s2.buffer],
+                &[slots_at as u32, pf_at as u32, seq, row as u32, STAT_LANDED as u32, 0, 0, 0],
                 [1, 1, 1],
             );
             let announced: Vec<u32> = if used { vec![12, 5, 9] } else { Vec::new() };
             let is_miss = |e: u32| !pooled.contains(&e);
             let cpu = cpu_misses(&ids, |e| is_miss(e) && !announced.contains(&e), share_q);
             assert_eq!(cpu, if used { vec![0, 3] } else { vec![0, 3, 5] }, "the host's rule");
-            let want_ids: Vec<u32> = ids.iter().map(|&e| if cpu.contains(&e) { SKIP } else { e }).collect();
-            assert_eq!(le_u32s(&g.read_back(&out.buffer, 32).unwrap()), want_ids, "ids, announced {used}");
+            let second = |e: u32| is_miss(e) && announced.contains(&e);
+            let want_first: Vec<u32> =
+                ids.iter().map(|&e| if cpu.contains(&e) || second(e) { SKIP } else { e }).collect();
+            let want_second: Vec<u32> = ids.iter().map(|&e| if second(e) { e } else { SKIP }).collect();
+            assert_eq!(le_u32s(&g.read_back(&out.buffer, 32).unwrap()), want_first, "first pass, announced {used}");
+            assert_eq!(le_u32s(&g.read_back(&late.buffer, 32).unwrap()), want_second, "second pass, announced {used}");
             let mut want_s2: Vec<u32> = table[slots_at..].as_flattened().to_vec();
             if used {
                 want_s2[4 * 12..4 * 13].copy_from_slice(&[0, 1000, 1100, 1200]);
             }
-            assert_eq!(le_u32s(&g.read_back(&s2.buffer, 256).unwrap()), want_s2, "pair table, announced {used}");
+            assert_eq!(le_u32s(&g.read_back(&s2.buffer, 256).unwrap()), want_s2, "second table, announced {used}");
             let counts = le_u32s(&g.read_back(&tags.buffer, 32).unwrap());
             let want = if used { [1, 1] } else { [0, 0] };
             assert_eq!([counts[STAT_LANDED], counts[STAT_LATE]], want, "landed and late, announced {used}");

@@ -16,15 +16,13 @@
 //
 // The prefetch variant (lines starting `//F `, experts/prefetch.rs): the host announced in the
 // up mailbox UPM, before the flag the previous layer's add waited for, the experts of this call
-// it asked the copy queue to bring into staging slots of the pool (the area at pf_at: the call's
-// sequence number, the layer's first table entry, the count, then per expert its id, its
-// matrices' first words in the staging slot, the word of its tag in TAGS and the tag's value).
-// Those experts are the GPU's whatever happens to the copies: they are no candidates for the CPU
-// (the host's rule excludes the same ones). The kernel writes the layer's table row into S2 for
-// the per-pair kernels, with each announced expert that misses and whose tag reads its value
-// (the copy landed) pointing to its staging slot (`where` 0); one whose copy has not landed is
-// read from host memory as any miss (the same bytes). TAGS[stat_at] and [stat_at + 1] count the
-// announced misses found landed and not.
+// it asked the copy queue to bring into staging slots (the area at pf_at: the call's sequence
+// number, the layer's first table entry, the count, then six words per expert, its id first).
+// Announced misses are the GPU's whatever happens to the copies: no candidates for the CPU (the
+// host's rule excludes the same ones), and left out of OUT too: their pairs go to OUT2 (every
+// other pair SKIP there), which a second pass of the per-pair kernels computes after the first,
+// when the copies have had longer to land (`moe_split_prefetch_patch.wgsl` decides where each
+// is read from).
 struct Params {
     n_pairs: u32,
     ids_at: u32,
@@ -32,16 +30,15 @@ struct Params {
     share_q: u32,
 //F     pf_at: u32,
 //F     seq: u32,
-//F     row: u32,
-//F     stat_at: u32,
+//F     _p0: u32,
+//F     _p1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> IDS: array<u32>;
 @group(0) @binding(1) var<storage, read> S: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
 //F @group(0) @binding(3) var<storage, read_write> UPM: array<atomic<u32>>;
-//F @group(0) @binding(4) var<storage, read_write> TAGS: array<atomic<u32>>;
-//F @group(0) @binding(5) var<storage, read_write> S2: array<vec4<u32>>;
+//F @group(0) @binding(4) var<storage, read_write> OUT2: array<u32>;
 @group(0) @binding({{P_BINDING}}) var<uniform> P: Params;
 
 const WG: u32 = 64u;
@@ -50,14 +47,11 @@ const SKIP: u32 = {{SKIP}}u;
 const NONE: u32 = 0xffffffffu;
 
 var<workgroup> key: array<u32, MAX_PAIRS>;
-// The announced experts (ids), how many, and for each the table entry the per-pair kernels get
-// (its staging slot once landed, else its own entry; `where` NONE: a pool hit, left alone).
+// The announced experts, and how many (none without the prefetch lines).
 const PF_MAX: u32 = {{PF_MAX}}u;
 var<workgroup> pf_n: u32;
 var<workgroup> pf_e: array<u32, PF_MAX>;
-var<workgroup> pf_entry: array<vec4<u32>, PF_MAX>;
 
-// Whether expert e was announced for the copy queue (always false without the prefetch lines).
 fn announced(e: u32) -> bool {
     for (var j = 0u; j < pf_n; j++) {
         if (pf_e[j] == e) {
@@ -89,36 +83,15 @@ fn miss_key(q: u32) -> u32 {
 fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
         var n = 0u;
-//F         let at = P.pf_at;
-//F         if (atomicLoad(&UPM[at]) == P.seq && atomicLoad(&UPM[at + 1u]) == P.slots_at) {
-//F             n = min(atomicLoad(&UPM[at + 2u]), PF_MAX);
+//F         if (atomicLoad(&UPM[P.pf_at]) == P.seq && atomicLoad(&UPM[P.pf_at + 1u]) == P.slots_at) {
+//F             n = min(atomicLoad(&UPM[P.pf_at + 2u]), PF_MAX);
 //F         }
 //F         for (var j = 0u; j < n; j++) {
-//F             let b = at + 3u + 6u * j;
-//F             let e = atomicLoad(&UPM[b]);
-//F             pf_e[j] = e;
-//F             pf_entry[j] = vec4<u32>(NONE, 0u, 0u, 0u);
-//F             if (S[P.slots_at + e].x == 1u) {
-//F                 if (atomicLoad(&TAGS[atomicLoad(&UPM[b + 4u])]) == atomicLoad(&UPM[b + 5u])) {
-//F                     pf_entry[j] = vec4<u32>(0u, atomicLoad(&UPM[b + 1u]), atomicLoad(&UPM[b + 2u]), atomicLoad(&UPM[b + 3u]));
-//F                     atomicAdd(&TAGS[P.stat_at], 1u);
-//F                 } else {
-//F                     atomicAdd(&TAGS[P.stat_at + 1u], 1u);
-//F                 }
-//F             }
+//F             pf_e[j] = atomicLoad(&UPM[P.pf_at + 3u + 6u * j]);
 //F         }
         pf_n = n;
     }
     workgroupBarrier();
-//F     for (var i = lid; i < P.row; i += WG) {
-//F         var ent = S[P.slots_at + i];
-//F         for (var j = 0u; j < pf_n; j++) {
-//F             if (pf_e[j] == i && pf_entry[j].x == 0u) {
-//F                 ent = pf_entry[j];
-//F             }
-//F         }
-//F         S2[i] = ent;
-//F     }
     for (var q = lid; q < P.n_pairs; q += WG) {
         key[q] = miss_key(q);
     }
@@ -131,7 +104,11 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     for (var p = lid; p < P.n_pairs; p += WG) {
         let e = IDS[P.ids_at + p];
         var out = e;
-        if (S[P.slots_at + e].x == 1u && !announced(e)) {
+        let late = S[P.slots_at + e].x == 1u && announced(e);
+//F         OUT2[p] = select(SKIP, e, late);
+        if (late) {
+            out = SKIP;
+        } else if (S[P.slots_at + e].x == 1u) {
             // This expert's key, found at its first pair.
             var own = NONE;
             for (var q = 0u; q < P.n_pairs; q++) {
