@@ -7,7 +7,7 @@
 # speed (the odd steps' over the even steps', by mean step time) and each name's mean.
 #
 # Usage: bench/ab-steps.sh MODEL.gguf NAME...
-#   names in use: park, map (with DISKFORMER_MAPPED_EXPERTS=huge), alloc, signal, qknorm, qkfuse, router, submit, attnsplit, addnorm, gpufirst, touch, ffnnorm, ahead, pace, prefetch (compute::ab)
+#   names in use: park, map (with DISKFORMER_MAPPED_EXPERTS=huge), alloc, signal, qknorm, qkfuse, router, submit, attnsplit, addnorm, gpufirst, touch, ffnnorm, ahead, pace, prefetch (with DISKFORMER_SPLIT_PREFETCH=1) (compute::ab)
 # Environment (defaults in brackets): ROUNDS [2]   N [64]   REPS [3]   THREADS [0: every core]
 #   FLAGS [--gpu-budget 4G]   DF [target/release/diskformer, else BIN/diskformer]
 #

@@ -11,10 +11,11 @@
 //! (`wgpu/transfer.rs`), run beside the chain.
 //!
 //! How, per decode layer L (one token):
-//! 1. After L's GPU share the host records L+1's router on L's input and its top k (the guess
-//!    `touch_next_layer` used: ~95% of such guesses are selected), and `moe_split_prefetch_pick.wgsl`
-//!    writes the first [`Prefetch::per_call`] guessed experts the slot table puts in host memory
-//!    into the down mailbox with L's sequence number.
+//! 1. Right after L's hand-over (before its partition; `DISKFORMER_SPLIT_PREFETCH_GUESS=share`:
+//!    after its GPU share) the host records L+1's router on L's input and its top k (the guess
+//!    `touch_next_layer` used: ~95% of such guesses are selected), and
+//!    `moe_split_prefetch_pick.wgsl` writes the first [`Prefetch::per_call`] guessed experts the
+//!    slot table puts in host memory into the down mailbox with L's sequence number.
 //! 2. The dispatcher, once L's CPU job is done and before L's sum's flag: reads them, picks each
 //!    a staging slot (the pool's last slots of L+1's region, reserved, two sets used by
 //!    alternate calls), announces them for call L+1 in the up mailbox (id, the staging slot's
@@ -22,15 +23,26 @@
 //!    on the copy queue.
 //! 3. L+1's partition (`moe_split_partition.wgsl`, prefetch variant) reads the announcement
 //!    after its wait for L's flag: announced misses are the GPU's (never the CPU's: the host's
-//!    rule excludes them too, [`super::split::cpu_misses`] on the rest), and those whose tag
-//!    landed are read from the staging slot, the others from host memory as before. The copy
-//!    thus only ever replaces where the GPU reads the same bytes from.
+//!    rule excludes them too, [`super::split::cpu_misses`] on the rest).
+//!    `moe_split_prefetch_patch.wgsl` writes the layer's table row for the per-pair kernels with
+//!    each announced miss whose tag landed pointing at its staging slot; one not landed is read
+//!    from host memory as before. It runs right after the partition (one pass), or with
+//!    `DISKFORMER_SPLIT_PREFETCH_PASSES=2` after a first pass of the per-pair kernels over the
+//!    other pairs, the announced ones in a second pass (their copies then have longer to land).
+//!    The copy thus only ever replaces where the GPU reads the same bytes from.
+//!
+//! Measured on the H200 (twenty-seventh session, docs/PAGING.md): the copies land (two passes:
+//! 1496 of 1498 by the second pass, 75% done by the next hand-over), but steps with the
+//! prefetch were slower than steps without in one process (skew 0.3 ~7%, uniform ~3%): the
+//! guess, the patch and the second pass are dispatches on the GPU's share, whose end moved past
+//! the CPU's more often (the GPU first in 63.5% of layers against ~78%), and what one expert a
+//! layer saves does not pay for them. Hence off by default.
 //!
 //! A set of staging slots is written again two calls later, after the dispatcher saw the next
 //! call's hand-over, which the GPU writes after the earlier call's kernels ran (queue order).
 //! Tags are values of one counter, never reused, so a tag left by an earlier copy never matches.
 //!
-//! `DISKFORMER_SPLIT_PREFETCH=N` experts a layer (default 1, 0 off, at most [`PREFETCH_MAX`]);
+//! `DISKFORMER_SPLIT_PREFETCH=N` experts a layer (default 0: off, measured slower on the H200; at most [`PREFETCH_MAX`]);
 //! A/B name `prefetch` (odd decode steps announce nothing).
 
 use super::split::DOWN_GUESS;
@@ -62,9 +74,9 @@ pub(super) fn area_at(seq: u32, slots: usize) -> usize {
     UP_PREFETCH + (seq as usize % slots) * AREA_WORDS
 }
 
-/// Experts a layer from `DISKFORMER_SPLIT_PREFETCH` (default 1; 0 turns the prefetch off).
+/// Experts a layer from `DISKFORMER_SPLIT_PREFETCH` (default 0, off: measured slower on the H200, docs/PAGING.md).
 pub(super) fn per_call_from_env() -> usize {
-    std::env::var("DISKFORMER_SPLIT_PREFETCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(1).min(PREFETCH_MAX)
+    std::env::var("DISKFORMER_SPLIT_PREFETCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0).min(PREFETCH_MAX)
 }
 
 /// One announced expert: its id, the staging slot's matrices, its tag's word and value.
@@ -87,6 +99,19 @@ pub(super) fn announcement(seq: u32, slots_at: u32, entries: &[Entry]) -> Vec<u3
     }
     debug_assert!(words.len() <= AREA_WORDS);
     words
+}
+
+/// Where the guess is recorded (`true`: before the partition; `DISKFORMER_SPLIT_PREFETCH_GUESS=share`:
+/// after the GPU's share) and whether the announced misses take a second pass of the per-pair
+/// kernels (`DISKFORMER_SPLIT_PREFETCH_PASSES=2`) or the one pass reads them where the patch
+/// kernel found them right after the partition (the default).
+pub(super) fn shape_from_env() -> (bool, bool) {
+    static SHAPE: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| {
+        let early = std::env::var("DISKFORMER_SPLIT_PREFETCH_GUESS").map_or(true, |v| v.trim() != "share");
+        let two = std::env::var("DISKFORMER_SPLIT_PREFETCH_PASSES").is_ok_and(|v| v.trim() == "2");
+        (early, two)
+    })
 }
 
 /// Where one layer's prefetches come from and go: its host copy, its region's pool buffer and

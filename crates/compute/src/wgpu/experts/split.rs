@@ -1107,10 +1107,12 @@ impl WgpuBackend {
         let missed: Vec<bool> = st.slot_of[layer].iter().map(|&s| s == NO_SLOT).collect();
         let gpu_ids = self.alloc_bytes("moe split ids", 4 * nk as u64)?;
         let prefetch = tier.prefetch.clone().filter(|_| n == 1);
-        // The next layer's guess first, so that the dispatcher finds it by the CPU job's end.
-        let guessed = match &prefetch {
-            Some(pf) => self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?,
-            None => false,
+        let (guess_early, two_pass) = super::prefetch::shape_from_env();
+        // The next layer's guess first, so that the dispatcher finds it by the CPU job's end
+        // (`DISKFORMER_SPLIT_PREFETCH_GUESS=share`: after the GPU's share instead).
+        let mut guessed = match &prefetch {
+            Some(pf) if guess_early => self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?,
+            _ => false,
         };
         let y = match &prefetch {
             None => {
@@ -1126,49 +1128,61 @@ impl WgpuBackend {
                 self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?
             }
             Some(pf) => {
-                // Two passes: the announced misses after the rest, from where the patch finds them.
                 let late_ids = self.alloc_bytes("moe split late ids", 4 * nk as u64)?;
                 let area = super::prefetch::area_at(call.seq, MAILBOX_SLOTS) as u32;
                 self.dispatch(
                     // Workgroup memory written before it is read (the shader's first phase).
                     self.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
                     &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer, up.buffer(), &late_ids.buffer],
-                    &[nk as u32, nk as u32, place.slots_at, place.share_q, area, call.seq, 0, 0],
+                    &[nk as u32, nk as u32, place.slots_at, place.share_q, area, call.seq, u32::from(two_pass), 0],
                     [1, 1, 1],
                 );
-                let table =
-                    PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
-                let first = self.moe_pairs(
-                    x,
-                    k,
-                    &table,
-                    (&routing.weights.buf.buffer, 0),
-                    place.fused,
-                    place.gpu_biases,
-                    spec,
-                )?;
                 let row = st.host.row;
+                let patch = |slots: &crate::wgpu::PooledBuffer| {
+                    self.dispatch(
+                        // Workgroup memory written before it is read (invocation 0, before the barrier).
+                        self.ctx.pipeline_with("moe_split_prefetch_patch", prefetch_patch_source, true),
+                        &[place.table, up.buffer(), &pf.tags, &slots.buffer],
+                        &[place.slots_at, area, call.seq, row as u32, super::prefetch::STAT_LANDED as u32, 0, 0, 0],
+                        [1, 1, 1],
+                    );
+                };
                 let slots = self.alloc_bytes("moe split late slots", 16 * row as u64)?;
-                self.dispatch(
-                    // Workgroup memory written before it is read (invocation 0, before the barrier).
-                    self.ctx.pipeline_with("moe_split_prefetch_patch", prefetch_patch_source, true),
-                    &[place.table, up.buffer(), &pf.tags, &slots.buffer],
-                    &[place.slots_at, area, call.seq, row as u32, super::prefetch::STAT_LANDED as u32, 0, 0, 0],
-                    [1, 1, 1],
-                );
-                let table = PairTable::Slots { ids: &late_ids.buffer, at: 0, slots: &slots.buffer, slots_at: 0 };
-                let late = self.moe_pairs(
-                    x,
-                    k,
-                    &table,
-                    (&routing.weights.buf.buffer, 0),
-                    place.fused,
-                    place.gpu_biases,
-                    spec,
-                )?;
-                self.add(&first, &late)?
+                if two_pass {
+                    // The announced misses after the rest, from where the patch finds them then.
+                    let table =
+                        PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
+                    let first = self.moe_pairs(
+                        x,
+                        k,
+                        &table,
+                        (&routing.weights.buf.buffer, 0),
+                        place.fused,
+                        place.gpu_biases,
+                        spec,
+                    )?;
+                    patch(&slots);
+                    let table = PairTable::Slots { ids: &late_ids.buffer, at: 0, slots: &slots.buffer, slots_at: 0 };
+                    let late = self.moe_pairs(
+                        x,
+                        k,
+                        &table,
+                        (&routing.weights.buf.buffer, 0),
+                        place.fused,
+                        place.gpu_biases,
+                        spec,
+                    )?;
+                    self.add(&first, &late)?
+                } else {
+                    patch(&slots);
+                    let table = PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: &slots.buffer, slots_at: 0 };
+                    self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?
+                }
             }
         };
+        if let Some(pf) = prefetch.as_ref().filter(|_| !guess_early) {
+            guessed = self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?;
+        }
         // The share's end marked for the dispatcher, which balances the CPU's share by it: the
         // marker reads `y`, so it runs after every kernel that wrote it.
         self.dispatch(
@@ -1863,9 +1877,9 @@ mod tests {
 
     /// The partition's prefetch variant and the patch (`prefetch.rs`): the experts announced for
     /// this call (in the words `prefetch::announcement` writes) are the GPU's, so the CPU's share
-    /// is taken from the other misses by the host's rule (`cpu_misses` with them excluded); their
-    /// pairs leave the first pass's ids for the second pass's (an announced pool hit stays in the
-    /// first). The patch points an announced miss whose tag holds its value at its staging slot in
+    /// is taken from the other misses by the host's rule (`cpu_misses` with them excluded); with
+    /// two passes their pairs leave the first pass's ids for the second pass's (an announced pool
+    /// hit stays in the first), with one they stay in the first. The patch points an announced miss whose tag holds its value at its staging slot in
     /// the second pass's table, keeps one whose tag does not at its own entry (host memory), and
     /// counts one landed and one late. An announcement for another call (sequence number) or
     /// another layer (first table entry) is ignored by both.
@@ -1897,9 +1911,12 @@ mod tests {
         let (pf_at, seq) = (20usize, 11u32);
         let upload = |label, words: &[u32]| g.upload(label, bytemuck::cast_slice(words)).unwrap();
         let (ids_buf, s_buf) = (upload("test ids", &ids), upload("test slot table", table.as_flattened()));
-        for (announced_seq, announced_at, used) in
-            [(seq, slots_at as u32, true), (seq - 1, slots_at as u32, false), (seq, 0, false)]
-        {
+        for (announced_seq, announced_at, used, two_pass) in [
+            (seq, slots_at as u32, true, 1u32),
+            (seq, slots_at as u32, true, 0),
+            (seq - 1, slots_at as u32, false, 1),
+            (seq, 0, false, 1),
+        ] {
             let mut upm = vec![0u32; 64];
             let words = announcement(announced_seq, announced_at, &entries);
             upm[pf_at..pf_at + words.len()].copy_from_slice(&words);
@@ -1909,7 +1926,7 @@ mod tests {
             g.dispatch(
                 g.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
                 &[&ids_buf.buffer, &s_buf.buffer, &out.buffer, &upm.buffer, &late.buffer],
-                &[8, 0, slots_at as u32, share_q, pf_at as u32, seq, 0, 0],
+                &[8, 0, slots_at as u32, share_q, pf_at as u32, seq, two_pass, 0],
                 [1, 1, 1],
             );
             g.dispatch(
@@ -1923,8 +1940,9 @@ mod tests {
             let cpu = cpu_misses(&ids, |e| is_miss(e) && !announced.contains(&e), share_q);
             assert_eq!(cpu, if used { vec![0, 3] } else { vec![0, 3, 5] }, "the host's rule");
             let second = |e: u32| is_miss(e) && announced.contains(&e);
+            // One pass (`two_pass` 0): the announced misses stay in the first pass's ids.
             let want_first: Vec<u32> =
-                ids.iter().map(|&e| if cpu.contains(&e) || second(e) { SKIP } else { e }).collect();
+                ids.iter().map(|&e| if cpu.contains(&e) || (second(e) && two_pass == 1) { SKIP } else { e }).collect();
             let want_second: Vec<u32> = ids.iter().map(|&e| if second(e) { e } else { SKIP }).collect();
             assert_eq!(le_u32s(&g.read_back(&out.buffer, 32).unwrap()), want_first, "first pass, announced {used}");
             assert_eq!(le_u32s(&g.read_back(&late.buffer, 32).unwrap()), want_second, "second pass, announced {used}");

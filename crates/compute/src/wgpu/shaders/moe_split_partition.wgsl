@@ -19,10 +19,11 @@
 // it asked the copy queue to bring into staging slots (the area at pf_at: the call's sequence
 // number, the layer's first table entry, the count, then six words per expert, its id first).
 // Announced misses are the GPU's whatever happens to the copies: no candidates for the CPU (the
-// host's rule excludes the same ones), and left out of OUT too: their pairs go to OUT2 (every
-// other pair SKIP there), which a second pass of the per-pair kernels computes after the first,
-// when the copies have had longer to land (`moe_split_prefetch_patch.wgsl` decides where each
-// is read from).
+// host's rule excludes the same ones). With `two_pass`, they are left out of OUT too: their
+// pairs go to OUT2 (every other pair SKIP there), which a second pass of the per-pair kernels
+// computes after the first, when the copies have had longer to land; without, OUT keeps them and
+// the one pass reads them where `moe_split_prefetch_patch.wgsl`, recorded right after this
+// kernel, found them.
 struct Params {
     n_pairs: u32,
     ids_at: u32,
@@ -30,7 +31,7 @@ struct Params {
     share_q: u32,
 //F     pf_at: u32,
 //F     seq: u32,
-//F     _p0: u32,
+//F     two_pass: u32,
 //F     _p1: u32,
 }
 
@@ -104,8 +105,13 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     for (var p = lid; p < P.n_pairs; p += WG) {
         let e = IDS[P.ids_at + p];
         var out = e;
-        let late = S[P.slots_at + e].x == 1u && announced(e);
+        var late = S[P.slots_at + e].x == 1u && announced(e);
 //F         OUT2[p] = select(SKIP, e, late);
+//F         if (late && P.two_pass == 0u) {
+//F             // Computed in the one pass: never the CPU's, never SKIP.
+//F             OUT[p] = e;
+//F             continue;
+//F         }
         if (late) {
             out = SKIP;
         } else if (S[P.slots_at + e].x == 1u) {
