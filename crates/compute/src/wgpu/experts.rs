@@ -420,6 +420,28 @@ struct TierState {
     guess_routers: Vec<Option<Arc<split::GuessRouter>>>,
     /// Where the look-ahead's kernel counts what it read (`moe_split_touch.wgsl`'s OUT).
     touch_out: Option<wgpu::Buffer>,
+    /// Per slot: a replacement's copy into it is on the copy queue (`ExpertTier::copy_refills`):
+    /// no victim until it is done and the table points to it.
+    copying: Vec<bool>,
+    /// Those replacements, oldest first.
+    pending_copies: Vec<PendingCopy>,
+}
+
+/// A pool replacement on the copy queue (`ExpertTier::copy_refills`): the slot is the expert's,
+/// the table still reads it from host memory until the copy is done.
+struct PendingCopy {
+    slot: usize,
+    layer: usize,
+    expert: usize,
+    /// The expert's matrices in the slot and in the layer's host copy.
+    mats: SlotMats,
+    host_mats: SlotMats,
+    /// The split call whose submission evicted the slot's expert (its table rows written then):
+    /// the copy waits until the GPU has handed over a later call, so no kernel reads the old
+    /// expert from the slot any more.
+    after_seq: u32,
+    /// The copy queue's ring place once submitted.
+    ring: Option<usize>,
 }
 
 /// One layer's experts in the host tier: a buffer in host memory and where each expert's
@@ -464,6 +486,9 @@ struct HostTierState {
     deferred_refills: std::collections::VecDeque<usize>,
     /// Experts copied into the pool in this step (at most `refill_max`).
     refills_this_step: usize,
+    /// The split call now recording, when its replacements go to the copy queue
+    /// (`ExpertTier::copy_refills`; set by `split::take_decided`).
+    copy_seq: Option<u32>,
     /// Replacements the split call now recording may still make (`None`, no limit, outside
     /// [`WgpuBackend::take_decided`]; see [`ExpertTier::split_refills_per_call`]).
     call_refills_left: Option<usize>,
@@ -479,6 +504,13 @@ pub(super) struct ExpertTier {
     /// Under [`MissPolicy::Split`] with a copy queue, the next layer's likely misses copied into
     /// reserved slots beside the chain between layers (`prefetch.rs`); `None` otherwise.
     prefetch: Option<Arc<prefetch::Prefetch>>,
+    /// Under [`MissPolicy::Split`] through the mailboxes with a copy queue and
+    /// `DISKFORMER_SPLIT_COPY_REFILLS=1`: the pool's replacements copied there instead of on the
+    /// compute queue, where each (~55 us over the link) sat between a layer's GPU share and its
+    /// wait for the CPU's sum and, two or three at a time, outlasted the CPU's job (twenty-sixth
+    /// session: the chain 161.7 us on those layers against 89.2). A/B name `copyq` (the B arm's
+    /// replacements go on the compute queue).
+    copy_refills: Option<Arc<super::transfer::TransferQueue>>,
     store: Arc<dyn ExpertStore>,
     opts: ExpertTierOptions,
     slot_words: usize,
@@ -563,6 +595,9 @@ impl Drop for ExpertTier {
     fn drop(&mut self) {
         if let Some(p) = &self.prefetch {
             p.wait_idle();
+        }
+        if let Some(q) = &self.copy_refills {
+            q.wait_idle();
         }
     }
 }
@@ -658,12 +693,13 @@ impl TierState {
     /// The slot an upload takes within `range`: a free one, else the policy's lowest among those
     /// not `busy`.
     fn victim(&self, policy: SlotPolicy, busy: &[bool], range: std::ops::Range<usize>) -> Option<usize> {
-        if let Some(s) = range.clone().find(|&s| self.owner[s].is_none() && !busy[s]) {
+        let busy = |s: usize| busy[s] || self.copying.get(s).copied().unwrap_or(false);
+        if let Some(s) = range.clone().find(|&s| self.owner[s].is_none() && !busy(s)) {
             return Some(s);
         }
         let mut best: Option<(usize, f32, u64)> = None;
         for s in range {
-            let (owner, is_busy) = (&self.owner[s], busy[s]);
+            let (owner, is_busy) = (&self.owner[s], busy(s));
             if is_busy {
                 continue;
             }
@@ -917,8 +953,13 @@ impl WgpuBackend {
                 r.end = reserved.start;
             }
         }
+        let copy_refills = match (&self.ctx.transfer, opts.miss) {
+            (Some(t), MissPolicy::Split) if super::env_flag("DISKFORMER_SPLIT_COPY_REFILLS") => Some(t.clone()),
+            _ => None,
+        };
         let mut tier = ExpertTier {
             prefetch,
+            copy_refills,
             store,
             opts: ExpertTierOptions { slot_bytes, staging_bytes, ..opts },
             slot_words: (slot_bytes / 4) as usize,
@@ -972,6 +1013,8 @@ impl WgpuBackend {
                 mailbox_unavailable: false,
                 guess_routers: Vec::new(),
                 touch_out: None,
+                copying: vec![false; n_slots],
+                pending_copies: Vec::new(),
             }),
         };
         tier.upload_bytes_per_s = self.measure_upload(&tier)?;
@@ -2353,7 +2396,7 @@ impl WgpuBackend {
         let mut closed = vec![false; tier.regions.len()];
         for (layer, e) in misses {
             let (l, e) = (layer as usize, e as usize);
-            if st.slot_of[l][e] != NO_SLOT {
+            if st.slot_of[l][e] != NO_SLOT || st.pending_copies.iter().any(|c| c.layer == l && c.expert == e) {
                 continue;
             }
             if st.host.refills_this_step >= tier.refill_max || st.host.call_refills_left == Some(0) {
@@ -2390,6 +2433,32 @@ impl WgpuBackend {
             let host_buf = st.host.layers[l].as_ref().map(|h| h.buffer.clone()).ok_or_else(|| {
                 OpError::Unsupported { op: "moe_ffn", backend: "wgpu", why: format!("layer {l} has no host copy") }
             })?;
+            if let Some(after_seq) = st.host.copy_seq {
+                // On the copy queue once the GPU is past this call; the table follows when done
+                // (`advance_copies`).
+                st.owner[slot] = Some((layer, e as u32));
+                st.mats[slot] = Some(slot_mats);
+                st.last_use[slot] = tick;
+                st.copying[slot] = true;
+                st.pending_copies.push(PendingCopy {
+                    slot,
+                    layer: l,
+                    expert: e,
+                    mats: slot_mats,
+                    host_mats,
+                    after_seq,
+                    ring: None,
+                });
+                st.host.refills_this_step += 1;
+                if let Some(left) = &mut st.host.call_refills_left {
+                    *left = left.saturating_sub(1);
+                }
+                let s = &mut st.stats[l];
+                s.uploads += 1;
+                s.refills += 1;
+                s.bytes_uploaded += mats_bytes(&slot_mats);
+                continue;
+            }
             for (from, to) in [
                 (host_mats.gate, slot_mats.gate),
                 (Some(host_mats.up), Some(slot_mats.up)),

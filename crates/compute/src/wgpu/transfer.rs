@@ -29,7 +29,7 @@ use std::sync::Mutex;
 
 /// Command buffers (and fences) in the ring: a submission waits for nothing, so a ring slot
 /// whose fence is still unsignalled is skipped (the copies are an optimization).
-const RING: usize = 4;
+const RING: usize = 16;
 
 /// The transfer queue and the means to record and submit on it.
 pub(crate) struct TransferQueue {

@@ -58,6 +58,7 @@ use crate::cpu::experts_one_token;
 use crate::error::OpError;
 use crate::spec::{MoeSpec, RouteSpec};
 use crate::wgpu::mailbox::{Mailbox, Toward};
+use crate::wgpu::transfer::{raw_buffer, CopyRegion};
 use crate::wgpu::{le_f32s, le_u32s, trace, Deferred, JoinSeen, WgpuBackend, WgpuTensor, WgpuWeight};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -257,6 +258,9 @@ pub(super) struct Dispatcher {
     /// The last decode layer's input row, which the next layer's experts are guessed from
     /// ([`Dispatcher::read_ahead`]), and its layer.
     last_input: std::sync::Mutex<Option<(usize, Vec<f32>)>>,
+    /// The last call whose hand-over the task saw: the GPU has run every command recorded
+    /// before that call's hand-over (the replacements on the copy queue wait for it).
+    seen: std::sync::atomic::AtomicU32,
 }
 
 impl Dispatcher {
@@ -323,6 +327,7 @@ impl Dispatcher {
             }
         }
         let seen = Instant::now();
+        self.seen.store(h.seq, Ordering::Release);
         h.shared.join_wait_nanos.fetch_add((seen - t_poll).as_nanos() as u64, Ordering::Relaxed);
         trace::mark("ids", Some(h.layer));
         let nk = h.n * h.k;
@@ -1401,12 +1406,26 @@ impl WgpuBackend {
         at_step_start: bool,
     ) -> Result<(), OpError> {
         let decided = std::mem::take(&mut *lock(&tier.dispatcher.decided));
-        let mut recorded = false;
-        // The call's limit on replacements (`ExpertTier::split_refills_per_call`); the A/B arm
-        // `pace` records every layer's as before.
-        st.host.call_refills_left =
-            (!at_step_start && !crate::ab::is_b("pace") && tier.split_refills_per_call != usize::MAX)
-                .then_some(tier.split_refills_per_call);
+        // Replacements on the copy queue (`ExpertTier::copy_refills`): those the GPU is past
+        // submitted, those done put in the table. At a step's start the GPU has run everything.
+        let last_call = st.split_mailboxes.as_ref().map(|m| m.seq);
+        let gpu_past = if at_step_start { last_call } else { Some(tier.dispatcher.seen.load(Ordering::Acquire)) };
+        let mut recorded = match gpu_past {
+            Some(past) => self.advance_copies(tier, st, past)?,
+            None => false,
+        };
+        st.host.copy_seq = if tier.copy_refills.is_some() && !crate::ab::is_b("copyq") {
+            last_call.filter(|_| !at_step_start)
+        } else {
+            None
+        };
+        // The call's limit on replacements (`ExpertTier::split_refills_per_call`; none when they
+        // go to the copy queue); the A/B arm `pace` records every layer's as before.
+        st.host.call_refills_left = (!at_step_start
+            && !crate::ab::is_b("pace")
+            && tier.split_refills_per_call != usize::MAX
+            && st.host.copy_seq.is_none())
+        .then_some(tier.split_refills_per_call);
         for d in decided {
             self.note_selections_seen(tier, st, d.layer, &d.ids, Some(&d.missed));
             let s = &mut st.stats[d.layer];
@@ -1445,11 +1464,76 @@ impl WgpuBackend {
             }
         }
         st.host.call_refills_left = None;
+        st.host.copy_seq = None;
         if recorded {
             let mut p = lock(&self.ctx.pending);
             self.ctx.flush_locked(&mut p);
         }
         Ok(())
+    }
+
+    /// The replacements on the copy queue (`ExpertTier::copy_refills`) moved on: each whose
+    /// eviction the GPU has run (it handed over a call after the one that recorded it, `past`) is
+    /// submitted; each whose copy is done is put in the slot table, whose changed rows are
+    /// recorded. True when it recorded a table write.
+    fn advance_copies(&self, tier: &ExpertTier, st: &mut TierState, past: u32) -> Result<bool, OpError> {
+        let Some(queue) = tier.copy_refills.clone() else { return Ok(false) };
+        if st.pending_copies.is_empty() {
+            return Ok(false);
+        }
+        let row = st.host.row;
+        let mut changed: Option<(usize, usize)> = None;
+        let mut kept = Vec::new();
+        for mut c in std::mem::take(&mut st.pending_copies) {
+            match c.ring {
+                None => {
+                    if (past.wrapping_sub(c.after_seq) as i32) >= 1 {
+                        let host =
+                            st.host.layers.get(c.layer).and_then(|h| h.as_ref()).and_then(|h| raw_buffer(&h.buffer));
+                        let pool = raw_buffer(&tier.pool[tier.slot_base(c.slot).0]);
+                        if let (Some(host), Some(pool)) = (host, pool) {
+                            let (from, to) = (c.host_mats, c.mats);
+                            let regions: Vec<CopyRegion> =
+                                [(from.gate, to.gate), (Some(from.up), Some(to.up)), (Some(from.down), Some(to.down))]
+                                    .into_iter()
+                                    .filter_map(|(f, t)| Some((f?, t?)))
+                                    .map(|(f, t)| CopyRegion {
+                                        src_offset: 4 * f.word0 as u64,
+                                        dst_offset: 4 * t.word0 as u64,
+                                        size: (4 * f.n_out * f.layout.row_words(f.k)) as u64,
+                                    })
+                                    .collect();
+                            c.ring = queue.copy_then_tag(host, pool, &regions, pool, &[]);
+                        }
+                    }
+                    kept.push(c);
+                }
+                Some(i) if queue.done(i) => {
+                    st.copying[c.slot] = false;
+                    let (l, e) = (c.layer, c.expert);
+                    if st.slot_of[l][e] == NO_SLOT && st.owner[c.slot] == Some((l as u32, e as u32)) {
+                        st.slot_of[l][e] = c.slot as u32;
+                        st.host.table[l * row + e] = super::table_entry(super::IN_POOL, &c.mats);
+                        let at = l * row + e;
+                        changed = Some(changed.map_or((at, at), |(lo, hi)| (lo.min(at), hi.max(at))));
+                    } else if st.owner[c.slot] == Some((l as u32, e as u32)) {
+                        // Placed elsewhere meanwhile (a prefill's uploads): the slot is free.
+                        st.owner[c.slot] = None;
+                    }
+                }
+                Some(_) => kept.push(c),
+            }
+        }
+        st.pending_copies = kept;
+        let Some((lo, hi)) = changed else { return Ok(false) };
+        if st.host.table_dirty {
+            self.write_slot_table(st)?;
+        } else if let Some(table) = st.host.table_gpu.clone() {
+            let bytes: &[u8] = bytemuck::cast_slice(&st.host.table[lo..=hi]);
+            let staged = self.upload("expert slot table rows", bytes)?;
+            self.copy(&staged.buffer, 0, &table, 16 * lo as u64, bytes.len() as u64);
+        }
+        Ok(true)
     }
 
     /// Between steps: waits until the dispatcher has taken every layer handed to it (the host
