@@ -305,4 +305,67 @@ mod tests {
         );
         assert_eq!(transfer_family(&[f(vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER, 8)]), None);
     }
+
+    /// On a device with a transfer-only family (the H200; lavapipe has one queue family with
+    /// one queue, so there it prints "skipped"): regions copied between two wgpu buffers land
+    /// where asked and nowhere else, the tags hold their values once the fence says done, and
+    /// a later submission's barrier orders it after the earlier one (the same region copied
+    /// over, then read back).
+    #[test]
+    fn copies_land_and_the_tags_follow_them() {
+        use crate::wgpu::{le_u32s, WgpuBackend, WgpuOptions};
+        let Ok(g) = WgpuBackend::new(WgpuOptions { adapter_index: None, prefer_discrete: true }) else {
+            eprintln!("no GPU adapter: skipped");
+            return;
+        };
+        let Some(q) = g.ctx.transfer.clone() else {
+            eprintln!("no transfer-only queue family on {}: skipped", g.ctx.adapter.name);
+            return;
+        };
+        let words = 1 << 20;
+        let src_a: Vec<u32> = (0..words as u32).map(|i| i.wrapping_mul(2654435761)).collect();
+        let src_b: Vec<u32> = (0..words as u32).map(|i| !i).collect();
+        let upload = |label, w: &[u32]| g.upload(label, bytemuck::cast_slice(w)).unwrap();
+        let (a, b) = (upload("test src a", &src_a), upload("test src b", &src_b));
+        let dst = upload("test dst", &vec![7u32; words]);
+        let tags = upload("test tags", &[0u32; 64]);
+        g.sync();
+        let raw = |buf: &wgpu::Buffer| raw_buffer(buf).unwrap();
+        let region = |from: usize, to: usize, n: usize| CopyRegion {
+            src_offset: 4 * from as u64,
+            dst_offset: 4 * to as u64,
+            size: 4 * n as u64,
+        };
+        // a: two regions; then b over the first of them.
+        let first = q
+            .copy_then_tag(
+                raw(&a.buffer),
+                raw(&dst.buffer),
+                &[region(0, 1000, 5000), region(300_000, 600_000, 70_000)],
+                raw(&tags.buffer),
+                &[(4 * 3, 11)],
+            )
+            .unwrap();
+        let second = q
+            .copy_then_tag(
+                raw(&b.buffer),
+                raw(&dst.buffer),
+                &[region(10, 1000, 100)],
+                raw(&tags.buffer),
+                &[(4 * 5, 22), (4 * 6, 33)],
+            )
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while !(q.done(first) && q.done(second)) {
+            assert!(t0.elapsed().as_secs() < 10, "copies not done in 10 s");
+        }
+        let mut want = vec![7u32; words];
+        want[1000..6000].copy_from_slice(&src_a[..5000]);
+        want[600_000..670_000].copy_from_slice(&src_a[300_000..370_000]);
+        want[1000..1100].copy_from_slice(&src_b[10..110]);
+        let got = le_u32s(&g.read_back(&dst.buffer, 4 * words as u64).unwrap());
+        assert!(got == want, "copied words differ");
+        let t = le_u32s(&g.read_back(&tags.buffer, 256).unwrap());
+        assert_eq!((t[3], t[5], t[6], t[4]), (11, 22, 33, 0));
+    }
 }
