@@ -2066,6 +2066,20 @@ fn table_entry(place: u32, m: &SlotMats) -> [u32; 4] {
     [place, m.gate.map_or(0, |g| g.word0 as u32), m.up.word0 as u32, m.down.word0 as u32]
 }
 
+/// The copies, in bytes, that move an expert's matrices from where `from` places them to where
+/// `to` does (the host copy and a pool slot share the layout).
+fn copy_regions(from: &SlotMats, to: &SlotMats) -> Vec<super::transfer::CopyRegion> {
+    [(from.gate, to.gate), (Some(from.up), Some(to.up)), (Some(from.down), Some(to.down))]
+        .into_iter()
+        .filter_map(|(f, t)| Some((f?, t?)))
+        .map(|(f, t)| super::transfer::CopyRegion {
+            src_offset: 4 * f.word0 as u64,
+            dst_offset: 4 * t.word0 as u64,
+            size: (4 * f.n_out * f.layout.row_words(f.k)) as u64,
+        })
+        .collect()
+}
+
 /// Bytes of a slot's matrices as stored (without alignment padding).
 fn mats_bytes(m: &SlotMats) -> u64 {
     [m.gate, Some(m.up), Some(m.down)].iter().flatten().map(|p| (4 * p.n_out * p.layout.row_words(p.k)) as u64).sum()
@@ -2433,12 +2447,12 @@ impl WgpuBackend {
             let host_buf = st.host.layers[l].as_ref().map(|h| h.buffer.clone()).ok_or_else(|| {
                 OpError::Unsupported { op: "moe_ffn", backend: "wgpu", why: format!("layer {l} has no host copy") }
             })?;
+            st.owner[slot] = Some((layer, e as u32));
+            st.mats[slot] = Some(slot_mats);
+            st.last_use[slot] = tick;
             if let Some(after_seq) = st.host.copy_seq {
                 // On the copy queue once the GPU is past this call; the table follows when done
-                // (`advance_copies`).
-                st.owner[slot] = Some((layer, e as u32));
-                st.mats[slot] = Some(slot_mats);
-                st.last_use[slot] = tick;
+                // (`split::advance_copies`).
                 st.copying[slot] = true;
                 st.pending_copies.push(PendingCopy {
                     slot,
@@ -2449,32 +2463,15 @@ impl WgpuBackend {
                     after_seq,
                     ring: None,
                 });
-                st.host.refills_this_step += 1;
-                if let Some(left) = &mut st.host.call_refills_left {
-                    *left = left.saturating_sub(1);
+            } else {
+                for r in copy_regions(&host_mats, &slot_mats) {
+                    self.copy(&host_buf, r.src_offset, &tier.pool[buf], r.dst_offset, r.size);
                 }
-                let s = &mut st.stats[l];
-                s.uploads += 1;
-                s.refills += 1;
-                s.bytes_uploaded += mats_bytes(&slot_mats);
-                continue;
+                st.slot_of[l][e] = slot as u32;
+                st.host.table[l * st.host.row + e] = table_entry(IN_POOL, &slot_mats);
+                touch(l * st.host.row + e);
+                st.host.table_dirty = true;
             }
-            for (from, to) in [
-                (host_mats.gate, slot_mats.gate),
-                (Some(host_mats.up), Some(slot_mats.up)),
-                (Some(host_mats.down), Some(slot_mats.down)),
-            ] {
-                let (Some(from), Some(to)) = (from, to) else { continue };
-                let size = (4 * from.n_out * from.layout.row_words(from.k)) as u64;
-                self.copy(&host_buf, 4 * from.word0 as u64, &tier.pool[buf], 4 * to.word0 as u64, size);
-            }
-            st.owner[slot] = Some((layer, e as u32));
-            st.slot_of[l][e] = slot as u32;
-            st.mats[slot] = Some(slot_mats);
-            st.last_use[slot] = tick;
-            st.host.table[l * st.host.row + e] = table_entry(IN_POOL, &slot_mats);
-            touch(l * st.host.row + e);
-            st.host.table_dirty = true;
             st.host.refills_this_step += 1;
             if let Some(left) = &mut st.host.call_refills_left {
                 *left = left.saturating_sub(1);

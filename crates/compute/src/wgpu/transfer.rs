@@ -206,29 +206,24 @@ impl TransferQueue {
                     cb,
                     &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
                 )?;
+                let barrier = || {
+                    self.raw.cmd_pipeline_barrier(
+                        cb,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::DependencyFlags::empty(),
+                        &transfer_barrier,
+                        &[],
+                        &[],
+                    )
+                };
                 // After every copy submitted before (a destination reused two calls later).
-                self.raw.cmd_pipeline_barrier(
-                    cb,
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::DependencyFlags::empty(),
-                    &transfer_barrier,
-                    &[],
-                    &[],
-                );
+                barrier();
                 if !regions.is_empty() {
                     self.raw.cmd_copy_buffer(cb, src, dst, &regions);
                 }
                 // The tags only after the bytes they announce.
-                self.raw.cmd_pipeline_barrier(
-                    cb,
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::DependencyFlags::empty(),
-                    &transfer_barrier,
-                    &[],
-                    &[],
-                );
+                barrier();
                 for &(at, value) in tags {
                     self.raw.cmd_update_buffer(cb, tag_buffer, at, &value.to_le_bytes());
                 }

@@ -313,14 +313,7 @@ impl Prefetch {
             let from = copy.host_mats[e as usize];
             let tag = self.next_tag.fetch_add(1, Ordering::Relaxed).max(1);
             entries.push(Entry { expert: e, staging: to, tag_word, tag });
-            for (from, to) in [(from.gate, to.gate), (Some(from.up), Some(to.up)), (Some(from.down), Some(to.down))] {
-                let (Some(from), Some(to)) = (from, to) else { continue };
-                regions.push(CopyRegion {
-                    src_offset: 4 * from.word0 as u64,
-                    dst_offset: 4 * to.word0 as u64,
-                    size: (4 * from.n_out * from.layout.row_words(from.k)) as u64,
-                });
-            }
+            regions.extend(super::copy_regions(&from, &to));
         }
         let words = announcement(next_seq, copy.slots_at, &entries);
         let tags = entries.iter().map(|en| (4 * en.tag_word as u64, en.tag)).collect();

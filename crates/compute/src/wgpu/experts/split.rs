@@ -58,7 +58,7 @@ use crate::cpu::experts_one_token;
 use crate::error::OpError;
 use crate::spec::{MoeSpec, RouteSpec};
 use crate::wgpu::mailbox::{Mailbox, Toward};
-use crate::wgpu::transfer::{raw_buffer, CopyRegion};
+use crate::wgpu::transfer::raw_buffer;
 use crate::wgpu::{le_f32s, le_u32s, trace, Deferred, JoinSeen, WgpuBackend, WgpuTensor, WgpuWeight};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1119,6 +1119,10 @@ impl WgpuBackend {
             Some(pf) if guess_early => self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?,
             _ => false,
         };
+        let pairs = |ids: &wgpu::Buffer, slots: &wgpu::Buffer, slots_at: u32| {
+            let table = PairTable::Slots { ids, at: 0, slots, slots_at };
+            self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)
+        };
         let y = match &prefetch {
             None => {
                 self.dispatch(
@@ -1128,9 +1132,7 @@ impl WgpuBackend {
                     &[nk as u32, nk as u32, place.slots_at, place.share_q],
                     [1, 1, 1],
                 );
-                let table =
-                    PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
-                self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?
+                pairs(&gpu_ids.buffer, place.table, place.slots_at)?
             }
             Some(pf) => {
                 let late_ids = self.alloc_bytes("moe split late ids", 4 * nk as u64)?;
@@ -1143,7 +1145,8 @@ impl WgpuBackend {
                     [1, 1, 1],
                 );
                 let row = st.host.row;
-                let patch = |slots: &crate::wgpu::PooledBuffer| {
+                let slots = self.alloc_bytes("moe split late slots", 16 * row as u64)?;
+                let patch = || {
                     self.dispatch(
                         // Workgroup memory written before it is read (invocation 0, before the barrier).
                         self.ctx.pipeline_with("moe_split_prefetch_patch", prefetch_patch_source, true),
@@ -1152,36 +1155,15 @@ impl WgpuBackend {
                         [1, 1, 1],
                     );
                 };
-                let slots = self.alloc_bytes("moe split late slots", 16 * row as u64)?;
                 if two_pass {
                     // The announced misses after the rest, from where the patch finds them then.
-                    let table =
-                        PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: place.table, slots_at: place.slots_at };
-                    let first = self.moe_pairs(
-                        x,
-                        k,
-                        &table,
-                        (&routing.weights.buf.buffer, 0),
-                        place.fused,
-                        place.gpu_biases,
-                        spec,
-                    )?;
-                    patch(&slots);
-                    let table = PairTable::Slots { ids: &late_ids.buffer, at: 0, slots: &slots.buffer, slots_at: 0 };
-                    let late = self.moe_pairs(
-                        x,
-                        k,
-                        &table,
-                        (&routing.weights.buf.buffer, 0),
-                        place.fused,
-                        place.gpu_biases,
-                        spec,
-                    )?;
+                    let first = pairs(&gpu_ids.buffer, place.table, place.slots_at)?;
+                    patch();
+                    let late = pairs(&late_ids.buffer, &slots.buffer, 0)?;
                     self.add(&first, &late)?
                 } else {
-                    patch(&slots);
-                    let table = PairTable::Slots { ids: &gpu_ids.buffer, at: 0, slots: &slots.buffer, slots_at: 0 };
-                    self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)?
+                    patch();
+                    pairs(&gpu_ids.buffer, &slots.buffer, 0)?
                 }
             }
         };
@@ -1492,17 +1474,7 @@ impl WgpuBackend {
                             st.host.layers.get(c.layer).and_then(|h| h.as_ref()).and_then(|h| raw_buffer(&h.buffer));
                         let pool = raw_buffer(&tier.pool[tier.slot_base(c.slot).0]);
                         if let (Some(host), Some(pool)) = (host, pool) {
-                            let (from, to) = (c.host_mats, c.mats);
-                            let regions: Vec<CopyRegion> =
-                                [(from.gate, to.gate), (Some(from.up), Some(to.up)), (Some(from.down), Some(to.down))]
-                                    .into_iter()
-                                    .filter_map(|(f, t)| Some((f?, t?)))
-                                    .map(|(f, t)| CopyRegion {
-                                        src_offset: 4 * f.word0 as u64,
-                                        dst_offset: 4 * t.word0 as u64,
-                                        size: (4 * f.n_out * f.layout.row_words(f.k)) as u64,
-                                    })
-                                    .collect();
+                            let regions = super::copy_regions(&c.host_mats, &c.mats);
                             c.ring = queue.copy_then_tag(host, pool, &regions, pool, &[]);
                         }
                     }
