@@ -509,7 +509,8 @@ pub(super) struct ExpertTier {
     /// compute queue, where each (~55 us over the link) sat between a layer's GPU share and its
     /// wait for the CPU's sum and, two or three at a time, outlasted the CPU's job (twenty-sixth
     /// session: the chain 161.7 us on those layers against 89.2). A/B name `copyq` (the B arm's
-    /// replacements go on the compute queue).
+    /// replacements go on the compute queue). Off by default: on the H200 (twenty-seventh
+    /// session) it made more replacements and hits but no measurable speed difference.
     copy_refills: Option<Arc<super::transfer::TransferQueue>>,
     store: Arc<dyn ExpertStore>,
     opts: ExpertTierOptions,
