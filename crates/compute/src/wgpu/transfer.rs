@@ -21,8 +21,9 @@
 //! exclusive to wgpu's queue family (no ownership transfer is recorded). For buffers, NVIDIA's
 //! driver keeps no per-family state, and a tag written after a barrier on the copy queue is seen
 //! by a kernel only after the bytes it announces (both go through the GPU's L2). Consumers must
-//! be correct whatever a tag reads (the split reads the same bytes from host memory instead);
-//! `DISKFORMER_TRANSFER_QUEUE=0` opens the device as before.
+//! be correct whatever a tag reads (the split reads the same bytes from host memory instead).
+//! The queue is opened only when something asks for it ([`wanted`]); otherwise, or with
+//! `DISKFORMER_TRANSFER_QUEUE=0`, the device opens as before.
 
 use ash::vk;
 use std::sync::Mutex;
@@ -81,15 +82,32 @@ fn transfer_family(families: &[vk::QueueFamilyProperties]) -> Option<u32> {
         .map(|i| i as u32)
 }
 
+/// Whether to open the device with a transfer queue: when something asks for one (the split's
+/// prefetch, `DISKFORMER_SPLIT_PREFETCH` above 0, or its copy-queue replacements,
+/// `DISKFORMER_SPLIT_COPY_REFILLS=1`; both off by default, measured no faster on the H200), or
+/// `DISKFORMER_TRANSFER_QUEUE=1` (its device test); never with `DISKFORMER_TRANSFER_QUEUE=0`.
+/// Otherwise the device opens exactly as before the queue existed.
+fn wanted() -> bool {
+    let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+    match var("DISKFORMER_TRANSFER_QUEUE").as_deref() {
+        Some("0") => false,
+        Some("1") => true,
+        _ => {
+            var("DISKFORMER_SPLIT_PREFETCH").and_then(|v| v.parse::<usize>().ok()).is_some_and(|n| n > 0)
+                || var("DISKFORMER_SPLIT_COPY_REFILLS").as_deref() == Some("1")
+        }
+    }
+}
+
 /// Opens `adapter` as `request_device` would, plus a transfer queue where the adapter is a
 /// Vulkan one with a transfer-only family (see the module docs). `None` when it is not, when
-/// `DISKFORMER_TRANSFER_QUEUE=0`, or when opening that way failed (the caller then opens the
-/// device as before).
+/// nothing wants the queue ([`wanted`]), or when opening that way failed (the caller then opens
+/// the device as before).
 pub(crate) fn open_device(
     adapter: &wgpu::Adapter,
     desc: &wgpu::DeviceDescriptor<'_>,
 ) -> Option<(wgpu::Device, wgpu::Queue, TransferQueue)> {
-    if std::env::var("DISKFORMER_TRANSFER_QUEUE").is_ok_and(|v| v == "0") {
+    if !wanted() {
         return None;
     }
     static PRIORITY: [f32; 1] = [1.0];
@@ -301,8 +319,9 @@ mod tests {
         assert_eq!(transfer_family(&[f(vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER, 8)]), None);
     }
 
-    /// On a device with a transfer-only family (the H200; lavapipe has one queue family with
-    /// one queue, so there it prints "skipped"): regions copied between two wgpu buffers land
+    /// On a device with a transfer-only family, run with `DISKFORMER_TRANSFER_QUEUE=1` (the
+    /// H200, where it passed; lavapipe has one queue family with one queue, so there, as
+    /// without the variable, it prints "skipped"): regions copied between two wgpu buffers land
     /// where asked and nowhere else, the tags hold their values once the fence says done, and
     /// a later submission's barrier orders it after the earlier one (the same region copied
     /// over, then read back).
