@@ -49,13 +49,25 @@ const ROUTE: &str = include_str!("shaders/moe_route.wgsl");
 /// `router`: `//F `) and the split's hand-over (`signal`: `//S `, and `//X ` or with the norm
 /// `//Y `).
 pub(super) fn route_source(router: bool, signal: bool, norm: bool) -> String {
+    route_source_with(router, signal, norm, false)
+}
+
+/// [`route_source`], or with `guess` its guess variant (`//G ` lines: the next layer's router
+/// and the prefetch's pick; only with the router and the hand-over): the next router GW and the
+/// slot table GS bound after D.
+pub(super) fn route_source_with(router: bool, signal: bool, norm: bool, guess: bool) -> String {
     let norm = norm && router;
+    let guess = guess && router && signal;
     // Bindings: L, B, OUT; the router's W, XR, CNT; the norm's NW; the hand-over's X (not with
     // the norm, which writes the row it norms) and D; then the uniform, which the back end binds
     // after the buffers.
     let x_binding = 3 + if router { 3 } else { 0 } + usize::from(norm);
     let d_binding = x_binding + usize::from(!norm);
-    let p_binding = if signal { d_binding + 1 } else { x_binding };
+    let p_binding = match (signal, guess) {
+        (true, true) => d_binding + 3,
+        (true, false) => d_binding + 1,
+        (false, _) => x_binding,
+    };
     let (l_decl, entry, logit) = if router {
         (
             "@group(0) @binding(0) var<storage, read_write> L: array<atomic<u32>>;",
@@ -76,10 +88,18 @@ pub(super) fn route_source(router: bool, signal: bool, norm: bool) -> String {
         .replace("{{ROUTER_X}}", if norm { "XR[i] * inv_rms * NW[i]" } else { "XR[i]" })
         .replace("{{X_BINDING}}", &x_binding.to_string())
         .replace("{{D_BINDING}}", &d_binding.to_string())
+        .replace("{{GW_BINDING}}", &(d_binding + 1).to_string())
+        .replace("{{GS_BINDING}}", &(d_binding + 2).to_string())
+        .replace("{{ROUTER_ROWS}}", if guess { "2u * P.n_expert" } else { "P.n_expert" })
         .replace("{{P_BINDING}}", &p_binding.to_string());
-    for (mark, on) in
-        [("//R", router), ("//F", norm), ("//S", signal), ("//X", signal && !norm), ("//Y", signal && norm)]
-    {
+    for (mark, on) in [
+        ("//R", router),
+        ("//F", norm),
+        ("//S", signal),
+        ("//X", signal && !norm),
+        ("//Y", signal && norm),
+        ("//G", guess),
+    ] {
         if on {
             src = src.replace(&format!("{mark} "), "").replace(&format!("{mark}\n"), "\n");
         }
@@ -99,11 +119,29 @@ fn route_key(router: bool, signal: bool, norm: bool) -> &'static str {
     }
 }
 
+/// The pipeline key of [`route_source_with`]'s guess variant.
+fn route_guess_key(norm: bool) -> &'static str {
+    if norm {
+        "moe_norm_router_route_signal_guess"
+    } else {
+        "moe_router_route_signal_guess"
+    }
+}
+
+/// Where the routing kernel is among the pending commands: the last one, or the one before the
+/// norm whose input it took (`take_norm_for_router`).
+fn pending_route_at(cmds: &[super::Cmd], norm_after_route: Option<usize>) -> Option<usize> {
+    match cmds.len().checked_sub(1)? {
+        last if norm_after_route == Some(last) && last > 0 => Some(last - 1),
+        last => Some(last),
+    }
+}
+
 /// Router rows per workgroup of the router variant (its `RPW`).
 const ROUTER_ROWS_PER_GROUP: usize = 4;
 
 /// Words of the routing kernel's `Params`.
-const ROUTE_PARAM_WORDS: usize = 20;
+const ROUTE_PARAM_WORDS: usize = 24;
 const GATE_UP_Q8: &str = include_str!("shaders/moe_gate_up_q8.wgsl");
 const DOWN_Q8: &str = include_str!("shaders/moe_down_q8.wgsl");
 /// The parameters the f32 and int8 kernels of each half share (`{{PARAMS}}` in their templates;
@@ -972,13 +1010,7 @@ impl WgpuBackend {
         }
         let mut p = super::lock(&self.ctx.pending);
         let super::Pending { cmds, params, norm_after_route, .. } = &mut *p;
-        // The routing kernel is the last command, or the one before the norm whose input it
-        // took (`take_norm_for_router`).
-        let route_at = match cmds.len().checked_sub(1) {
-            Some(last) if *norm_after_route == Some(last) && last > 0 => last - 1,
-            Some(last) => last,
-            None => return false,
-        };
+        let Some(route_at) = pending_route_at(cmds, *norm_after_route) else { return false };
         let Some(super::Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.get_mut(route_at)
         else {
             return false;
@@ -1006,6 +1038,72 @@ impl WgpuBackend {
             buffers.push(x.clone());
         }
         buffers.push(mailbox.clone());
+        true
+    }
+
+    /// The split's prefetch guess (`moe_route.wgsl`'s `//G ` lines) fused into the pending
+    /// routing kernel that [`Self::fuse_route_signal`] gave the hand-over: `next_router` (the next
+    /// layer's, of the same shape) on the same row in as many workgroups again, and after the
+    /// flag the first `g_max` of its top k that the slot table `table` puts in host memory
+    /// (from entry `g_slots_at`) written to `mailbox` at `g_at`, as
+    /// `moe_split_prefetch_pick.wgsl` writes them. `false` (nothing changed) where the pending
+    /// command is not that kernel, the routing has a selection bias or groups (the guess ranks
+    /// logits), or the routers differ in shape.
+    pub(super) fn fuse_route_guess(
+        &self,
+        routing: &wgpu::Buffer,
+        next_router: &super::WgpuWeight,
+        table: &wgpu::Buffer,
+        mailbox: &wgpu::Buffer,
+        [g_at, g_slots_at, g_max]: [u32; 3],
+    ) -> bool {
+        // Ten storage buffers: the signal variant's eight, the next router and the table.
+        if next_router.layout.dtype != gguf::GgmlType::F32
+            || next_router.chunks.len() != 1
+            || self.ctx.device.limits().max_storage_buffers_per_shader_stage < 10
+        {
+            return false;
+        }
+        let n_expert = next_router.n_rows;
+        let Ok(logits) = self.alloc_bytes("router logits and guess", 8 * n_expert as u64) else { return false };
+        let mut p = super::lock(&self.ctx.pending);
+        let super::Pending { cmds, params, norm_after_route, .. } = &mut *p;
+        let Some(route_at) = pending_route_at(cmds, *norm_after_route) else { return false };
+        let Some(super::Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.get_mut(route_at)
+        else {
+            return false;
+        };
+        let norm = [false, true].into_iter().find(|&norm| {
+            let made = self.ctx.pipeline_made(route_key(true, true, norm));
+            made.is_some_and(|kernel| std::sync::Arc::ptr_eq(pipeline, &kernel))
+        });
+        let Some(norm) = norm else { return false };
+        let at = *params_at as usize;
+        if buffers.get(2) != Some(routing)
+            || buffers.last() != Some(mailbox)
+            || *params_len < ROUTE_PARAM_WORDS as u64 * 4
+        {
+            return false;
+        }
+        let words = |i: usize| u32::from_le_bytes(params[at + 4 * i..at + 4 * i + 4].try_into().expect("4 bytes"));
+        let same_shape = words(0) as usize == n_expert
+            && n_expert.is_multiple_of(ROUTER_ROWS_PER_GROUP)
+            && words(16) as usize == next_router.k
+            && words(17) as usize == next_router.layout.row_words(next_router.k) / 4;
+        // No selection bias, no groups: the guess ranks the logits as the routing ranks its
+        // scores.
+        if !same_shape || words(4) != 0 || words(5) != 0 || groups[1] != 1 || groups[2] != 1 {
+            return false;
+        }
+        let Some(doubled) = groups[0].checked_mul(2).filter(|&g| g <= 65535) else { return false };
+        for (i, v) in [g_at, g_slots_at, g_max].into_iter().enumerate() {
+            params[at + 80 + 4 * i..at + 84 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        groups[0] = doubled;
+        buffers[0] = logits.buffer.clone();
+        buffers.push(next_router.chunks[0].buffer.clone());
+        buffers.push(table.clone());
+        *pipeline = self.ctx.pipeline_with(route_guess_key(norm), || route_source_with(true, true, norm, true), true);
         true
     }
 
@@ -1210,6 +1308,22 @@ mod tests {
         assert!(route_source(true, true, false).contains("@binding(7) var<storage, read_write> D"));
         assert!(route_source(true, true, true).contains("@binding(7) var<storage, read_write> D"));
         assert!(route_source(true, true, true).contains("@binding(6) var<storage, read> NW"));
+        // The guess variant: the next router and the slot table after D, the uniform after them.
+        for norm in [false, true] {
+            let src = route_source_with(true, true, norm, true);
+            parse(route_guess_key(norm), &src);
+            for binding in [
+                "@binding(8) var<storage, read> GW",
+                "@binding(9) var<storage, read> GS",
+                "@binding(10) var<uniform> P",
+            ] {
+                assert!(src.contains(binding), "{}: {binding}", route_guess_key(norm));
+            }
+            let live = |code: &str| src.lines().any(|l| l.trim_start().starts_with(code));
+            assert!(live("atomicStore(&D[P.g_at], P.seq)") && live("atomicStore(&D[P.flag_at], P.seq)"));
+        }
+        // Nothing of it elsewhere.
+        assert!(!route_source(true, true, true).lines().any(|l| l.trim_start().starts_with("atomicStore(&D[P.g_at]")));
     }
 
     /// A mailbox of `words` words the kernels write and the test reads back.
@@ -1231,7 +1345,12 @@ mod tests {
         next: &mut impl FnMut() -> f32,
     ) -> super::super::WgpuWeight {
         let values: Vec<f32> = (0..n_expert * n_embd).map(|_| 0.2 * next()).collect();
-        let bytes: &[u8] = bytemuck::cast_slice(&values);
+        router_from_rows(g, n_expert, n_embd, &values)
+    }
+
+    /// The f32 router of these rows on the GPU.
+    fn router_from_rows(g: &WgpuBackend, n_expert: usize, n_embd: usize, values: &[f32]) -> super::super::WgpuWeight {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
         super::super::WgpuWeight {
             chunks: vec![super::super::WeightChunk {
                 buffer: g.upload_weight_bytes("router", bytes.len() as u64, bytes).unwrap(),
@@ -1353,6 +1472,20 @@ mod tests {
             let want_h = g.to_host(&h_apart).unwrap();
             let apart = g.router_route_gpu(&h_apart, &router_w, None, &spec, true, None).unwrap().expect("routed");
             let (want_ids, want_w) = (g.routing_ids(&apart).unwrap(), g.to_host(&apart.weights).unwrap());
+            let (data_at, flag_at, seq) = (8u32, 3u32, 9u32);
+            let words = data_at as usize + 2 * k + n_embd;
+            // The guess's words after the hand-over's.
+            let (g_at, g_max, g_slots_at) = (words, 3usize, 5usize);
+            let mailbox = test_mailbox(&g, words + 2 + g_max);
+            // For the prefetch's guess, fused in below (made first: an upload is a command): the
+            // next layer's router and a slot table with every expert but multiples of three in
+            // host memory (`where` 1).
+            let rows: Vec<f32> = (0..n_expert * n_embd).map(|_| 0.2 * next()).collect();
+            let next_router = router_from_rows(&g, n_expert, n_embd, &rows);
+            let in_host = |e: usize| !e.is_multiple_of(3);
+            let mut table = vec![[0u32; 4]; g_slots_at];
+            table.extend((0..n_expert).map(|e| [u32::from(in_host(e)), 0, 0, 0]));
+            let table = g.upload("test slot table", bytemuck::cast_slice(table.as_flattened())).unwrap();
             // Folded: the norm pending when the router comes.
             let h = g.rms_norm(&x, Some(&nw), eps).unwrap();
             let routed = Backend::router_route(&g, &h, &router_w, None, &spec).unwrap();
@@ -1366,9 +1499,6 @@ mod tests {
                     "{case}: the last command is the norm writing h"
                 );
             }
-            let (data_at, flag_at, seq) = (8u32, 3u32, 9u32);
-            let words = data_at as usize + 2 * k + n_embd;
-            let mailbox = test_mailbox(&g, words);
             assert!(
                 g.fuse_route_signal(
                     &routed.weights.buf.buffer,
@@ -1378,22 +1508,47 @@ mod tests {
                 ),
                 "{case}: the hand-over fuses into the routing kernel before the moved norm"
             );
+            // The guess fused in too: the next router on the same normed row, its top k's first
+            // `g_max` in host memory written after the flag; where the rows do not split into
+            // whole workgroups of the router variant, nothing is fused.
+            let guess_words = [g_at as u32, g_slots_at as u32, g_max as u32];
+            let guessed =
+                g.fuse_route_guess(&routed.weights.buf.buffer, &next_router, &table.buffer, &mailbox, guess_words);
+            assert_eq!(guessed, n_expert.is_multiple_of(4), "{case}: the guess fuses where the rows allow");
             assert_eq!(g.to_host(&h).unwrap(), want_h, "{case}: the norm's output, moved or not");
             assert_eq!(g.routing_ids(&routed).unwrap(), want_ids, "{case}: ids");
             let got_w = g.to_host(&routed.weights).unwrap();
             for (j, (a, b)) in got_w.iter().zip(&want_w).enumerate() {
                 assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-3), "{case}: weight {j}: {a} vs {b}");
             }
-            let got = super::super::le_u32s(&g.read_back(&mailbox, 4 * words as u64).unwrap());
+            let got = super::super::le_u32s(&g.read_back(&mailbox, 4 * (words + 2 + g_max) as u64).unwrap());
             assert_eq!(got[flag_at as usize], seq, "{case}: flag");
             assert_eq!(
                 &got[data_at as usize + k..data_at as usize + 2 * k],
                 &want_ids[..],
                 "{case}: ids in the mailbox"
             );
-            for (i, (&bits, &want)) in got[data_at as usize + 2 * k..].iter().zip(&want_h).enumerate() {
+            for (i, (&bits, &want)) in got[data_at as usize + 2 * k..words].iter().zip(&want_h).enumerate() {
                 let v = f32::from_bits(bits);
                 assert!((v - want).abs() <= 1e-5 * want.abs().max(1e-3), "{case}: normed row [{i}] {v} vs {want}");
+            }
+            if guessed {
+                // The host's ranking of the next router's logits on the normed row.
+                let logits: Vec<f64> = rows
+                    .chunks(n_embd)
+                    .map(|r| r.iter().zip(&want_h).map(|(&w, &x)| f64::from(w) * f64::from(x)).sum())
+                    .collect();
+                let mut order: Vec<usize> = (0..n_expert).collect();
+                order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+                let want: Vec<u32> =
+                    order[..k].iter().filter(|&&e| in_host(e)).take(g_max).map(|&e| e as u32).collect();
+                assert_eq!(got[g_at], seq, "{case}: the guess's flag");
+                assert_eq!(got[g_at + 1] as usize, want.len(), "{case}: the guess's count");
+                assert_eq!(
+                    &got[g_at + 2..g_at + 2 + want.len()],
+                    &want[..],
+                    "{case}: the guessed host experts, best first"
+                );
             }
         }
     }

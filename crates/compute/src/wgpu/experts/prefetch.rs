@@ -79,6 +79,13 @@ pub(super) fn per_call_from_env() -> usize {
     std::env::var("DISKFORMER_SPLIT_PREFETCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0).min(PREFETCH_MAX)
 }
 
+/// Whether the guess goes into the layer's routing kernel (default) or into dispatches of its own
+/// (`DISKFORMER_SPLIT_PREFETCH_FUSE=0`).
+pub(super) fn fuse_from_env() -> bool {
+    static FUSE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FUSE.get_or_init(|| std::env::var("DISKFORMER_SPLIT_PREFETCH_FUSE").map_or(true, |v| v.trim() != "0"))
+}
+
 /// One announced expert: its id, the staging slot's matrices, its tag's word and value.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Entry {

@@ -541,7 +541,7 @@ fn partition_source(prefetch: bool) -> String {
         .replace("{{SKIP}}", &SKIP.to_string())
         .replace("{{PF_MAX}}", &super::prefetch::PREFETCH_MAX.to_string());
     if prefetch {
-        src.replace("{{P_BINDING}}", "5").replace("//F ", "")
+        src.replace("{{P_BINDING}}", "7").replace("//F ", "")
     } else {
         src.replace("{{P_BINDING}}", "3")
     }
@@ -1099,7 +1099,8 @@ impl WgpuBackend {
         };
         let signal = self.ctx.pipeline_with("mailbox_signal", || MAILBOX_SIGNAL.to_string(), true);
         let hand_over = [(n * n_embd) as u32, call.data_at as u32, call.slot as u32, call.seq];
-        if !self.fuse_route_signal(&routing.weights.buf.buffer, &x.buf.buffer, down.buffer(), hand_over) {
+        let fused_signal = self.fuse_route_signal(&routing.weights.buf.buffer, &x.buf.buffer, down.buffer(), hand_over);
+        if !fused_signal {
             self.dispatch(
                 signal.clone(),
                 &[&routing.weights.buf.buffer, &x.buf.buffer, down.buffer()],
@@ -1116,7 +1117,10 @@ impl WgpuBackend {
         // The next layer's guess first, so that the dispatcher finds it by the CPU job's end
         // (`DISKFORMER_SPLIT_PREFETCH_GUESS=share`: after the GPU's share instead).
         let mut guessed = match &prefetch {
-            Some(pf) if guess_early => self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?,
+            Some(pf) if guess_early => {
+                let fuse_into = Some(&routing.weights.buf.buffer).filter(|_| fused_signal);
+                self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call, fuse_into)?
+            }
             _ => false,
         };
         let pairs = |ids: &wgpu::Buffer, slots: &wgpu::Buffer, slots_at: u32| {
@@ -1137,15 +1141,39 @@ impl WgpuBackend {
             Some(pf) => {
                 let late_ids = self.alloc_bytes("moe split late ids", 4 * nk as u64)?;
                 let area = super::prefetch::area_at(call.seq, MAILBOX_SLOTS) as u32;
+                let row = st.host.row;
+                let slots = self.alloc_bytes("moe split late slots", 16 * row as u64)?;
+                // One pass: the partition writes the table row the per-pair kernels read (the
+                // patch kernel's work, no dispatch of its own).
+                let patch_row = if two_pass { 0 } else { row as u32 };
                 self.dispatch(
                     // Workgroup memory written before it is read (the shader's first phase).
                     self.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
-                    &[&routing.weights.buf.buffer, place.table, &gpu_ids.buffer, up.buffer(), &late_ids.buffer],
-                    &[nk as u32, nk as u32, place.slots_at, place.share_q, area, call.seq, u32::from(two_pass), 0],
+                    &[
+                        &routing.weights.buf.buffer,
+                        place.table,
+                        &gpu_ids.buffer,
+                        up.buffer(),
+                        &late_ids.buffer,
+                        &pf.tags,
+                        &slots.buffer,
+                    ],
+                    &[
+                        nk as u32,
+                        nk as u32,
+                        place.slots_at,
+                        place.share_q,
+                        area,
+                        call.seq,
+                        u32::from(two_pass),
+                        patch_row,
+                        super::prefetch::STAT_LANDED as u32,
+                        0,
+                        0,
+                        0,
+                    ],
                     [1, 1, 1],
                 );
-                let row = st.host.row;
-                let slots = self.alloc_bytes("moe split late slots", 16 * row as u64)?;
                 let patch = || {
                     self.dispatch(
                         // Workgroup memory written before it is read (invocation 0, before the barrier).
@@ -1162,13 +1190,12 @@ impl WgpuBackend {
                     let late = pairs(&late_ids.buffer, &slots.buffer, 0)?;
                     self.add(&first, &late)?
                 } else {
-                    patch();
                     pairs(&gpu_ids.buffer, &slots.buffer, 0)?
                 }
             }
         };
         if let Some(pf) = prefetch.as_ref().filter(|_| !guess_early) {
-            guessed = self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call)?;
+            guessed = self.prefetch_guess_next(tier, pf, st, layer, x, &down, &call, None)?;
         }
         // The share's end marked for the dispatcher, which balances the CPU's share by it: the
         // marker reads `y`, so it runs after every kernel that wrote it.
@@ -1245,12 +1272,14 @@ impl WgpuBackend {
         Ok(out)
     }
 
-    /// The prefetch's guess (`prefetch.rs`), recorded after a decode layer's GPU share: the next
-    /// layer's router on this layer's input `x`, routed, and `moe_split_prefetch_pick.wgsl`, which
-    /// writes the guessed experts in host memory into the down mailbox for the dispatcher.
-    /// Registers the next layer with the prefetch on its first guess. `false` (nothing recorded)
-    /// for the last layer, a layer whose host copy or router is not there yet, or a router the
-    /// routing kernel cannot take.
+    /// The prefetch's guess (`prefetch.rs`): the next layer's router on this layer's input `x`,
+    /// routed, and `moe_split_prefetch_pick.wgsl`, which writes the guessed experts in host
+    /// memory into the down mailbox for the dispatcher. With `fuse_into` (the routing buffer of
+    /// this layer's pending routing kernel, which carries the hand-over), both go into that
+    /// kernel instead (`fuse_route_guess`: no dispatch of their own; `DISKFORMER_SPLIT_PREFETCH_FUSE=0`
+    /// keeps them apart). Registers the next layer with the prefetch on its first guess. `false`
+    /// (nothing recorded) for the last layer, a layer whose host copy or router is not there yet,
+    /// or a router the routing kernel cannot take.
     #[allow(clippy::too_many_arguments)] // the split call's place and the prefetch
     fn prefetch_guess_next(
         &self,
@@ -1261,6 +1290,7 @@ impl WgpuBackend {
         x: &WgpuTensor,
         down: &Mailbox,
         call: &MailboxCall,
+        fuse_into: Option<&wgpu::Buffer>,
     ) -> Result<bool, OpError> {
         if crate::ab::is_b("prefetch") {
             return Ok(false);
@@ -1281,22 +1311,21 @@ impl WgpuBackend {
         }
         let Some(table) = st.host.table_gpu.clone() else { return Ok(false) };
         let spec = &guess_router.spec;
+        let guess_at = (DOWN_GUESS + call.slot * GUESS_WORDS) as u32;
+        if let Some(routing) = fuse_into.filter(|_| super::prefetch::fuse_from_env()) {
+            let words = [guess_at, (next * row) as u32, pf.per_call as u32];
+            if self.fuse_route_guess(routing, &guess_router.router, &table, down.buffer(), words) {
+                trace::mark("guess", Some(next));
+                return Ok(true);
+            }
+        }
         let Some(guess) = self.router_route_gpu(x, &guess_router.router, None, spec, true, None)? else {
             return Ok(false);
         };
         self.dispatch(
             self.ctx.pipeline_with("moe_split_prefetch_pick", || PREFETCH_PICK.to_string(), true),
             &[&guess.weights.buf.buffer, &table, down.buffer()],
-            &[
-                spec.k as u32,
-                spec.k as u32,
-                (next * row) as u32,
-                (DOWN_GUESS + call.slot * GUESS_WORDS) as u32,
-                call.seq,
-                pf.per_call as u32,
-                0,
-                0,
-            ],
+            &[spec.k as u32, spec.k as u32, (next * row) as u32, guess_at, call.seq, pf.per_call as u32, 0, 0],
             [1, 1, 1],
         );
         trace::mark("guess", Some(next));
@@ -1935,9 +1964,10 @@ mod tests {
     /// this call (in the words `prefetch::announcement` writes) are the GPU's, so the CPU's share
     /// is taken from the other misses by the host's rule (`cpu_misses` with them excluded); with
     /// two passes their pairs leave the first pass's ids for the second pass's (an announced pool
-    /// hit stays in the first), with one they stay in the first. The patch points an announced miss whose tag holds its value at its staging slot in
-    /// the second pass's table, keeps one whose tag does not at its own entry (host memory), and
-    /// counts one landed and one late. An announcement for another call (sequence number) or
+    /// hit stays in the first), with one they stay in the first. The patch (with one pass, the
+    /// partition itself) points an announced miss whose tag holds its value at its staging slot
+    /// in the per-pair kernels' table, keeps one whose tag does not at its own entry (host
+    /// memory), and counts one landed and one late. An announcement for another call (sequence number) or
     /// another layer (first table entry) is ignored by both.
     #[test]
     fn announced_misses_go_to_the_second_pass_and_landed_ones_to_staging() {
@@ -1979,18 +2009,22 @@ mod tests {
             let (upm, tags) = (upload("test up mailbox", &upm), upload("test tags", &tags_now));
             let (out, late) = (upload("test ids out", &[0; 8]), upload("test late ids", &[0; 8]));
             let s2 = upload("test pair table", &[0; 4 * 16]);
+            // One pass: the partition writes the table row itself; two: the patch kernel does.
+            let patch_row = if two_pass == 1 { 0 } else { row as u32 };
             g.dispatch(
                 g.ctx.pipeline_with("moe_split_partition_prefetch", || partition_source(true), true),
-                &[&ids_buf.buffer, &s_buf.buffer, &out.buffer, &upm.buffer, &late.buffer],
-                &[8, 0, slots_at as u32, share_q, pf_at as u32, seq, two_pass, 0],
+                &[&ids_buf.buffer, &s_buf.buffer, &out.buffer, &upm.buffer, &late.buffer, &tags.buffer, &s2.buffer],
+                &[8, 0, slots_at as u32, share_q, pf_at as u32, seq, two_pass, patch_row, STAT_LANDED as u32, 0, 0, 0],
                 [1, 1, 1],
             );
-            g.dispatch(
-                g.ctx.pipeline_with("moe_split_prefetch_patch", prefetch_patch_source, true),
-                &[&s_buf.buffer, &upm.buffer, &tags.buffer, &s2.buffer],
-                &[slots_at as u32, pf_at as u32, seq, row as u32, STAT_LANDED as u32, 0, 0, 0],
-                [1, 1, 1],
-            );
+            if two_pass == 1 {
+                g.dispatch(
+                    g.ctx.pipeline_with("moe_split_prefetch_patch", prefetch_patch_source, true),
+                    &[&s_buf.buffer, &upm.buffer, &tags.buffer, &s2.buffer],
+                    &[slots_at as u32, pf_at as u32, seq, row as u32, STAT_LANDED as u32, 0, 0, 0],
+                    [1, 1, 1],
+                );
+            }
             let announced: Vec<u32> = if used { vec![12, 5, 9] } else { Vec::new() };
             let is_miss = |e: u32| !pooled.contains(&e);
             let cpu = cpu_misses(&ids, |e| is_miss(e) && !announced.contains(&e), share_q);

@@ -37,6 +37,15 @@
 // then runs after this one (`WgpuBackend::take_norm_for_router`), off the chain from the CPU's
 // sum to the ids (`DISKFORMER_ROUTER_NORM=apart` keeps them in order). With the hand-over, its
 // `//Y ` lines replace the `//X ` ones (no X: the normed row is written from XR).
+// The guess variant (lines starting `//G `, with the router and the hand-over; the split's
+// prefetch, experts/prefetch.rs): the next layer's router GW on the same (normed) row too, in as
+// many workgroups again (their logits after this layer's in L), and after the hand-over's flag the
+// last workgroup ranks them (top k by logit: softmax and sigmoid keep the order; the caller takes
+// this variant only without a selection bias or groups) and writes into D at g_at the first g_max
+// of them, best first, that the slot table GS puts in host memory (`where` 1, from entry
+// g_slots_at): their count at g_at + 1, the ids from g_at + 2, then the call's sequence number at
+// g_at after a storage barrier. That is what `moe_split_prefetch_pick.wgsl` writes after a
+// routing of its own: two dependent dispatches less on the GPU's share.
 // WGSL's atomics are relaxed and its barriers workgroup-scoped, so "sees the count, so the
 // logits" is not promised by its memory model; it holds where atomics are performed in the
 // device's coherent cache in order with the storage barrier before the count (NVIDIA's L2,
@@ -67,6 +76,12 @@ struct Params {
     w_row4: u32,
     eps: f32,
     _r1: u32,
+    // The guess variant's: where its words go in D, the next layer's first table entry, the most
+    // experts it names.
+    g_at: u32,
+    g_slots_at: u32,
+    g_max: u32,
+    _g1: u32,
 }
 
 {{L_DECL}}
@@ -81,6 +96,8 @@ struct Params {
 //F @group(0) @binding(6) var<storage, read> NW: array<vec4<f32>>;
 //X @group(0) @binding({{X_BINDING}}) var<storage, read> X: array<u32>;
 //S @group(0) @binding({{D_BINDING}}) var<storage, read_write> D: array<atomic<u32>>;
+//G @group(0) @binding({{GW_BINDING}}) var<storage, read> GW: array<vec4<f32>>;
+//G @group(0) @binding({{GS_BINDING}}) var<storage, read> GS: array<vec4<u32>>;
 @group(0) @binding({{P_BINDING}}) var<uniform> P: Params;
 
 const WG: u32 = 256u;
@@ -132,6 +149,14 @@ var<workgroup> chosen: array<u32, MAX_K>;
 //R             s += dot(W[row * P.w_row4 + i], {{ROUTER_X}});
 //R         }
 //R     }
+//G     // The guess's rows follow (a workgroup's rows are all of one router: n_expert is a
+//G     // multiple of RPW where this variant runs).
+//G     else if (row < 2u * P.n_expert) {
+//G         let grow = row - P.n_expert;
+//G         for (var i = lid % TPR; i < P.k_in / 4u; i += TPR) {
+//G             s += dot(GW[grow * P.w_row4 + i], {{ROUTER_X}});
+//G         }
+//G     }
 //R     red[lid] = s;
 //R     workgroupBarrier();
 //R     for (var half = TPR / 2u; half > 0u; half = half / 2u) {
@@ -140,7 +165,7 @@ var<workgroup> chosen: array<u32, MAX_K>;
 //R         }
 //R         workgroupBarrier();
 //R     }
-//R     if (lid % TPR == 0u && row < P.n_expert) {
+//R     if (lid % TPR == 0u && row < {{ROUTER_ROWS}}) {
 //R         atomicStore(&L[row], bitcast<u32>(red[lid]));
 //R     }
 //R     storageBarrier();
@@ -320,4 +345,35 @@ fn main(
 //S if (lid == 0u) {
 //S     atomicStore(&D[P.flag_at], P.seq);
 //S }
+//G // The guess, off the CPU's path (its flag is up): ranks as above, over the logits alone.
+//G for (var e = lid; e < n; e += WG) {
+//G     sel[e] = bitcast<f32>(atomicLoad(&L[n + e]));
+//G }
+//G workgroupBarrier();
+//G for (var e = lid; e < n; e += WG) {
+//G     let v = sel[e];
+//G     var rank = 0u;
+//G     for (var o = 0u; o < n; o++) {
+//G         rank += u32(better(sel[o], o, v, e));
+//G     }
+//G     if (rank < P.k) {
+//G         chosen[rank] = e;
+//G     }
+//G }
+//G workgroupBarrier();
+//G if (lid == 0u) {
+//G     var m = 0u;
+//G     for (var j = 0u; j < P.k && m < P.g_max; j++) {
+//G         let e = chosen[j];
+//G         if (GS[P.g_slots_at + e].x == 1u) {
+//G             atomicStore(&D[P.g_at + 2u + m], e);
+//G             m++;
+//G         }
+//G     }
+//G     atomicStore(&D[P.g_at + 1u], m);
+//G }
+//G storageBarrier();
+//G if (lid == 0u) {
+//G     atomicStore(&D[P.g_at], P.seq);
+//G }
 }

@@ -22,8 +22,11 @@
 // host's rule excludes the same ones). With `two_pass`, they are left out of OUT too: their
 // pairs go to OUT2 (every other pair SKIP there), which a second pass of the per-pair kernels
 // computes after the first, when the copies have had longer to land; without, OUT keeps them and
-// the one pass reads them where `moe_split_prefetch_patch.wgsl`, recorded right after this
-// kernel, found them.
+// the one pass reads them from the table row this kernel writes into S2 when `row` is not 0 (as
+// `moe_split_prefetch_patch.wgsl` writes it in a dispatch of its own, which the second pass still
+// uses): the layer's row of S, with each announced miss whose tag in TAGS reads its value (the
+// copy landed) pointing at its staging slot, and TAGS[stat_at], [stat_at + 1] counting the
+// announced misses found landed and not.
 struct Params {
     n_pairs: u32,
     ids_at: u32,
@@ -32,7 +35,11 @@ struct Params {
 //F     pf_at: u32,
 //F     seq: u32,
 //F     two_pass: u32,
+//F     row: u32,
+//F     stat_at: u32,
 //F     _p1: u32,
+//F     _p2: u32,
+//F     _p3: u32,
 }
 
 @group(0) @binding(0) var<storage, read> IDS: array<u32>;
@@ -40,6 +47,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
 //F @group(0) @binding(3) var<storage, read_write> UPM: array<atomic<u32>>;
 //F @group(0) @binding(4) var<storage, read_write> OUT2: array<u32>;
+//F @group(0) @binding(5) var<storage, read_write> TAGS: array<atomic<u32>>;
+//F @group(0) @binding(6) var<storage, read_write> S2: array<vec4<u32>>;
 @group(0) @binding({{P_BINDING}}) var<uniform> P: Params;
 
 const WG: u32 = 64u;
@@ -52,6 +61,8 @@ var<workgroup> key: array<u32, MAX_PAIRS>;
 const PF_MAX: u32 = {{PF_MAX}}u;
 var<workgroup> pf_n: u32;
 var<workgroup> pf_e: array<u32, PF_MAX>;
+//F // Each announced expert's entry for S2 (`where` NONE: keep the table's).
+//F var<workgroup> pf_entry: array<vec4<u32>, PF_MAX>;
 
 fn announced(e: u32) -> bool {
     for (var j = 0u; j < pf_n; j++) {
@@ -88,11 +99,31 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 //F             n = min(atomicLoad(&UPM[P.pf_at + 2u]), PF_MAX);
 //F         }
 //F         for (var j = 0u; j < n; j++) {
-//F             pf_e[j] = atomicLoad(&UPM[P.pf_at + 3u + 6u * j]);
+//F             let b = P.pf_at + 3u + 6u * j;
+//F             let e = atomicLoad(&UPM[b]);
+//F             pf_e[j] = e;
+//F             pf_entry[j] = vec4<u32>(NONE, 0u, 0u, 0u);
+//F             if (P.row != 0u && S[P.slots_at + e].x == 1u) {
+//F                 if (atomicLoad(&TAGS[atomicLoad(&UPM[b + 4u])]) == atomicLoad(&UPM[b + 5u])) {
+//F                     pf_entry[j] = vec4<u32>(0u, atomicLoad(&UPM[b + 1u]), atomicLoad(&UPM[b + 2u]), atomicLoad(&UPM[b + 3u]));
+//F                     atomicAdd(&TAGS[P.stat_at], 1u);
+//F                 } else {
+//F                     atomicAdd(&TAGS[P.stat_at + 1u], 1u);
+//F                 }
+//F             }
 //F         }
         pf_n = n;
     }
     workgroupBarrier();
+//F     for (var i = lid; i < P.row; i += WG) {
+//F         var ent = S[P.slots_at + i];
+//F         for (var j = 0u; j < pf_n; j++) {
+//F             if (pf_e[j] == i && pf_entry[j].x == 0u) {
+//F                 ent = pf_entry[j];
+//F             }
+//F         }
+//F         S2[i] = ent;
+//F     }
     for (var q = lid; q < P.n_pairs; q += WG) {
         key[q] = miss_key(q);
     }
