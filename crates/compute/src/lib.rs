@@ -22,7 +22,7 @@ pub mod wgpu;
 pub use backend::{AttnStep, Backend, ExpertStore, Experts, HostExpert, HostMatrix, QkNorm, Routing, SsmScan};
 pub use error::OpError;
 pub use tier_stats::ExpertTierStats;
-pub use weight::HostWeight;
+pub use weight::{input_embedding_on_host, HostWeight};
 
 /// Values in [-1, 1) from a fixed xorshift sequence: the unit tests' random inputs, the same on
 /// every run and machine.

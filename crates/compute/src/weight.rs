@@ -26,7 +26,26 @@ impl std::fmt::Debug for HostWeight {
     }
 }
 
+/// Whether a GPU back end with an expert tier keeps `model`'s input embedding (`token_embd`) in
+/// host memory, reading the rows a step needs there, instead of in device memory: when the model
+/// has an output projection of its own (a tied one is the embedding, which the output product
+/// reads whole every token), unless `DISKFORMER_EMBED_ON_GPU=1`. A decode step reads one row of
+/// the table (8 KB for Qwen3-30B-A3B) and the table is ~175 MB in Q4_K there: 65 more expert
+/// slots under a 4 GB budget. llama.cpp keeps its input embedding on the host too. The GPU
+/// placement (`pager::placement`) and the wgpu back end's `weight` both follow this rule, so the
+/// bytes planned are the bytes held.
+pub fn input_embedding_on_host(model: &GgufModel) -> bool {
+    model.tensor_opt(gguf::names::OUTPUT).is_some()
+        && model.tensor_opt(gguf::names::TOKEN_EMBD).is_some()
+        && !std::env::var("DISKFORMER_EMBED_ON_GPU").is_ok_and(|v| v.trim() == "1")
+}
+
 impl HostWeight {
+    /// The model this weight belongs to.
+    pub fn model(&self) -> &Arc<GgufModel> {
+        &self.model
+    }
+
     /// The tensor `name` of `model`, or `None` when absent.
     pub fn from_model(model: &Arc<GgufModel>, name: &str) -> Option<HostWeight> {
         let (fi, info) = model.tensor_location(name)?;

@@ -185,9 +185,12 @@ impl GpuPlacement {
             .u32(&key)
             .map_err(|_| PagerError::MissingTopK { model: model_name.clone(), key: key.clone() })?
             as usize;
+        // The input embedding stays in host memory where the back end keeps it there.
+        let embedding_on_host = compute::input_embedding_on_host(model);
         let dense_bytes: u64 = model
             .tensors()
             .filter(|t| !is_routed_expert(t.name(), t.shape()))
+            .filter(|t| !(embedding_on_host && t.name() == gguf::names::TOKEN_EMBD))
             .map(|t| sizes.tensor_bytes(t.dtype(), t.shape(), t.info.size_bytes))
             .sum();
         let min_slots = (MIN_SLOTS_PER_TOP_K * top_k).min(n_experts_total);

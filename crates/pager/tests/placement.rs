@@ -1,5 +1,6 @@
-//! GPU placement without a GPU: on committed MoE fixtures, the planner's dense bytes, slot size
-//! and floor are the sums read here from the tensor list and metadata; a budget of exactly the
+//! GPU placement without a GPU: on committed MoE fixtures, the planner's dense bytes (without the
+//! input embedding where the model has its own output projection), slot size and floor are the
+//! sums read here from the tensor list and metadata; a budget of exactly the
 //! dense weights, KV cache, scratch and 3 × top-k slots plans that floor, one byte less is the
 //! typed error with the numbers, and a large budget holds every expert.
 
@@ -31,7 +32,13 @@ fn placement_floor_and_refusal_on_moe_fixtures() {
             slot_bytes = slot_bytes.max(layer_bytes / n_expert as u64);
             n_experts_total += n_expert;
         }
-        let dense_bytes = model.tensor_bytes_total() - expert_bytes_total;
+        // A model with an output projection of its own keeps its input embedding on the host
+        // (`compute::input_embedding_on_host`): not part of the GPU's dense weights.
+        let embedding_bytes = match (model.tensor_opt("output.weight"), model.tensor_opt("token_embd.weight")) {
+            (Some(_), Some(t)) => t.info.size_bytes,
+            _ => 0,
+        };
+        let dense_bytes = model.tensor_bytes_total() - expert_bytes_total - embedding_bytes;
         let arch_name = model.architecture().unwrap().to_string();
         let top_k = model.metadata().u32(&format!("{arch_name}.expert_used_count")).unwrap() as usize;
         let min_slots = (MIN_SLOTS_PER_TOP_K * top_k).min(n_experts_total);
@@ -74,7 +81,7 @@ fn placement_floor_and_refusal_on_moe_fixtures() {
         let big = GpuPlacement::plan(&model, u64::MAX / 2, kv, scratch).expect("fits");
         assert_eq!(big.n_slots, n_experts_total, "{arch}: a large budget holds every expert once");
         println!(
-            "{arch}: dense {dense_bytes} B, slot {slot_bytes} B, top-k {top_k}, floor {min_slots} slots, {n_experts_total} experts"
+            "{arch}: dense {dense_bytes} B (input embedding on the host: {embedding_bytes} B), slot {slot_bytes} B, top-k {top_k}, floor {min_slots} slots, {n_experts_total} experts"
         );
     }
 }

@@ -736,6 +736,7 @@ fn slot_weight(buffer: &wgpu::Buffer, p: &Placed) -> (WgpuWeight, usize) {
         n_rows,
         shape: vec![p.n_out, p.k],
         name: "expert slot".into(),
+        host: None,
     };
     (w, row0)
 }

@@ -221,6 +221,9 @@ pub struct WgpuWeight {
     n_rows: usize,
     shape: Vec<usize>,
     name: String,
+    /// A table kept in host memory (`crate::weight::input_embedding_on_host`): no chunks; only
+    /// `get_rows` reads it, on the host.
+    host: Option<HostWeight>,
 }
 
 impl WgpuWeight {
@@ -1403,6 +1406,16 @@ impl WgpuBackend {
         r: Span,
         accumulate: bool,
     ) -> Result<(), OpError> {
+        if w.host.is_some() {
+            return Err(OpError::Unsupported {
+                op: "matmul",
+                backend: "wgpu",
+                why: format!(
+                    "{} is kept in host memory for its rows only (DISKFORMER_EMBED_ON_GPU=1 keeps it on the GPU)",
+                    w.name
+                ),
+            });
+        }
         if self.try_int8_product(x, w, y, r, accumulate)? || self.try_int8_prefill(x, w, y, r, accumulate)? {
             return Ok(());
         }
@@ -1791,7 +1804,15 @@ impl Backend for WgpuBackend {
         // Paged experts stay on the host: the expert tier uploads them into slots on demand.
         if self.experts.is_some() && w.shape.len() == 3 && w.name.ends_with("_exps.weight") {
             let (shape, name) = (w.shape.clone(), w.name.clone());
-            return Ok(WgpuWeight { chunks: Vec::new(), layout: l, k, n_rows, shape, name });
+            return Ok(WgpuWeight { chunks: Vec::new(), layout: l, k, n_rows, shape, name, host: None });
+        }
+        // The input embedding under a budget: read a row at a time on the host (see the rule).
+        if self.experts.is_some()
+            && w.name == gguf::names::TOKEN_EMBD
+            && crate::weight::input_embedding_on_host(w.model())
+        {
+            let (shape, name) = (w.shape.clone(), w.name.clone());
+            return Ok(WgpuWeight { chunks: Vec::new(), layout: l, k, n_rows, shape, name, host: Some(w.clone()) });
         }
         if !l.is_float() && !k.is_multiple_of(l.block_values) {
             return Err(OpError::Weight {
@@ -1839,7 +1860,7 @@ impl Backend for WgpuBackend {
             chunks.push(WeightChunk { buffer, row0, n_rows: rows });
             row0 += rows;
         }
-        Ok(WgpuWeight { chunks, layout: l, k, n_rows, shape: w.shape.clone(), name: w.name.clone() })
+        Ok(WgpuWeight { chunks, layout: l, k, n_rows, shape: w.shape.clone(), name: w.name.clone(), host: None })
     }
 
     fn get_rows(&self, table: &WgpuWeight, ids: &[u32]) -> Result<WgpuTensor, OpError> {
@@ -1847,6 +1868,17 @@ impl Backend for WgpuBackend {
             return Err(OpError::BadTokenId { id, n_vocab: table.n_rows });
         }
         trace::mark("get_rows", None);
+        if let Some(host) = &table.host {
+            // Dequantized here and uploaded: a step's rows are a few KB.
+            let (k, rb, bytes) = (table.k, host.row_bytes(), host.bytes());
+            let mut rows = vec![0f32; ids.len() * k];
+            for (&id, out) in ids.iter().zip(rows.chunks_mut(k)) {
+                let i = id as usize;
+                crate::quant::dequantize(host.dtype, &bytes[i * rb..(i + 1) * rb], out)
+                    .map_err(|source| OpError::Quant { op: "get_rows", source })?;
+            }
+            return self.from_host(&rows, &[ids.len(), k]);
+        }
         let k = table.k;
         let y = self.alloc("get_rows", &[ids.len(), k])?;
         let idb = self.upload("get_rows ids", bytemuck::cast_slice(ids))?;

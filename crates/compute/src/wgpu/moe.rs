@@ -1362,6 +1362,7 @@ mod tests {
             n_rows: n_expert,
             shape: vec![n_expert, n_embd],
             name: "router".into(),
+            host: None,
         }
     }
 

@@ -86,6 +86,25 @@ pub(super) fn fuse_from_env() -> bool {
     *FUSE.get_or_init(|| std::env::var("DISKFORMER_SPLIT_PREFETCH_FUSE").map_or(true, |v| v.trim() != "0"))
 }
 
+/// Parts of the prefetch left out, to measure what each costs (`DISKFORMER_SPLIT_PREFETCH_TRIAL`:
+/// `guess`, the guess alone, nothing announced; `nocopy`, announced but never copied, so every
+/// announced miss is read over the link by the GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Trial {
+    Whole,
+    GuessOnly,
+    NoCopies,
+}
+
+pub(super) fn trial_from_env() -> Trial {
+    static TRIAL: std::sync::OnceLock<Trial> = std::sync::OnceLock::new();
+    *TRIAL.get_or_init(|| match std::env::var("DISKFORMER_SPLIT_PREFETCH_TRIAL").as_deref().map(str::trim) {
+        Ok("guess") => Trial::GuessOnly,
+        Ok("nocopy") => Trial::NoCopies,
+        _ => Trial::Whole,
+    })
+}
+
 /// One announced expert: its id, the staging slot's matrices, its tag's word and value.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Entry {
@@ -293,7 +312,7 @@ impl Prefetch {
         seq: u32,
         layer: usize,
     ) -> Option<Copies> {
-        if crate::ab::is_b("prefetch") {
+        if crate::ab::is_b("prefetch") || trial_from_env() == Trial::GuessOnly {
             return None;
         }
         let guess_at = DOWN_GUESS + (seq as usize % slots) * super::split::GUESS_WORDS;
@@ -333,6 +352,9 @@ impl Prefetch {
 
     /// Submits an announcement's copies and tags on the copy queue; counts a refusal.
     pub(super) fn submit(&self, c: &Copies) {
+        if trial_from_env() == Trial::NoCopies {
+            return;
+        }
         match self.transfer.copy_then_tag(c.host, c.pool, &c.regions, self.tags_raw, &c.tags) {
             Some(i) => *lock(&self.last) = Some(i),
             None => {
