@@ -11,11 +11,13 @@
 //! (`wgpu/transfer.rs`), run beside the chain.
 //!
 //! How, per decode layer L (one token):
-//! 1. Right after L's hand-over (before its partition; `DISKFORMER_SPLIT_PREFETCH_GUESS=share`:
-//!    after its GPU share) the host records L+1's router on L's input and its top k (the guess
-//!    `touch_next_layer` used: ~95% of such guesses are selected), and
-//!    `moe_split_prefetch_pick.wgsl` writes the first [`Prefetch::per_call`] guessed experts the
-//!    slot table puts in host memory into the down mailbox with L's sequence number.
+//! 1. L's routing kernel (its `//G` variant, `fuse_route_guess`) also takes L+1's router on L's
+//!    input and, after the hand-over's flag, its top k (the guess `touch_next_layer` used: ~95%
+//!    of such guesses are selected), and writes the first [`Prefetch::per_call`] guessed experts
+//!    the slot table puts in host memory into the down mailbox with L's sequence number. Where
+//!    that kernel cannot take it (or `DISKFORMER_SPLIT_PREFETCH_FUSE=0`) the host records the
+//!    router and `moe_split_prefetch_pick.wgsl` right after L's hand-over
+//!    (`DISKFORMER_SPLIT_PREFETCH_GUESS=share`: after its GPU share).
 //! 2. The dispatcher, once L's CPU job is done and before L's sum's flag: reads them, picks each
 //!    a staging slot (the pool's last slots of L+1's region, reserved, two sets used by
 //!    alternate calls), announces them for call L+1 in the up mailbox (id, the staging slot's
@@ -24,11 +26,12 @@
 //! 3. L+1's partition (`moe_split_partition.wgsl`, prefetch variant) reads the announcement
 //!    after its wait for L's flag: announced misses are the GPU's (never the CPU's: the host's
 //!    rule excludes them too, [`super::split::cpu_misses`] on the rest).
-//!    `moe_split_prefetch_patch.wgsl` writes the layer's table row for the per-pair kernels with
-//!    each announced miss whose tag landed pointing at its staging slot; one not landed is read
-//!    from host memory as before. It runs right after the partition (one pass), or with
-//!    `DISKFORMER_SPLIT_PREFETCH_PASSES=2` after a first pass of the per-pair kernels over the
-//!    other pairs, the announced ones in a second pass (their copies then have longer to land).
+//!    The partition also writes the layer's table row for the per-pair kernels with each
+//!    announced miss whose tag landed pointing at its staging slot; one not landed is read from
+//!    host memory as before. With `DISKFORMER_SPLIT_PREFETCH_PASSES=2`,
+//!    `moe_split_prefetch_patch.wgsl` writes that row instead, after a first pass of the per-pair
+//!    kernels over the other pairs, and the announced ones go in a second pass (their copies then
+//!    have longer to land).
 //!    The copy thus only ever replaces where the GPU reads the same bytes from.
 //!
 //! Measured on the H200 (twenty-seventh session, docs/PAGING.md): the copies land (two passes:
@@ -36,7 +39,11 @@
 //! prefetch were slower than steps without in one process (skew 0.3 ~7%, uniform ~3%): the
 //! guess, the patch and the second pass are dispatches on the GPU's share, whose end moved past
 //! the CPU's more often (the GPU first in 63.5% of layers against ~78%), and what one expert a
-//! layer saves does not pay for them. Hence off by default.
+//! layer saves does not pay for them. The twenty-eighth session took those dispatches out (the
+//! guess in the routing kernel, the patch in the partition) and it stayed as slow (skew 9%,
+//! uniform 6%); its parts (`DISKFORMER_SPLIT_PREFETCH_TRIAL`, [`Trial`]) put the cost in giving
+//! the GPU the announced misses at all (~7% with no copy made), which the landed copies barely
+//! reduce. Hence off by default.
 //!
 //! A set of staging slots is written again two calls later, after the dispatcher saw the next
 //! call's hand-over, which the GPU writes after the earlier call's kernels ran (queue order).
