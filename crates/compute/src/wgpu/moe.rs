@@ -119,6 +119,28 @@ fn route_key(router: bool, signal: bool, norm: bool) -> &'static str {
     }
 }
 
+/// The pending routing kernel's dispatch, as [`WgpuBackend::amend_pending_route`] lends it.
+struct PendingRoute<'a> {
+    pipeline: &'a mut std::sync::Arc<wgpu::ComputePipeline>,
+    buffers: &'a mut Vec<wgpu::Buffer>,
+    /// Its `Params` words, little-endian.
+    params: &'a mut [u8],
+    groups: &'a mut [u32; 3],
+}
+
+impl PendingRoute<'_> {
+    fn word(&self, i: usize) -> u32 {
+        u32::from_le_bytes(self.params[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+    }
+
+    /// Writes `values` from word `first` on.
+    fn set_words(&mut self, first: usize, values: &[u32]) {
+        for (i, v) in values.iter().enumerate() {
+            self.params[4 * (first + i)..4 * (first + i + 1)].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
 /// The pipeline key of [`route_source_with`]'s guess variant.
 fn route_guess_key(norm: bool) -> &'static str {
     if norm {
@@ -1008,37 +1030,27 @@ impl WgpuBackend {
         {
             return false;
         }
-        let mut p = super::lock(&self.ctx.pending);
-        let super::Pending { cmds, params, norm_after_route, .. } = &mut *p;
-        let Some(route_at) = pending_route_at(cmds, *norm_after_route) else { return false };
-        let Some(super::Cmd::Dispatch { pipeline, buffers, params_at, params_len, groups }) = cmds.get_mut(route_at)
-        else {
-            return false;
-        };
-        let at = *params_at as usize;
-        let words = |i: usize| u32::from_le_bytes(params[at + 4 * i..at + 4 * i + 4].try_into().expect("4 bytes"));
-        // Which routing kernel wrote `routing`: the plain one (one workgroup), the router variant
-        // (its workgroups over the router's rows) or that with the norm in it.
-        let kind = [(false, false), (true, false), (true, true)].into_iter().find(|&(router, norm)| {
-            let made = self.ctx.pipeline_made(route_key(router, false, norm));
-            made.is_some_and(|kernel| std::sync::Arc::ptr_eq(pipeline, &kernel))
-        });
-        let Some((router, norm)) = kind else { return false };
-        let one_group = *groups == [1, 1, 1];
-        let is_route = buffers.get(2) == Some(routing) && *params_len >= ROUTE_PARAM_WORDS as u64 * 4;
-        if !is_route || (!router && !one_group) || words(1) != 1 {
-            return false;
-        }
-        for (i, v) in [x_words, data_at, flag_at, seq].into_iter().enumerate() {
-            params[at + 48 + 4 * i..at + 52 + 4 * i].copy_from_slice(&v.to_le_bytes());
-        }
-        *pipeline = self.route_pipeline(router, true, norm);
-        if !norm {
-            // The norm variant writes the row it norms instead of reading `x`.
-            buffers.push(x.clone());
-        }
-        buffers.push(mailbox.clone());
-        true
+        self.amend_pending_route(|mut r| {
+            // Which routing kernel wrote `routing`: the plain one (one workgroup), the router
+            // variant (its workgroups over the router's rows) or that with the norm in it.
+            let kind = [(false, false), (true, false), (true, true)].into_iter().find(|&(router, norm)| {
+                let made = self.ctx.pipeline_made(route_key(router, false, norm));
+                made.is_some_and(|kernel| std::sync::Arc::ptr_eq(r.pipeline, &kernel))
+            });
+            let Some((router, norm)) = kind else { return false };
+            let one_group = *r.groups == [1, 1, 1];
+            if r.buffers.get(2) != Some(routing) || (!router && !one_group) || r.word(1) != 1 {
+                return false;
+            }
+            r.set_words(12, &[x_words, data_at, flag_at, seq]);
+            *r.pipeline = self.route_pipeline(router, true, norm);
+            if !norm {
+                // The norm variant writes the row it norms instead of reading `x`.
+                r.buffers.push(x.clone());
+            }
+            r.buffers.push(mailbox.clone());
+            true
+        })
     }
 
     /// The split's prefetch guess (`moe_route.wgsl`'s `//G ` lines) fused into the pending
@@ -1066,6 +1078,40 @@ impl WgpuBackend {
         }
         let n_expert = next_router.n_rows;
         let Ok(logits) = self.alloc_bytes("router logits and guess", 8 * n_expert as u64) else { return false };
+        self.amend_pending_route(|mut r| {
+            let norm = [false, true].into_iter().find(|&norm| {
+                let made = self.ctx.pipeline_made(route_key(true, true, norm));
+                made.is_some_and(|kernel| std::sync::Arc::ptr_eq(r.pipeline, &kernel))
+            });
+            let Some(norm) = norm else { return false };
+            if r.buffers.get(2) != Some(routing) || r.buffers.last() != Some(mailbox) {
+                return false;
+            }
+            let same_shape = r.word(0) as usize == n_expert
+                && n_expert.is_multiple_of(ROUTER_ROWS_PER_GROUP)
+                && r.word(16) as usize == next_router.k
+                && r.word(17) as usize == next_router.layout.row_words(next_router.k) / 4;
+            // No selection bias, no groups: the guess ranks the logits as the routing ranks its
+            // scores.
+            if !same_shape || r.word(4) != 0 || r.word(5) != 0 || r.groups[1] != 1 || r.groups[2] != 1 {
+                return false;
+            }
+            let Some(doubled) = r.groups[0].checked_mul(2).filter(|&g| g <= 65535) else { return false };
+            r.set_words(20, &[g_at, g_slots_at, g_max]);
+            r.groups[0] = doubled;
+            r.buffers[0] = logits.buffer.clone();
+            r.buffers.push(next_router.chunks[0].buffer.clone());
+            r.buffers.push(table.clone());
+            *r.pipeline =
+                self.ctx.pipeline_with(route_guess_key(norm), || route_source_with(true, true, norm, true), true);
+            true
+        })
+    }
+
+    /// Runs `amend` on the pending routing kernel's dispatch ([`pending_route_at`]) with its
+    /// parameter words; `false` when the pending commands end otherwise or its parameters are
+    /// not the routing kernel's size.
+    fn amend_pending_route(&self, amend: impl FnOnce(PendingRoute<'_>) -> bool) -> bool {
         let mut p = super::lock(&self.ctx.pending);
         let super::Pending { cmds, params, norm_after_route, .. } = &mut *p;
         let Some(route_at) = pending_route_at(cmds, *norm_after_route) else { return false };
@@ -1073,38 +1119,11 @@ impl WgpuBackend {
         else {
             return false;
         };
-        let norm = [false, true].into_iter().find(|&norm| {
-            let made = self.ctx.pipeline_made(route_key(true, true, norm));
-            made.is_some_and(|kernel| std::sync::Arc::ptr_eq(pipeline, &kernel))
-        });
-        let Some(norm) = norm else { return false };
-        let at = *params_at as usize;
-        if buffers.get(2) != Some(routing)
-            || buffers.last() != Some(mailbox)
-            || *params_len < ROUTE_PARAM_WORDS as u64 * 4
-        {
+        let (at, len) = (*params_at as usize, *params_len as usize);
+        if len < ROUTE_PARAM_WORDS * 4 || params.len() < at + len {
             return false;
         }
-        let words = |i: usize| u32::from_le_bytes(params[at + 4 * i..at + 4 * i + 4].try_into().expect("4 bytes"));
-        let same_shape = words(0) as usize == n_expert
-            && n_expert.is_multiple_of(ROUTER_ROWS_PER_GROUP)
-            && words(16) as usize == next_router.k
-            && words(17) as usize == next_router.layout.row_words(next_router.k) / 4;
-        // No selection bias, no groups: the guess ranks the logits as the routing ranks its
-        // scores.
-        if !same_shape || words(4) != 0 || words(5) != 0 || groups[1] != 1 || groups[2] != 1 {
-            return false;
-        }
-        let Some(doubled) = groups[0].checked_mul(2).filter(|&g| g <= 65535) else { return false };
-        for (i, v) in [g_at, g_slots_at, g_max].into_iter().enumerate() {
-            params[at + 80 + 4 * i..at + 84 + 4 * i].copy_from_slice(&v.to_le_bytes());
-        }
-        groups[0] = doubled;
-        buffers[0] = logits.buffer.clone();
-        buffers.push(next_router.chunks[0].buffer.clone());
-        buffers.push(table.clone());
-        *pipeline = self.ctx.pipeline_with(route_guess_key(norm), || route_source_with(true, true, norm, true), true);
-        true
+        amend(PendingRoute { pipeline, buffers, params: &mut params[at..at + len], groups })
     }
 
     /// The pipeline of [`route_source`]'s variant (created once).
