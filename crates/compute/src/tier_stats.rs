@@ -21,8 +21,10 @@ pub struct ExpertTierStats {
     pub evictions: u64,
     /// Misses the GPU read from the host tier (the `Host` miss policy).
     pub host_reads: u64,
-    /// Uploads that were refills between steps from the host tier (the rest of `uploads`
-    /// served misses of the call itself: a prefill's, or every miss outside the host tier).
+    /// Uploads that were refills from the host tier: between steps, or the pool's share of a
+    /// layer filled at its first call (`ExpertTierOptions::prefill_per_layer`); the rest of
+    /// `uploads` served misses of the call itself (a prefill's, or every miss outside the host
+    /// tier).
     pub refills: u64,
 }
 

@@ -468,6 +468,52 @@ mod gpu {
         r.finish();
     }
 
+    /// A host tier with `prefill_per_layer` fills the pool at each layer's first call: that
+    /// call's picks among the prefilled experts are already hits (none without the prefill),
+    /// and the output is the CPU's.
+    #[test]
+    fn a_prefilled_pool_hits_from_the_first_call() {
+        let Some(g0) = gpu("gpu_tier_moe") else { return };
+        let mut rng = StdRng::seed_from_u64(seed());
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let case = cases()[1];
+        let b = build(&c, &case, "prefill", &mut rng);
+        let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
+        mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
+        let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
+        let store = Arc::new(FileStore {
+            gate: b.file.find("gate"),
+            up: b.file.find("up").unwrap(),
+            down: b.file.find("down").unwrap(),
+            n_expert: case.n_expert,
+        });
+        // Half the layer's experts prefilled (ids below `half`: no history yet), the picks
+        // spanning both halves.
+        let half = case.n_expert / 2;
+        let ids: Vec<u32> = (0..case.k as u32).map(|j| if j % 2 == 0 { j / 2 } else { half as u32 + j / 2 }).collect();
+        let (in_pool, out) = (ids.iter().filter(|&&e| (e as usize) < half).count() as u64, ids.len() as u64);
+        let x = tensor(&mut rng, &[1, case.n_embd], 1.0);
+        let weights = tensor(&mut rng, &[1, case.k], 1.0);
+        let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
+        let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        for (prefill, hits) in [(half, in_pool), (0, 0)] {
+            let opts = ExpertTierOptions {
+                miss: MissPolicy::Host,
+                prefill_per_layer: prefill,
+                ..ExpertTierOptions::new(case.n_expert, slot_bytes)
+            };
+            let g = g0.clone().with_expert_store(store.clone(), opts).expect("tier");
+            let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+            let got = run_gpu(&g, &e, &x, &ids, &weights, case.k, &b.spec);
+            r.check(&format!("prefill {prefill}"), got, &want.data, MAX_NMSE);
+            let total = g.expert_tier_total().unwrap();
+            assert_eq!((total.hits, total.selections), (hits, out), "prefill {prefill}: {total:?}");
+            assert_eq!(total.refills, prefill as u64, "prefill {prefill}: the pool's share copied at once");
+        }
+        r.finish();
+    }
+
     /// Commands one decode token's MoE layer submits after the router's product: the routing
     /// kernel and the two per-pair kernels on resident experts (no readback, no upload); the
     /// tier adds the readback of the ids and weights when every expert is a hit, the tier

@@ -131,6 +131,8 @@ pub struct GpuPlacement {
     pub top_k: usize,
     /// Experts in the model, all layers.
     pub n_experts_total: usize,
+    /// Layers with routed experts.
+    pub n_expert_layers: usize,
 }
 
 impl GpuPlacement {
@@ -179,6 +181,7 @@ impl GpuPlacement {
             slot_bytes = slot_bytes.max(b);
         }
         let n_experts_total: usize = present().map(|l| l.n_expert).sum();
+        let n_expert_layers = present().count();
         let key = format!("{}.expert_used_count", model.architecture().unwrap_or("general"));
         let top_k = model
             .metadata()
@@ -218,6 +221,7 @@ impl GpuPlacement {
             min_slots,
             top_k,
             n_experts_total,
+            n_expert_layers,
         })
     }
 

@@ -189,6 +189,9 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
             pager::CachePolicy::Lfu => SlotPolicy::Lfu,
         },
         cpu_matmul: o.matmul,
+        // The pool shared evenly by the layers from their first call, until the policy learns
+        // which experts are worth their slots.
+        prefill_per_layer: placed.n_slots / placed.n_expert_layers.max(1),
         ..ExpertTierOptions::new(placed.n_slots, placed.slot_bytes)
     };
     let backend_error = |e: &dyn std::fmt::Display| PlanError::GpuTier { model: model.clone(), why: e.to_string() };

@@ -130,6 +130,11 @@ pub struct ExpertTierOptions {
     /// Under [`MissPolicy::Host`], the most bytes the host tier may take (`--ram-budget`): a
     /// layer whose copy would pass it is an error, never an overrun.
     pub host_budget_bytes: Option<u64>,
+    /// Under a host tier ([`MissPolicy::Host`], [`MissPolicy::Split`]): pool slots each layer's
+    /// experts take as soon as the layer's host copy is made (its first call), copied from that
+    /// copy on the GPU (0: the pool starts empty and fills with misses as they come). The
+    /// caller sets it to the pool's slots over the model's MoE layers.
+    pub prefill_per_layer: usize,
 }
 
 impl ExpertTierOptions {
@@ -145,6 +150,7 @@ impl ExpertTierOptions {
             cpu_matmul: MatmulMode::Exact,
             max_slots_per_buffer: None,
             host_budget_bytes: None,
+            prefill_per_layer: 0,
         }
     }
 
@@ -963,7 +969,12 @@ impl WgpuBackend {
             prefetch,
             copy_refills,
             store,
-            opts: ExpertTierOptions { slot_bytes, staging_bytes, ..opts },
+            opts: ExpertTierOptions {
+                slot_bytes,
+                staging_bytes,
+                prefill_per_layer: if super::env_off("DISKFORMER_POOL_PREFILL") { 0 } else { opts.prefill_per_layer },
+                ..opts
+            },
             slot_words: (slot_bytes / 4) as usize,
             slots_per_buffer,
             pool,
@@ -2587,6 +2598,56 @@ impl WgpuBackend {
             st.host.layers.resize_with(layer + 1, || None);
         }
         st.host.layers[layer] = Some(HostLayer { buffer, mats });
+        self.prefill_layer(tier, st, layer)
+    }
+
+    /// Right after `layer`'s host copy is made: copies up to
+    /// [`ExpertTierOptions::prefill_per_layer`] of its experts from that copy into free slots of
+    /// its pool region (GPU copies, at the link's rate: ~70 ms for the 3.3 GB pool of
+    /// Qwen3-30B-A3B at 4G on the H200), the most popular first (LFU score, then id: with no
+    /// history, the first ids, which says nothing of a model's routing).
+    ///
+    /// Why: an empty pool fills with misses as they come, at most one copy per split call
+    /// (each sits on the chain from the CPU's sum to the next layer's ids), so at 4G it took
+    /// ~26 steps to fill and the first decode steps ran at no hits at all (the twenty-eighth
+    /// session's trace: steps 1-8 at ~30 ms, ~12 ms once warm). Filling at the first call puts
+    /// those copies where the host copy's own (16 GB through staging) already are; the policy
+    /// then replaces them as the routing shows which experts are worth more.
+    fn prefill_layer(&self, tier: &ExpertTier, st: &mut TierState, layer: usize) -> Result<(), OpError> {
+        let want = tier.opts.prefill_per_layer;
+        let Some(host) = st.host.layers.get(layer).and_then(|h| h.as_ref()) else { return Ok(()) };
+        if want == 0 || tier.regions.is_empty() {
+            return Ok(());
+        }
+        let (host_buf, host_mats) = (host.buffer.clone(), host.mats.clone());
+        let region = st.region(layer, &tier.regions);
+        let mut free = tier.regions[region].clone().filter(|&s| st.owner[s].is_none() && !st.copying[s]);
+        let mut order: Vec<usize> = (0..host_mats.len()).filter(|&e| st.slot_of[layer][e] == NO_SLOT).collect();
+        let score = &st.score[layer];
+        order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+        let mut placed = Vec::new();
+        for e in order.into_iter().take(want) {
+            let Some(slot) = free.next() else { break };
+            placed.push((e, slot));
+        }
+        let row = st.host.row;
+        for (e, slot) in placed {
+            let (buf, base) = tier.slot_base(slot);
+            let slot_mats = tier.place_like(base, &host_mats[e]);
+            for r in copy_regions(&host_mats[e], &slot_mats) {
+                self.copy(&host_buf, r.src_offset, &tier.pool[buf], r.dst_offset, r.size);
+            }
+            st.owner[slot] = Some((layer as u32, e as u32));
+            st.mats[slot] = Some(slot_mats);
+            st.last_use[slot] = st.tick;
+            st.slot_of[layer][e] = slot as u32;
+            st.host.table[layer * row + e] = table_entry(IN_POOL, &slot_mats);
+            let s = &mut st.stats[layer];
+            s.uploads += 1;
+            s.refills += 1;
+            s.bytes_uploaded += mats_bytes(&slot_mats);
+        }
+        st.host.table_dirty = true;
         Ok(())
     }
 
