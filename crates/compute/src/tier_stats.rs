@@ -21,11 +21,12 @@ pub struct ExpertTierStats {
     pub evictions: u64,
     /// Misses the GPU read from the host tier (the `Host` miss policy).
     pub host_reads: u64,
-    /// Uploads that were refills from the host tier: between steps, or the pool's share of a
-    /// layer filled at its first call (`ExpertTierOptions::prefill_per_layer`); the rest of
-    /// `uploads` served misses of the call itself (a prefill's, or every miss outside the host
-    /// tier).
+    /// Uploads that were refills between steps from the host tier (the rest of `uploads`
+    /// served misses of the call itself: a prefill's, or every miss outside the host tier).
     pub refills: u64,
+    /// Experts copied into the pool from the host tier at the layer's first call, before any
+    /// miss asked for them (`ExpertTierOptions::prefill_per_layer`; not among `uploads`).
+    pub prefilled: u64,
 }
 
 impl ExpertTierStats {
@@ -40,5 +41,6 @@ impl ExpertTierStats {
         self.evictions += o.evictions;
         self.host_reads += o.host_reads;
         self.refills += o.refills;
+        self.prefilled += o.prefilled;
     }
 }

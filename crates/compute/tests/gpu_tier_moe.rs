@@ -509,7 +509,8 @@ mod gpu {
             r.check(&format!("prefill {prefill}"), got, &want.data, MAX_NMSE);
             let total = g.expert_tier_total().unwrap();
             assert_eq!((total.hits, total.selections), (hits, out), "prefill {prefill}: {total:?}");
-            assert_eq!(total.refills, prefill as u64, "prefill {prefill}: the pool's share copied at once");
+            assert_eq!(total.prefilled, prefill as u64, "prefill {prefill}: the pool's share copied at once");
+            assert_eq!(total.uploads, 0, "prefill {prefill}: the prefill is not among the uploads");
         }
         r.finish();
     }

@@ -1290,9 +1290,10 @@ impl WgpuBackend {
         }
         if t.reads_host() {
             out.push_str(&format!(
-                "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss\n",
+                "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss; {} experts copied into the pool at the layers' first calls\n",
                 mib(st.host.bytes),
-                st.host.layers.iter().flatten().count()
+                st.host.layers.iter().flatten().count(),
+                st.stats.iter().map(|s| s.prefilled).sum::<u64>()
             ));
         }
         out.push_str(
@@ -2642,10 +2643,9 @@ impl WgpuBackend {
             st.last_use[slot] = st.tick;
             st.slot_of[layer][e] = slot as u32;
             st.host.table[layer * row + e] = table_entry(IN_POOL, &slot_mats);
-            let s = &mut st.stats[layer];
-            s.uploads += 1;
-            s.refills += 1;
-            s.bytes_uploaded += mats_bytes(&slot_mats);
+            // Counted apart: no miss asked for it, and a run's bytes per token should not
+            // carry the pool's one-time fill.
+            st.stats[layer].prefilled += 1;
         }
         st.host.table_dirty = true;
         Ok(())
