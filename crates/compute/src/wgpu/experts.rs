@@ -543,6 +543,8 @@ pub(super) struct ExpertTier {
     /// PCIe copy on the GPU's timeline, while a miss left in host memory is read over PCIe
     /// each time it is picked.
     refill_max: usize,
+    /// [`LFU_DECAY`], or `DISKFORMER_LFU_DECAY` (for experiments).
+    lfu_decay: f32,
     /// Under [`MissPolicy::Split`], the CPU's share and what its joins saw.
     split: Arc<split::SplitShared>,
     /// The task that takes the split's layers handed over through the mailboxes.
@@ -1003,6 +1005,11 @@ impl WgpuBackend {
                 None => 1,
             },
             split_touch: super::env_flag("DISKFORMER_SPLIT_TOUCH"),
+            lfu_decay: std::env::var("DISKFORMER_LFU_DECAY")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .filter(|d: &f32| (0.0..1.0).contains(d))
+                .unwrap_or(LFU_DECAY),
             refill_max: std::env::var("DISKFORMER_HOST_REFILL_MAX")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -1533,7 +1540,7 @@ impl WgpuBackend {
         st.last_layer = Some(layer);
         let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
         if tier.opts.policy == SlotPolicy::Lfu {
-            st.score[layer].iter_mut().for_each(|s| *s *= LFU_DECAY);
+            st.score[layer].iter_mut().for_each(|s| *s *= tier.lfu_decay);
             used.iter().for_each(|&e| st.score[layer][e as usize] += 1.0);
         }
         let (hits, misses): (Vec<u32>, Vec<u32>) =
@@ -2228,7 +2235,7 @@ impl WgpuBackend {
         used.sort_unstable();
         used.dedup();
         if tier.opts.policy == SlotPolicy::Lfu {
-            st.score[layer].iter_mut().for_each(|s| *s *= LFU_DECAY);
+            st.score[layer].iter_mut().for_each(|s| *s *= tier.lfu_decay);
             used.iter().for_each(|&e| st.score[layer][e as usize] += 1.0);
         }
         st.stats[layer].selections += used.len() as u64;
