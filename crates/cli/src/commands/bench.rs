@@ -178,6 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{j}");
         crate::commands::load::report_stats(&margs, &m);
         print_experts_timing();
+        write_trace();
         return Ok(());
     }
     let depth = if args.n_depth > 0 { format!(" @ d{}", args.n_depth) } else { String::new() };
@@ -205,14 +206,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("{line}");
     }
     print_experts_timing();
-    // DISKFORMER_TRACE=FILE: the host's timeline of GPU work.
+    write_trace();
+    Ok(())
+}
+
+/// `DISKFORMER_TRACE=FILE`: the host's timeline of GPU work, written at the end of either output
+/// (table or `--json`).
+fn write_trace() {
     #[cfg(feature = "gpu")]
     match compute::wgpu::write_trace() {
         Some(Ok(path)) => eprintln!("trace written to {}", path.display()),
         Some(Err(e)) => eprintln!("warning: the trace (DISKFORMER_TRACE) was not written: {e}"),
         None => {}
     }
-    Ok(())
 }
 
 /// `DISKFORMER_EXPERTS_TIMING=1`: where the CPU's expert jobs spent their time, on stderr.
