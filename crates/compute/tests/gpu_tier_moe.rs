@@ -85,6 +85,16 @@ mod gpu {
     }
 
     impl FileStore {
+        /// The experts of the file `build` made for `case`.
+        fn of(case: &Case, b: &Built) -> FileStore {
+            FileStore {
+                gate: b.file.find("gate"),
+                up: b.file.find("up").unwrap(),
+                down: b.file.find("down").unwrap(),
+                n_expert: case.n_expert,
+            }
+        }
+
         fn matrix<'a>(w: &'a HostWeight, e: usize, n_expert: usize) -> HostMatrix<'a> {
             let per = w.bytes().len() / n_expert;
             HostMatrix { dtype: w.dtype, bytes: &w.bytes()[e * per..(e + 1) * per], n_out: w.shape[1], k: w.shape[2] }
@@ -220,6 +230,13 @@ mod gpu {
         cpu: Experts<CpuBackend>,
         biases: [Option<CpuTensor>; 3],
         spec: MoeSpec,
+    }
+
+    /// Bytes of a pool slot for one of `case`'s experts.
+    fn slot_bytes_of(case: &Case) -> u64 {
+        let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
+        mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
+        compute::wgpu::expert_slot_bytes(&mats).unwrap()
     }
 
     fn build(c: &CpuBackend, case: &Case, tag: &str, rng: &mut StdRng) -> Built {
@@ -391,15 +408,8 @@ mod gpu {
         let mut r = Report { failures: Vec::new(), ran: 0 };
         for (i, case) in cases.iter().enumerate() {
             let b = build(&c, case, &format!("{}{i}", what.replace(' ', "-")), &mut rng);
-            let store = Arc::new(FileStore {
-                gate: b.file.find("gate"),
-                up: b.file.find("up").unwrap(),
-                down: b.file.find("down").unwrap(),
-                n_expert: case.n_expert,
-            });
-            let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
-            mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
-            let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
+            let store = Arc::new(FileStore::of(case, &b));
+            let slot_bytes = slot_bytes_of(case);
             // Two pool buffers of k + 1 slots: three layers share them, so every step evicts.
             for miss in [MissPolicy::Upload, MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Host, MissPolicy::Split] {
                 let opts = ExpertTierOptions {
@@ -478,15 +488,8 @@ mod gpu {
         let c = CpuBackend::new(MatmulMode::Exact);
         let case = cases()[1];
         let b = build(&c, &case, "prefill", &mut rng);
-        let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
-        mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
-        let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
-        let store = Arc::new(FileStore {
-            gate: b.file.find("gate"),
-            up: b.file.find("up").unwrap(),
-            down: b.file.find("down").unwrap(),
-            n_expert: case.n_expert,
-        });
+        let slot_bytes = slot_bytes_of(&case);
+        let store = Arc::new(FileStore::of(&case, &b));
         // Half the layer's experts prefilled (ids below `half`: no history yet), the picks
         // spanning both halves.
         let half = case.n_expert / 2;
@@ -536,15 +539,8 @@ mod gpu {
             normalize: true,
             scale: 1.0,
         };
-        let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
-        mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
-        let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
-        let store = Arc::new(FileStore {
-            gate: b.file.find("gate"),
-            up: b.file.find("up").unwrap(),
-            down: b.file.find("down").unwrap(),
-            n_expert: case.n_expert,
-        });
+        let slot_bytes = slot_bytes_of(&case);
+        let store = Arc::new(FileStore::of(&case, &b));
         let opts = ExpertTierOptions { miss: MissPolicy::Upload, ..ExpertTierOptions::new(case.n_expert, slot_bytes) };
         let tiered = g0.clone().with_expert_store(store.clone(), opts.clone()).expect("tier");
         let host =
@@ -604,15 +600,8 @@ mod gpu {
         let c = CpuBackend::new(MatmulMode::QuantizedActivations);
         let case = cases()[1];
         let b = build(&c, &case, "failing", &mut rng);
-        let mut mats = vec![(case.up, case.n_ff, case.n_embd), (case.down, case.n_embd, case.n_ff)];
-        mats.extend(case.gate.map(|t| (t, case.n_ff, case.n_embd)));
-        let slot_bytes = compute::wgpu::expert_slot_bytes(&mats).unwrap();
-        let store = Arc::new(FailingStore(FileStore {
-            gate: b.file.find("gate"),
-            up: b.file.find("up").unwrap(),
-            down: b.file.find("down").unwrap(),
-            n_expert: case.n_expert,
-        }));
+        let slot_bytes = slot_bytes_of(&case);
+        let store = Arc::new(FailingStore(FileStore::of(&case, &b)));
         let opts = ExpertTierOptions { miss: MissPolicy::Split, ..ExpertTierOptions::new(1, slot_bytes) };
         let g = g0.with_matmul_mode(MatmulMode::QuantizedActivations).with_expert_store(store, opts).expect("tier");
         let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
