@@ -124,6 +124,30 @@ def boundary_phases(marks, last_job_ends, phases):
                 phases[f"boundary: last job end -> {what}"].append(seen[what] - end)
 
 
+def warm_up(marks, starts, skip):
+    """Every step from the first through the first steady one: its length, the CPU job's and
+    the chain's mean, and how the split balanced (the dispatcher's "gpu first"/"gpu last" marks
+    at each job's end, and the CPU's share by quarter), so that a slow start can be read."""
+    print("steps up to the steady ones: length, CPU job and chain means (us), GPU first/last, CPU share by quarter")
+    for i in range(min(skip + 1, len(starts) - 1)):
+        step = marks[starts[i] : starts[i + 1]]
+        counts = collections.Counter(m[3] for m in step if m[3].startswith(("gpu ", "share ")))
+        ids, ends, begins = {}, {}, {}
+        for at, _, layer, what in step:
+            if what == "ids":
+                ids.setdefault(layer, at)
+            elif what == "job end":
+                ends[layer] = at
+            elif what == "job start":
+                begins[layer] = at
+        jobs = [ends[l] - begins[l] for l in ends if l in begins]
+        chains = [ids[l + 1] - ends[l] for l in ends if l + 1 in ids]
+        mean = lambda v: f"{statistics.mean(v):7.1f}" if v else "      -"
+        shares = " ".join(f"{k[6:]}:{v}" for k, v in sorted(counts.items()) if k.startswith("share "))
+        print(f"  step {i:3d} {(marks[starts[i + 1]][0] - marks[starts[i]][0]) / 1000:8.1f} ms  job {mean(jobs)}"
+              f"  chain {mean(chains)}  gpu first {counts['gpu first']:3d} last {counts['gpu last']:3d}  {shares}")
+
+
 def main():
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help"):
@@ -186,6 +210,7 @@ def main():
         boundary_phases(marks, ends, phases)
     print(f"{args[0]}: {len(step_us)} steps after the first {skip}: {statistics.mean(step_us):.0f} us per step "
           f"(median {statistics.median(step_us):.0f})")
+    warm_up(marks, starts, skip)
     print(f"{'phase':52s} {'n':>6s} {'mean':>9s} {'median':>9s} {'p90':>9s}  (us)")
     for name, v in phases.items():
         v = sorted(v)

@@ -74,6 +74,16 @@ pub(super) const SHARE_START: f64 = 0.5;
 pub(super) const SHARE_STEP: f64 = 0.02;
 
 /// The share as the partition kernel takes it: 256ths, rounded (0.02 moves it by 5).
+/// The CPU's share as a trace mark (marks are names, not numbers): which quarter it is in.
+fn share_bucket(share: f64) -> &'static str {
+    match share {
+        s if s < 0.25 => "share 0-25%",
+        s if s < 0.5 => "share 25-50%",
+        s if s < 0.75 => "share 50-75%",
+        _ => "share 75-100%",
+    }
+}
+
 fn share_in_256ths(share: f64) -> u32 {
     (share.clamp(0.0, 1.0) * 256.0).round() as u32
 }
@@ -402,6 +412,8 @@ impl Dispatcher {
                 // Whether the GPU's share was done before the CPU's: the balance, as a join
                 // measures it on the readback path.
                 let gpu_done = h.down.load(DOWN_GPU_DONE + h.slot) == h.seq;
+                trace::mark(if gpu_done { "gpu first" } else { "gpu last" }, Some(h.layer));
+                trace::mark(share_bucket(h.shared.share()), Some(h.layer));
                 h.up.write(h.data_at, &sum.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
                 let copies = self.announce_next(&h);
                 h.up.store(h.slot, h.seq);
