@@ -73,7 +73,6 @@ pub(super) const SHARE_START: f64 = 0.5;
 /// first steps, and a step of 0.02 is a third of one expert's worth of a layer.
 pub(super) const SHARE_STEP: f64 = 0.02;
 
-/// The share as the partition kernel takes it: 256ths, rounded (0.02 moves it by 5).
 /// The CPU's share as a trace mark (marks are names, not numbers): which quarter it is in.
 fn share_bucket(share: f64) -> &'static str {
     match share {
@@ -84,6 +83,7 @@ fn share_bucket(share: f64) -> &'static str {
     }
 }
 
+/// The share as the partition kernel takes it: 256ths, rounded (0.02 moves it by 5).
 fn share_in_256ths(share: f64) -> u32 {
     (share.clamp(0.0, 1.0) * 256.0).round() as u32
 }
