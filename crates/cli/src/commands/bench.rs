@@ -15,6 +15,13 @@ use compute::quant::MatmulMode;
 use models::Outputs;
 use std::time::Instant;
 
+/// `DISKFORMER_BENCH_PAUSE_MS`: a pause after the tg warmup and after each timed repetition, for
+/// diagnosis only (llama-bench has none).
+fn pause_between_reps() -> Option<std::time::Duration> {
+    let ms: u64 = std::env::var("DISKFORMER_BENCH_PAUSE_MS").ok()?.trim().parse().ok()?;
+    (ms > 0).then(|| std::time::Duration::from_millis(ms))
+}
+
 /// Arguments of `diskformer bench`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -133,6 +140,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let secs = t0.elapsed().as_secs_f64();
             if rep > 0 {
                 tg.push(n as f64 / secs);
+            }
+            if let Some(pause) = pause_between_reps() {
+                // Tells a slow start that follows idle time from one that follows the load
+                // (docs/PAGING.md): each timed repetition begins after this much idle time.
+                std::thread::sleep(pause);
             }
         }
     }

@@ -501,6 +501,9 @@ struct HostTierState {
     /// Under LFU, the margin a miss's score must exceed a pooled expert's by to replace it,
     /// and what the replacements earned (`None` until the first refill sets it up).
     admission: Option<admission::Admission>,
+    /// Keeps the GPU's clocks up while layers' host copies are made (`clock_warm.rs`); dropped
+    /// at the next step's start.
+    warmer: Option<super::clock_warm::ClockWarmer>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -2334,6 +2337,10 @@ impl WgpuBackend {
     /// layer instead, at its split call ([`Self::refill_layer`]), unless
     /// `DISKFORMER_SPLIT_LAYER_REFILL=0`.
     fn refill_pool(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
+        // The last step made the host copies it was kept for.
+        if let Some(w) = st.host.warmer.take() {
+            super::trace::mark(if w.dispatches() > 0 { "clock warm off" } else { "clock warm off, no kernel" }, None);
+        }
         self.settle_dispatcher(tier, st)?;
         self.drain_log(tier, st)?;
         let adapt = tier.replace_margin_fixed.is_none();
@@ -2564,6 +2571,19 @@ impl WgpuBackend {
                     "the RAM budget of {budget} bytes is too small for the host tier: {} bytes held, layer {layer} needs {bytes} more",
                     st.host.bytes
                 )));
+            }
+        }
+        match &st.host.warmer {
+            Some(w) => w.kick(),
+            None => {
+                st.host.warmer = super::clock_warm::ClockWarmer::start(
+                    &self.ctx.device,
+                    &self.ctx.queue,
+                    &self.ctx.adapter.device_type,
+                );
+                if st.host.warmer.is_some() {
+                    super::trace::mark("clock warm on", Some(layer));
+                }
             }
         }
         let buffer = host_tier_buffer(&self.ctx.device, bytes);
