@@ -1,40 +1,45 @@
-//! Keeps a GPU's clocks up while the host fills the expert tier on the first call.
+//! Raises a GPU's clocks while the host makes the last of the expert tier's host copies.
 //!
-//! Why: the first call of a paged model copies every expert into the host tier, ~6 s of CPU
-//! work for Qwen3-30B-A3B Q4_K (16 GB), during which the GPU does a little copying every ~125
-//! ms. On the H200 (thirtieth session, nvidia-smi every 10 ms beside a trace) the driver lets
-//! the SM clock fall from 1980 MHz to its idle 345 MHz in ~3 s of that, and takes ~250-300 ms
-//! of busy decoding to raise it again: the first 7-11 decode steps after the load ran at
-//! ~25-30 ms each, against 7 ms (all experts on the GPU) and 12-14 ms (4 GB budget) once the
-//! clock was up, in every configuration tried (a 1.5 s pause before them changed nothing; a 1 s
-//! pause between repetitions later did not bring it back). A small kernel kept running while
-//! the host works costs the user nothing the GPU was doing, and the first tokens then come at
-//! the speed of the later ones.
+//! Why: the first call of a paged model copies every expert into the host tier, ~5-6 s of CPU
+//! work for Qwen3-30B-A3B Q4_K (16 GB), during which the GPU does a little copying every ~110
+//! ms. On the H200 (thirtieth session, nvidia-smi every 10-20 ms beside a trace) the driver
+//! lets the SM clock fall from 1980 MHz to its idle 345 MHz over ~3 s of that, and raises it
+//! again only after ~250-300 ms of a busy GPU: the first 6-11 decode steps after the load ran at
+//! ~25-30 ms each, against 7 ms (all experts on the GPU) and 12-14 ms (a 4 GB budget) once the
+//! clock was up, in every configuration tried. A 1.5 s pause before them changed nothing, and a
+//! 1 s pause between later repetitions did not bring it back: it is the load's idle GPU, paid
+//! once, in a fresh process's first ~0.3 s of decoding. A light kernel kept running through the
+//! whole fill (32 workgroups, the GPU ~30% busy) did not hold the clock up: it fell all the same.
 //!
-//! How: a thread submits a spinning kernel on a few workgroups (a light load: what the clock
-//! governor is shown is a busy GPU, not a hot one), waits for it, and submits the next, until
-//! [`ClockWarmer`] is dropped (the expert tier drops it at the next step's start) or
-//! [`LINGER`] passes without a [`ClockWarmer::kick`] (the fill kicks it at each layer), so that
-//! a fill followed by no further call does not leave it running. It only runs on a real GPU (not a CPU adapter such as lavapipe,
-//! where it would take a core from the fill) and `DISKFORMER_CLOCK_WARM=0` turns it off.
+//! How: for the last [`LEAD`] of the fill (its pace measured per layer), a thread keeps the
+//! whole GPU busy with a spinning kernel, half a millisecond a dispatch so the fill's own copies
+//! wait little behind it, and stops at the next step's start (the expert tier drops it) or
+//! [`LINGER`] after the last layer's copy kicked it. That is under a second of full load once
+//! per model load, spent while the host works. It only runs on a real GPU (not a CPU adapter
+//! such as lavapipe, where it would take cores from the fill, unless `DISKFORMER_CLOCK_WARM=1`),
+//! and `DISKFORMER_CLOCK_WARM=0` turns it off.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Workgroups of the spinning kernel: enough that the GPU reads as busy, few enough that it
-/// neither draws much power nor holds back the copies queued beside it.
-const WORKGROUPS: u32 = 32;
+/// Workgroups of the spinning kernel: every multiprocessor of a large GPU several times over
+/// (a light load does not move the clock, see above).
+const WORKGROUPS: u32 = 8192;
 
-/// How long one dispatch should spin: short, so that the fill's own copies wait at most this
-/// long behind it.
+/// How long before the fill's end the warmer starts: the ~250-300 ms the H200's clock took to
+/// rise under a busy GPU, and some.
+pub(super) const LEAD: Duration = Duration::from_millis(400);
+
+/// How long one dispatch should spin: short, so that the fill's own copies wait little behind
+/// it.
 const TARGET: Duration = Duration::from_micros(500);
 
-/// How long the warmer runs on after its last kick.
-const LINGER: Duration = Duration::from_secs(1);
+/// How long the warmer runs on after its last kick (longer than a layer's copy takes).
+const LINGER: Duration = Duration::from_millis(500);
 
 /// The kernel's starting loop count, before the first dispatch is timed.
-const FIRST_ITERS: u32 = 1 << 14;
+const FIRST_ITERS: u32 = 1 << 12;
 
 const SHADER: &str = r"
 @group(0) @binding(0) var<storage, read_write> state: array<u32>;
@@ -53,10 +58,11 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 ";
 
-/// False when the environment sets `DISKFORMER_CLOCK_WARM=0`. Read once.
-fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DISKFORMER_CLOCK_WARM").map_or(true, |v| v.trim() != "0"))
+/// `DISKFORMER_CLOCK_WARM`: `0` never, `1` on any adapter (a CPU one too, to try the path),
+/// unset on a real GPU only. Read once.
+fn setting() -> Option<bool> {
+    static SET: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| std::env::var("DISKFORMER_CLOCK_WARM").ok().map(|v| v.trim() != "0"))
 }
 
 /// The running warmer; dropping it stops the thread and waits for its last dispatch.
@@ -73,16 +79,17 @@ pub(super) struct ClockWarmer {
 
 impl ClockWarmer {
     /// Starts keeping `device` busy, unless it is a CPU adapter (`device_type` "Cpu") or
-    /// `DISKFORMER_CLOCK_WARM=0`; `None` then, or when the thread cannot be made.
+    /// `DISKFORMER_CLOCK_WARM` says otherwise; `None` then, or when the thread cannot be made.
     pub(super) fn start(device: &wgpu::Device, queue: &wgpu::Queue, device_type: &str) -> Option<ClockWarmer> {
-        if device_type == "Cpu" || !enabled() {
+        if !setting().unwrap_or(device_type != "Cpu") {
             return None;
         }
-        Self::start_on(device, queue, LINGER)
+        Self::start_on(device, queue, WORKGROUPS, LINGER)
     }
 
-    /// Starts the thread on any adapter, running until dropped or `linger` past the last kick.
-    fn start_on(device: &wgpu::Device, queue: &wgpu::Queue, linger: Duration) -> Option<ClockWarmer> {
+    /// Starts the thread on any adapter with `workgroups` of 64 lanes, running until dropped or
+    /// `linger` past the last kick.
+    fn start_on(device: &wgpu::Device, queue: &wgpu::Queue, workgroups: u32, linger: Duration) -> Option<ClockWarmer> {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("clock warm"),
             source: wgpu::ShaderSource::Wgsl(SHADER.into()),
@@ -97,7 +104,7 @@ impl ClockWarmer {
         });
         let state = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("clock warm"),
-            size: 4 * (1 + u64::from(WORKGROUPS) * 64),
+            size: 4 * (1 + u64::from(workgroups) * 64),
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -129,7 +136,7 @@ impl ClockWarmer {
                             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
                         pass.set_pipeline(&pipeline);
                         pass.set_bind_group(0, &bind, &[]);
-                        pass.dispatch_workgroups(WORKGROUPS, 1, 1);
+                        pass.dispatch_workgroups(workgroups, 1, 1);
                     }
                     let t0 = Instant::now();
                     let index = queue.submit([enc.finish()]);
@@ -138,11 +145,15 @@ impl ClockWarmer {
                         // A lost device: the model's own calls report it.
                         return;
                     }
-                    // The wait includes whatever the fill queued ahead of the kernel, so the
-                    // count only grows while the kernel alone is shorter than the target.
+                    // The wait includes whatever the fill queued ahead of the kernel: a long
+                    // one may halve the count needlessly, which only shortens the next kernels.
                     let took = t0.elapsed();
                     count.fetch_add(1, Ordering::Relaxed);
-                    iters = if took < TARGET / 2 { iters.saturating_mul(2).min(1 << 24) } else { iters };
+                    if took < TARGET / 2 {
+                        iters = iters.saturating_mul(2).min(1 << 24);
+                    } else if took > TARGET * 2 {
+                        iters = (iters / 2).max(1 << 8);
+                    }
                 }
             })
             .ok()?;
@@ -194,7 +205,7 @@ mod tests {
             eprintln!("no wgpu adapter: skipped");
             return;
         };
-        let warmer = ClockWarmer::start_on(&device, &queue, Duration::from_secs(30)).expect("thread");
+        let warmer = ClockWarmer::start_on(&device, &queue, 4, Duration::from_secs(30)).expect("thread");
         let t0 = Instant::now();
         while warmer.dispatches() < 3 && t0.elapsed() < Duration::from_secs(20) {
             std::thread::sleep(Duration::from_millis(5));
@@ -207,7 +218,7 @@ mod tests {
         assert!(t1.elapsed() < Duration::from_secs(10), "{:?}", t1.elapsed());
 
         // Unkicked, it ends once its linger has passed; a kick holds it a linger longer.
-        let warmer = ClockWarmer::start_on(&device, &queue, Duration::from_millis(300)).expect("thread");
+        let warmer = ClockWarmer::start_on(&device, &queue, 4, Duration::from_millis(300)).expect("thread");
         std::thread::sleep(Duration::from_millis(150));
         warmer.kick();
         std::thread::sleep(Duration::from_millis(250));

@@ -135,6 +135,10 @@ pub struct ExpertTierOptions {
     /// copy on the GPU (0: the pool starts empty and fills with misses as they come). The
     /// caller sets it to the pool's slots over the model's MoE layers.
     pub prefill_per_layer: usize,
+    /// Under a host tier: the model's MoE layers, whose host copies the first call makes one
+    /// after the other (0: not known). With it the GPU's clocks are raised while the last of
+    /// them are made (`clock_warm.rs`), so that the first tokens do not run at idle clocks.
+    pub n_expert_layers: usize,
 }
 
 impl ExpertTierOptions {
@@ -151,6 +155,7 @@ impl ExpertTierOptions {
             max_slots_per_buffer: None,
             host_budget_bytes: None,
             prefill_per_layer: 0,
+            n_expert_layers: 0,
         }
     }
 
@@ -2573,19 +2578,7 @@ impl WgpuBackend {
                 )));
             }
         }
-        match &st.host.warmer {
-            Some(w) => w.kick(),
-            None => {
-                st.host.warmer = super::clock_warm::ClockWarmer::start(
-                    &self.ctx.device,
-                    &self.ctx.queue,
-                    &self.ctx.adapter.device_type,
-                );
-                if st.host.warmer.is_some() {
-                    super::trace::mark("clock warm on", Some(layer));
-                }
-            }
-        }
+        let fill_started = Instant::now();
         let buffer = host_tier_buffer(&self.ctx.device, bytes);
         let ids: Vec<u32> = (0..n_expert as u32).collect();
         let mut mats: Vec<Option<SlotMats>> = vec![None; n_expert];
@@ -2626,7 +2619,29 @@ impl WgpuBackend {
             st.host.layers.resize_with(layer + 1, || None);
         }
         st.host.layers[layer] = Some(HostLayer { buffer, mats });
+        self.warm_clocks_for_fill_end(tier, st, layer, fill_started.elapsed());
         self.prefill_layer(tier, st, layer)
+    }
+
+    /// After a layer's host copy took `took`: starts the clock warmer (`clock_warm.rs`) once the
+    /// copies still to make would take less than [`super::clock_warm::LEAD`] at this pace, so
+    /// that the GPU's clock is up when they end and the first tokens follow; a warmer already
+    /// running is kept alive. Nothing when the model's MoE layers are not known.
+    fn warm_clocks_for_fill_end(&self, tier: &ExpertTier, st: &mut TierState, layer: usize, took: std::time::Duration) {
+        if let Some(w) = &st.host.warmer {
+            w.kick();
+            return;
+        }
+        let filled = st.host.layers.iter().filter(|l| l.is_some()).count();
+        let left = tier.opts.n_expert_layers.saturating_sub(filled);
+        if tier.opts.n_expert_layers == 0 || left == 0 || took * left as u32 > super::clock_warm::LEAD {
+            return;
+        }
+        st.host.warmer =
+            super::clock_warm::ClockWarmer::start(&self.ctx.device, &self.ctx.queue, &self.ctx.adapter.device_type);
+        if st.host.warmer.is_some() {
+            super::trace::mark("clock warm on", Some(layer));
+        }
     }
 
     /// Right after `layer`'s host copy is made: copies up to
