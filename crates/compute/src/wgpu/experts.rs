@@ -135,10 +135,6 @@ pub struct ExpertTierOptions {
     /// copy on the GPU (0: the pool starts empty and fills with misses as they come). The
     /// caller sets it to the pool's slots over the model's MoE layers.
     pub prefill_per_layer: usize,
-    /// Under a host tier: the model's MoE layers, whose host copies the first call makes one
-    /// after the other (0: not known). With it the GPU's clocks are raised while the last of
-    /// them are made (`clock_warm.rs`), so that the first tokens do not run at idle clocks.
-    pub n_expert_layers: usize,
 }
 
 impl ExpertTierOptions {
@@ -155,7 +151,6 @@ impl ExpertTierOptions {
             max_slots_per_buffer: None,
             host_budget_bytes: None,
             prefill_per_layer: 0,
-            n_expert_layers: 0,
         }
     }
 
@@ -506,9 +501,6 @@ struct HostTierState {
     /// Under LFU, the margin a miss's score must exceed a pooled expert's by to replace it,
     /// and what the replacements earned (`None` until the first refill sets it up).
     admission: Option<admission::Admission>,
-    /// Keeps the GPU's clocks up while layers' host copies are made (`clock_warm.rs`); dropped
-    /// at the next step's start.
-    warmer: Option<super::clock_warm::ClockWarmer>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -2342,10 +2334,6 @@ impl WgpuBackend {
     /// layer instead, at its split call ([`Self::refill_layer`]), unless
     /// `DISKFORMER_SPLIT_LAYER_REFILL=0`.
     fn refill_pool(&self, tier: &ExpertTier, st: &mut TierState) -> Result<(), OpError> {
-        // The last step made the host copies it was kept for.
-        if let Some(w) = st.host.warmer.take() {
-            super::trace::mark(if w.dispatches() > 0 { "clock warm off" } else { "clock warm off, no kernel" }, None);
-        }
         self.settle_dispatcher(tier, st)?;
         self.drain_log(tier, st)?;
         let adapt = tier.replace_margin_fixed.is_none();
@@ -2578,7 +2566,6 @@ impl WgpuBackend {
                 )));
             }
         }
-        let fill_started = Instant::now();
         let buffer = host_tier_buffer(&self.ctx.device, bytes);
         let ids: Vec<u32> = (0..n_expert as u32).collect();
         let mut mats: Vec<Option<SlotMats>> = vec![None; n_expert];
@@ -2619,29 +2606,7 @@ impl WgpuBackend {
             st.host.layers.resize_with(layer + 1, || None);
         }
         st.host.layers[layer] = Some(HostLayer { buffer, mats });
-        self.warm_clocks_for_fill_end(tier, st, layer, fill_started.elapsed());
         self.prefill_layer(tier, st, layer)
-    }
-
-    /// After a layer's host copy took `took`: starts the clock warmer (`clock_warm.rs`) once the
-    /// copies still to make would take less than [`super::clock_warm::LEAD`] at this pace, so
-    /// that the GPU's clock is up when they end and the first tokens follow; a warmer already
-    /// running is kept alive. Nothing when the model's MoE layers are not known.
-    fn warm_clocks_for_fill_end(&self, tier: &ExpertTier, st: &mut TierState, layer: usize, took: std::time::Duration) {
-        if let Some(w) = &st.host.warmer {
-            w.kick();
-            return;
-        }
-        let filled = st.host.layers.iter().filter(|l| l.is_some()).count();
-        let left = tier.opts.n_expert_layers.saturating_sub(filled);
-        if tier.opts.n_expert_layers == 0 || left == 0 || took * left as u32 > super::clock_warm::LEAD {
-            return;
-        }
-        st.host.warmer =
-            super::clock_warm::ClockWarmer::start(&self.ctx.device, &self.ctx.queue, &self.ctx.adapter.device_type);
-        if st.host.warmer.is_some() {
-            super::trace::mark("clock warm on", Some(layer));
-        }
     }
 
     /// Right after `layer`'s host copy is made: copies up to

@@ -35,7 +35,6 @@
 //! The CPU back end is the reference and needs no device; this one is for machines with a GPU.
 //! Tests compare the two op by op (`tests/backend_ops.rs`) and model by model.
 
-mod clock_warm;
 mod dispatch_probe;
 mod experts;
 mod fused;
