@@ -18,13 +18,15 @@ to the next layer's ids, the ids to the job's start, the job) and the host's (it
 layer, and how far ahead of the CPU it submits the next layer).
 """
 import collections
+import gzip
 import statistics
 import sys
 
 
 def load(path):
     marks = []
-    with open(path) as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
         next(f)  # header
         for line in f:
             us, thread, layer, what = line.rstrip("\n").split("\t")
@@ -148,6 +150,31 @@ def warm_up(marks, starts, skip):
               f"  chain {mean(chains)}  gpu first {counts['gpu first']:3d} last {counts['gpu last']:3d}  {shares}")
 
 
+def host_fill(marks):
+    """The first call's host-tier fill, when the trace has its marks: per layer the buffer's
+    allocation and the copy, and the staging waits in between."""
+    per = collections.defaultdict(dict)
+    waits, wait_start = [], None
+    for t, _, layer, what in marks:
+        if what in ("host copy", "host buffer made", "host copy staged") and layer is not None:
+            per[layer].setdefault(what, t)
+        elif what == "staging wait":
+            wait_start = t
+        elif what == "staging ready" and wait_start is not None:
+            waits.append((wait_start, t - wait_start))
+            wait_start = None
+    done = [p for p in per.values() if len(p) == 3]
+    if not done:
+        return
+    first, last = min(p["host copy"] for p in done), max(p["host copy staged"] for p in done)
+    alloc = sum(p["host buffer made"] - p["host copy"] for p in done)
+    staged = sum(p["host copy staged"] - p["host buffer made"] for p in done)
+    waited = sum(w for t, w in waits if first <= t <= last)
+    print(f"host-tier fill: {len(done)} layers in {(last - first) / 1e6:.2f} s; per layer: buffer made "
+          f"{alloc / len(done) / 1e3:.1f} ms, copies staged {staged / len(done) / 1e3:.1f} ms (of which staging "
+          f"waits {waited / len(done) / 1e3:.1f} ms); between layers {((last - first) - alloc - staged) / max(len(done) - 1, 1) / 1e3:.1f} ms")
+
+
 def main():
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help"):
@@ -159,6 +186,7 @@ def main():
         skip = int(args[i + 1])
         del args[i : i + 2]
     marks = load(args[0])
+    host_fill(marks)
     starts = [i for i, m in enumerate(marks) if m[3] == "step"]
     if len(starts) < skip + 2:
         sys.exit(f"{args[0]}: {len(starts)} steps, fewer than --skip-steps {skip} + 2")
@@ -170,7 +198,8 @@ def main():
         t0, t1 = marks[a][0], marks[b][0]
         step_us.append(t1 - t0)
         per, jobs = layers_of(step)
-        if not per:
+        if not per or any("split" not in p for p in per.values()):
+            # Not a split step (another miss mode): nothing of the below applies.
             continue
         phases["step start -> first MoE call (refills)"].append(min(p["split"] for p in per.values()) - t0)
         phases["last MoE call's end -> next step"].append(t1 - max(p.get("split end", t0) for p in per.values()))

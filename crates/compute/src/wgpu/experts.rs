@@ -1090,11 +1090,20 @@ impl WgpuBackend {
 
     /// Blocks until `st` is mapped.
     fn wait_staging(&self, st: &Staging) -> Result<(), OpError> {
+        let mut waited = false;
         loop {
             match st.state.load(Ordering::SeqCst) {
-                STAGING_READY => return Ok(()),
+                STAGING_READY => {
+                    if waited {
+                        super::trace::mark("staging ready", None);
+                    }
+                    return Ok(());
+                }
                 STAGING_FAILED => return Err(self.map_error("staging", "map_async reported an error")),
                 _ => {
+                    if !std::mem::replace(&mut waited, true) {
+                        super::trace::mark("staging wait", None);
+                    }
                     self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| OpError::Unsupported {
                         op: "moe_ffn",
                         backend: "wgpu",
@@ -2566,7 +2575,11 @@ impl WgpuBackend {
                 )));
             }
         }
+        // The fill's parts in a trace (a fresh process's first call spends ~5 s here on the H200
+        // with about one core busy, half of it in the kernel: docs/PAGING.md).
+        super::trace::mark("host copy", Some(layer));
         let buffer = host_tier_buffer(&self.ctx.device, bytes);
+        super::trace::mark("host buffer made", Some(layer));
         let ids: Vec<u32> = (0..n_expert as u32).collect();
         let mut mats: Vec<Option<SlotMats>> = vec![None; n_expert];
         let mut batch = Batch { experts: Vec::new(), copies: Vec::new(), used_bytes: 0 };
@@ -2606,6 +2619,7 @@ impl WgpuBackend {
             st.host.layers.resize_with(layer + 1, || None);
         }
         st.host.layers[layer] = Some(HostLayer { buffer, mats });
+        super::trace::mark("host copy staged", Some(layer));
         self.prefill_layer(tier, st, layer)
     }
 
