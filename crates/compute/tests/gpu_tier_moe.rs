@@ -518,6 +518,49 @@ mod gpu {
         r.finish();
     }
 
+    /// A host tier told its layers allocates their copies ahead, as many as the RAM budget
+    /// holds, and counts them from the start; a layer's first call takes one and computes what
+    /// the CPU does; wgpu's allocator holds none of them (only the id log).
+    #[test]
+    fn host_copies_allocated_ahead_within_the_ram_budget() {
+        let Some(g0) = gpu("gpu_tier_moe") else { return };
+        let mut rng = StdRng::seed_from_u64(seed());
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let case = cases()[1];
+        let b = build(&c, &case, "ahead", &mut rng);
+        let slot_bytes = slot_bytes_of(&case);
+        let per_layer = case.n_expert as u64 * slot_bytes;
+        let store = Arc::new(FileStore::of(&case, &b));
+        let ids: Vec<u32> = (0..case.k as u32).collect();
+        let x = tensor(&mut rng, &[1, case.n_embd], 1.0);
+        let weights = tensor(&mut rng, &[1, case.k], 1.0);
+        let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
+        let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        // Three layers asked for; a budget of two layers (and room for the id log) gets two.
+        for (budget, reserved) in [(None, 3 * per_layer), (Some(2 * per_layer + (64 << 10)), 2 * per_layer)] {
+            let opts = ExpertTierOptions {
+                miss: MissPolicy::Host,
+                host_budget_bytes: budget,
+                host_layers: 3,
+                host_layer_experts: case.n_expert,
+                ..ExpertTierOptions::new(case.n_expert, slot_bytes)
+            };
+            let g = g0.clone().with_expert_store(store.clone(), opts).expect("tier");
+            assert_eq!(g.expert_host_tier_bytes(), Some(reserved), "budget {budget:?}: reserved before any call");
+            let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+            let got = run_gpu(&g, &e, &x, &ids, &weights, case.k, &b.spec);
+            r.check(&format!("allocated ahead, budget {budget:?}"), got, &want.data, MAX_NMSE);
+            let log = g.expert_host_tier_allocator_bytes().unwrap();
+            assert!(log < 64 << 10, "budget {budget:?}: {log} bytes of the host tier in wgpu's allocator");
+            assert_eq!(g.expert_host_tier_bytes(), Some(reserved + log), "budget {budget:?}: after the first call");
+            if let Some(budget) = budget {
+                assert!(reserved + log <= budget, "{} bytes held against a budget of {budget}", reserved + log);
+            }
+        }
+        r.finish();
+    }
+
     /// Commands one decode token's MoE layer submits after the router's product: the routing
     /// kernel and the two per-pair kernels on resident experts (no readback, no upload); the
     /// tier adds the readback of the ids and weights when every expert is a hit, the tier

@@ -232,7 +232,8 @@ mod on_gpu {
             let got = greedy_ids(runner.as_mut(), &prompt, None);
             b.sync();
             let host_bytes = b.expert_host_tier_bytes().unwrap_or(0);
-            let used = device_memory(&b).0.saturating_sub(host_bytes);
+            // Host buffers wgpu's allocator made (the id log) are in its count; the mapped copies are not.
+            let used = device_memory(&b).0.saturating_sub(b.expert_host_tier_allocator_bytes().unwrap_or(0));
             let t = b.expert_tier_total().unwrap_or_default();
             println!(
                 "{arch} {variant} host tier, floor {} slots: {} hits, {} host reads, {} uploads, {} evictions; device memory {used} B of budget {host_budget} B, host tier {host_bytes} B; ids {}",

@@ -35,6 +35,7 @@
 //!   H200 run computed 383 misses per token on the CPU and the pool never filled (0.2% hits).
 
 use super::layout::TypeLayout;
+use super::mailbox::{MappedHostBuffer, Toward};
 use super::moe::{self, RouteView};
 use super::shaders::Plain;
 use super::{lock, Cmd, Span, WeightChunk, WgpuBackend, WgpuTensor, WgpuWeight};
@@ -49,6 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 mod admission;
+mod host_alloc;
 mod prefetch;
 mod split;
 
@@ -135,6 +137,14 @@ pub struct ExpertTierOptions {
     /// copy on the GPU (0: the pool starts empty and fills with misses as they come). The
     /// caller sets it to the pool's slots over the model's MoE layers.
     pub prefill_per_layer: usize,
+    /// Under a host tier: the MoE layers whose host copies to allocate on background threads
+    /// from the tier's creation, and the experts in each (`experts/host_alloc.rs`: the first
+    /// call's fill then copies into buffers already made). 0 (the default): each layer's
+    /// buffer is made at its first call. The caller knows the model's MoE layers; the
+    /// allocations are reserved against [`Self::host_budget_bytes`] up front, as many as fit.
+    pub host_layers: usize,
+    /// See [`Self::host_layers`].
+    pub host_layer_experts: usize,
 }
 
 impl ExpertTierOptions {
@@ -151,6 +161,8 @@ impl ExpertTierOptions {
             max_slots_per_buffer: None,
             host_budget_bytes: None,
             prefill_per_layer: 0,
+            host_layers: 0,
+            host_layer_experts: 0,
         }
     }
 
@@ -455,6 +467,18 @@ struct PendingCopy {
 struct HostLayer {
     buffer: wgpu::Buffer,
     mats: Vec<SlotMats>,
+    /// The buffer came from wgpu's allocator ([`host_tier_buffer`]), which then counts it
+    /// among its blocks; `false` for a [`MappedHostBuffer`] (raw Vulkan memory).
+    in_allocator: bool,
+}
+
+impl HostTierState {
+    /// Bytes of its buffers that wgpu's allocator made (see
+    /// [`WgpuBackend::expert_host_tier_allocator_bytes`]).
+    fn allocator_bytes(&self) -> u64 {
+        let layers: u64 = self.layers.iter().flatten().filter(|h| h.in_allocator).map(|h| h.buffer.size()).sum();
+        layers + self.log.as_ref().map_or(0, |l| l.size())
+    }
 }
 
 /// Table entry `where` of an expert in a pool slot and of one read from host memory.
@@ -518,6 +542,8 @@ pub(super) struct ExpertTier {
     /// replacements go on the compute queue). Off by default: on the H200 (twenty-seventh
     /// session) it made more replacements and hits but no measurable speed difference.
     copy_refills: Option<Arc<super::transfer::TransferQueue>>,
+    /// The host tier's buffers being allocated ahead (see [`ExpertTierOptions::host_layers`]).
+    host_prealloc: Option<host_alloc::PreallocHandle>,
     store: Arc<dyn ExpertStore>,
     opts: ExpertTierOptions,
     slot_words: usize,
@@ -967,9 +993,11 @@ impl WgpuBackend {
             (Some(t), MissPolicy::Split) if super::env_flag("DISKFORMER_SPLIT_COPY_REFILLS") => Some(t.clone()),
             _ => None,
         };
+        let host_prealloc = self.start_host_prealloc(&opts, slot_bytes);
         let mut tier = ExpertTier {
             prefetch,
             copy_refills,
+            host_prealloc,
             store,
             opts: ExpertTierOptions {
                 slot_bytes,
@@ -1296,8 +1324,9 @@ impl WgpuBackend {
                 .map_or(String::new(), |s| format!(", CPU {:.3} ms per expert and token", s * 1e3)),
         );
         if let Some(reserved) = self.device_reserved_bytes() {
-            // The host tier's buffers are allocator blocks too, in system RAM: shown apart.
-            let host = if t.reads_host() { st.host.bytes } else { 0 };
+            // The host tier's buffers from wgpu's allocator are its blocks too, in system RAM:
+            // shown apart.
+            let host = if t.reads_host() { st.host.allocator_bytes() } else { 0 };
             out.push_str(&format!(
                 "memory held by the GPU allocator: {:.1} MiB besides the host tier's {:.1} MiB (the driver's context is extra)\n",
                 mib(reserved.saturating_sub(host)),
@@ -1307,7 +1336,7 @@ impl WgpuBackend {
         if t.reads_host() {
             out.push_str(&format!(
                 "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss; {} experts copied into the pool at the layers' first calls\n",
-                mib(st.host.bytes),
+                mib(st.host.bytes + t.host_prealloc.as_ref().map_or(0, |p| p.untaken_bytes())),
                 st.host.layers.iter().flatten().count(),
                 st.stats.iter().map(|s| s.prefilled).sum::<u64>()
             ));
@@ -2567,19 +2596,175 @@ impl WgpuBackend {
                 self.ctx.max_binding
             )));
         }
+        // The fill's parts in a trace: "host buffer made" once the buffer is in hand (made here,
+        // or taken from the allocations made ahead), "host copy staged" once the experts are in it.
+        super::trace::mark("host copy", Some(layer));
+        let (buffer, mats, in_allocator) = match self.host_tier_mapped_buffer(tier, st, layer, bytes)? {
+            Some(mapped) => {
+                super::trace::mark("host buffer made", Some(layer));
+                let mats = self.fill_mapped_host_layer(tier, layer, n_expert, &mapped)?;
+                (mapped.buffer, mats, false)
+            }
+            None => {
+                let buffer = host_tier_buffer(&self.ctx.device, bytes);
+                super::trace::mark("host buffer made", Some(layer));
+                let mats = self.fill_host_layer_staged(tier, st, layer, n_expert, &buffer)?;
+                (buffer, mats, true)
+            }
+        };
+        let row = st.host.row;
+        if st.host.table.len() < (layer + 1) * row {
+            st.host.table.resize((layer + 1) * row, [IN_HOST, 0, 0, 0]);
+        }
+        for (e, m) in mats.iter().enumerate() {
+            st.host.table[layer * row + e] = table_entry(IN_HOST, m);
+        }
+        st.host.table_dirty = true;
+        st.host.bytes += bytes;
+        if st.host.layers.len() <= layer {
+            st.host.layers.resize_with(layer + 1, || None);
+        }
+        st.host.layers[layer] = Some(HostLayer { buffer, mats, in_allocator });
+        super::trace::mark("host copy staged", Some(layer));
+        self.prefill_layer(tier, st, layer)
+    }
+
+    /// A mapped host buffer of `bytes` for `layer`'s copy: one allocated ahead when there is one
+    /// of that size (`host_alloc.rs`), else one made now; `None` where the device gives none
+    /// (not Vulkan) or `DISKFORMER_HOST_FILL=staged` asks for the staged fill (comparisons).
+    /// Checks the RAM budget for a buffer made now (those made ahead were reserved up front).
+    fn host_tier_mapped_buffer(
+        &self,
+        tier: &ExpertTier,
+        st: &TierState,
+        layer: usize,
+        bytes: u64,
+    ) -> Result<Option<MappedHostBuffer>, OpError> {
+        let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
+        if let Some(p) = tier.host_prealloc.as_ref().filter(|p| p.bytes_each == bytes) {
+            let waited = std::time::Instant::now();
+            match p.take() {
+                Ok(Some(b)) => {
+                    if waited.elapsed().as_micros() > 100 {
+                        super::trace::mark("host buffer waited", Some(layer));
+                    }
+                    return Ok(Some(b));
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    return Err(unsupported(format!(
+                        "allocating layer {layer}'s host copy of {bytes} bytes ahead failed: {why}"
+                    )))
+                }
+            }
+        }
+        let held = st.host.bytes + tier.host_prealloc.as_ref().map_or(0, |p| p.untaken_bytes());
         if let Some(budget) = tier.opts.host_budget_bytes {
-            if st.host.bytes + bytes > budget {
+            if held + bytes > budget {
                 return Err(unsupported(format!(
-                    "the RAM budget of {budget} bytes is too small for the host tier: {} bytes held, layer {layer} needs {bytes} more",
-                    st.host.bytes
+                    "the RAM budget of {budget} bytes is too small for the host tier: {held} bytes held, layer {layer} needs {bytes} more"
                 )));
             }
         }
-        // The fill's parts in a trace (a fresh process's first call spends ~5 s here on the H200
-        // with about one core busy, half of it in the kernel: docs/PAGING.md).
-        super::trace::mark("host copy", Some(layer));
-        let buffer = host_tier_buffer(&self.ctx.device, bytes);
-        super::trace::mark("host buffer made", Some(layer));
+        if std::env::var("DISKFORMER_HOST_FILL").is_ok_and(|v| v.trim() == "staged") {
+            return Ok(None);
+        }
+        MappedHostBuffer::new(&self.ctx.device, bytes, Toward::Host, "expert host tier")
+            .map_err(|why| unsupported(format!("layer {layer}'s host copy of {bytes} bytes: {why}")))
+    }
+
+    /// Writes every expert of `layer` into `mapped` in the pool's slot layout, straight through
+    /// the mapping on the thread pool (one job per matrix: the fill is host memory to host
+    /// memory, and one core copies and repacks at a fraction of what the machine's memory
+    /// does); returns each expert's placement.
+    fn fill_mapped_host_layer(
+        &self,
+        tier: &ExpertTier,
+        layer: usize,
+        n_expert: usize,
+        mapped: &MappedHostBuffer,
+    ) -> Result<Vec<SlotMats>, OpError> {
+        use rayon::prelude::*;
+        let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
+        let len = mapped.buffer.size() as usize;
+        // SAFETY: the mapping is `len` bytes of host memory that lives as long as `mapped`
+        // (borrowed for this call); nothing else reads or writes it until the layer's slot
+        // table row points into it, after this returns (the GPU has no work using it yet).
+        let whole: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(mapped.ptr.as_ptr(), len) };
+        let ids: Vec<u32> = (0..n_expert as u32).collect();
+        let mut mats: Vec<Option<SlotMats>> = vec![None; n_expert];
+        let slot_words = tier.slot_words;
+        tier.store.with_host_experts(layer, &ids, &mut |group: &[HostExpert<'_>]| {
+            // (byte offset, bytes on the GPU, placement, source) per matrix, by offset.
+            let mut jobs: Vec<(usize, usize, Placed, &HostMatrix<'_>)> = Vec::with_capacity(3 * group.len());
+            for ex in group {
+                let e = ex.id as usize;
+                if e >= n_expert {
+                    return Err(unsupported(format!("the store lent expert {e} of a layer of {n_expert}")));
+                }
+                let m = tier.place_at(e * slot_words, ex)?;
+                for (p, hm) in [(m.gate, ex.gate.as_ref()), (Some(m.up), Some(&ex.up)), (Some(m.down), Some(&ex.down))]
+                {
+                    if let (Some(p), Some(hm)) = (p, hm) {
+                        jobs.push((4 * p.word0, 4 * p.n_out * p.layout.row_words(p.k), p, hm));
+                    }
+                }
+                mats[e] = Some(m);
+            }
+            jobs.sort_by_key(|j| j.0);
+            // Disjoint pieces of the mapping, one per matrix (placements never overlap).
+            let mut pieces: Vec<(&mut [u8], Placed, &HostMatrix<'_>)> = Vec::with_capacity(jobs.len());
+            let mut rest: &mut [u8] = &mut whole[..];
+            let mut at = 0usize;
+            for (start, size, p, hm) in jobs {
+                if start < at || start + size > len {
+                    return Err(unsupported(format!(
+                        "expert matrix at bytes {start}..{} of a {len}-byte host copy overlaps another or the end",
+                        start + size
+                    )));
+                }
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
+                let (piece, tail) = tail.split_at_mut(size);
+                pieces.push((piece, p, hm));
+                rest = tail;
+                at = start + size;
+            }
+            pieces.into_par_iter().try_for_each(|(dst, p, hm)| {
+                if repacks_in_place(&p.layout, hm.k) {
+                    if hm.bytes.len() != dst.len() {
+                        return Err(unsupported(format!(
+                            "an expert matrix of {} bytes where its {}x{} {} placement takes {}",
+                            hm.bytes.len(),
+                            hm.n_out,
+                            hm.k,
+                            p.layout.name,
+                            dst.len()
+                        )));
+                    }
+                    dst.copy_from_slice(hm.bytes);
+                } else {
+                    repack_into(&p.layout, hm.bytes, hm.n_out, hm.k, dst);
+                }
+                Ok(())
+            })
+        })?;
+        mats.into_iter()
+            .enumerate()
+            .map(|(e, m)| m.ok_or_else(|| unsupported(format!("the store did not lend expert {e} of layer {layer}"))))
+            .collect()
+    }
+
+    /// The fill where no mapped buffer is offered: every expert of `layer` through the staging
+    /// ring into `buffer` (a CPU copy into the ring, then a GPU copy per matrix).
+    fn fill_host_layer_staged(
+        &self,
+        tier: &ExpertTier,
+        st: &mut TierState,
+        layer: usize,
+        n_expert: usize,
+        buffer: &wgpu::Buffer,
+    ) -> Result<Vec<SlotMats>, OpError> {
+        let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
         let ids: Vec<u32> = (0..n_expert as u32).collect();
         let mut mats: Vec<Option<SlotMats>> = vec![None; n_expert];
         let mut batch = Batch { experts: Vec::new(), copies: Vec::new(), used_bytes: 0 };
@@ -2595,32 +2780,16 @@ impl WgpuBackend {
                 if batch.used_bytes + mats_bytes(&m) + 24 > tier.opts.staging_bytes {
                     self.submit_staged(tier, st, &mut batch);
                 }
-                self.stage_matrices(tier, st, ex, &m, &buffer, &mut batch, &mut scratch)?;
+                self.stage_matrices(tier, st, ex, &m, buffer, &mut batch, &mut scratch)?;
                 mats[e] = Some(m);
             }
             Ok(())
         })?;
         self.submit_staged(tier, st, &mut batch);
-        let mats: Vec<SlotMats> = mats
-            .into_iter()
+        mats.into_iter()
             .enumerate()
             .map(|(e, m)| m.ok_or_else(|| unsupported(format!("the store did not lend expert {e} of layer {layer}"))))
-            .collect::<Result<_, _>>()?;
-        let row = st.host.row;
-        if st.host.table.len() < (layer + 1) * row {
-            st.host.table.resize((layer + 1) * row, [IN_HOST, 0, 0, 0]);
-        }
-        for (e, m) in mats.iter().enumerate() {
-            st.host.table[layer * row + e] = table_entry(IN_HOST, m);
-        }
-        st.host.table_dirty = true;
-        st.host.bytes += bytes;
-        if st.host.layers.len() <= layer {
-            st.host.layers.resize_with(layer + 1, || None);
-        }
-        st.host.layers[layer] = Some(HostLayer { buffer, mats });
-        super::trace::mark("host copy staged", Some(layer));
-        self.prefill_layer(tier, st, layer)
+            .collect()
     }
 
     /// Right after `layer`'s host copy is made: copies up to
@@ -2691,11 +2860,53 @@ impl WgpuBackend {
         batch.used_bytes = 0;
     }
 
-    /// Bytes the host tier holds in host memory (its layers' copies and the id log; `None`
-    /// without a tier). wgpu counts them among its buffers ([`Self::device_buffer_bytes`]), but
-    /// they are not in device memory.
+    /// Bytes the host tier holds in host memory (its layers' copies, the copies allocated
+    /// ahead and not yet filled, and the id log; `None` without a tier).
     pub fn expert_host_tier_bytes(&self) -> Option<u64> {
-        self.experts.as_ref().map(|t| lock(&t.state).host.bytes)
+        self.experts
+            .as_ref()
+            .map(|t| lock(&t.state).host.bytes + t.host_prealloc.as_ref().map_or(0, |p| p.untaken_bytes()))
+    }
+
+    /// Of [`Self::expert_host_tier_bytes`], the bytes in buffers of wgpu's allocator, which
+    /// counts them in [`Self::device_buffer_bytes`] and [`Self::device_reserved_bytes`] though
+    /// they are host memory: the id log, and layers' copies where the device offers no mapped
+    /// host buffers (not Vulkan). Subtract these, not the whole tier, from those figures.
+    pub fn expert_host_tier_allocator_bytes(&self) -> Option<u64> {
+        self.experts.as_ref().map(|t| lock(&t.state).host.allocator_bytes())
+    }
+
+    /// Starts allocating the host tier's layers ahead (`experts/host_alloc.rs`) when `opts`
+    /// asks for a host tier of known layers: as many as the RAM budget holds, on
+    /// `DISKFORMER_HOST_ALLOC_THREADS` threads (default 4; `DISKFORMER_HOST_PREALLOC=0` turns
+    /// it off, for comparisons). `None` without a host tier or on a device that is not Vulkan.
+    fn start_host_prealloc(&self, opts: &ExpertTierOptions, slot_bytes: u64) -> Option<host_alloc::PreallocHandle> {
+        if !matches!(opts.miss, MissPolicy::Host | MissPolicy::Split)
+            || opts.host_layers == 0
+            || opts.host_layer_experts == 0
+            || super::env_off("DISKFORMER_HOST_PREALLOC")
+            || std::env::var("DISKFORMER_HOST_FILL").is_ok_and(|v| v.trim() == "staged")
+            || self.ctx.adapter.api != "Vulkan"
+        {
+            return None;
+        }
+        let bytes_each = opts.host_layer_experts as u64 * slot_bytes;
+        if bytes_each > self.ctx.max_binding {
+            return None;
+        }
+        // The id log's first size stays free beside the copies.
+        let fits =
+            opts.host_budget_bytes.map_or(usize::MAX, |b| (b.saturating_sub(LOG_MIN_BYTES) / bytes_each) as usize);
+        let count = opts.host_layers.min(fits);
+        if count == 0 {
+            return None;
+        }
+        let threads = std::env::var("DISKFORMER_HOST_ALLOC_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or(4);
+        Some(host_alloc::HostPrealloc::start(&self.ctx.device, count, bytes_each, threads))
     }
 }
 

@@ -33,42 +33,41 @@ pub(crate) enum Toward {
     Gpu,
 }
 
-/// A buffer in host-visible memory mapped for its whole life (see the module docs).
-pub(crate) struct Mailbox {
-    /// The GPU's view of the mapping; `None` for a mailbox in plain host memory (unit tests of
-    /// the host side, `in_host_memory`).
-    buffer: Option<wgpu::Buffer>,
-    /// The mapping's first word.
-    words: std::ptr::NonNull<AtomicU32>,
-    len: usize,
-    /// The words of a mailbox in plain host memory, which `words` points into.
-    #[cfg(test)]
-    _host: Option<Box<[AtomicU32]>>,
+/// A Vulkan buffer in host-visible memory, made with `ash` on wgpu's device and handed to wgpu,
+/// with its memory mapped for the buffer's whole life (the mailboxes, and the expert tier's
+/// host copies, which the host fills straight through the mapping).
+pub(crate) struct MappedHostBuffer {
+    /// wgpu's view: a storage buffer that copies may read and write.
+    pub(crate) buffer: wgpu::Buffer,
+    /// The mapping's first byte; valid for `buffer.size()` bytes while `buffer` lives (wgpu-hal
+    /// frees the memory, which unmaps it, only when the buffer is destroyed, after every
+    /// submission using it finished).
+    pub(crate) ptr: std::ptr::NonNull<u8>,
 }
 
-// SAFETY: the mapping is plain host memory that stays valid while `buffer` lives (wgpu-hal frees
-// the memory only when the buffer is destroyed, which `buffer`'s drop starts after every
-// submission using it finished), or while `_host` does, and every access goes through
-// `AtomicU32`, so sharing it between threads is as sound as sharing a `[AtomicU32]`.
-unsafe impl Send for Mailbox {}
+// SAFETY: the mapping is plain host memory owned by `buffer`, which wgpu lets any thread hold;
+// what is written through `ptr` and by whom is up to its users (each states its rule).
+unsafe impl Send for MappedHostBuffer {}
 // SAFETY: as for `Send`.
-unsafe impl Sync for Mailbox {}
+unsafe impl Sync for MappedHostBuffer {}
 
-impl std::fmt::Debug for Mailbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mailbox").field("words", &self.len).finish()
-    }
-}
-
-impl Mailbox {
-    /// A mailbox of `words` 32-bit words, zeroed; `Ok(None)` when the device is not Vulkan or
-    /// has no host-visible coherent memory outside the GPU.
+impl MappedHostBuffer {
+    /// A buffer of `bytes` (a multiple of 4) in the memory `toward` asks for, not zeroed
+    /// (Vulkan leaves new memory's contents undefined; the kernel hands out zeroed pages);
+    /// `Ok(None)` when the device is not Vulkan or has no host-visible coherent memory.
+    ///
+    /// Safe to call from several threads at once: it takes none of wgpu's locks (only
+    /// `vkAllocateMemory`, which Vulkan lets threads call concurrently).
     ///
     /// # Errors
-    /// A Vulkan call failed (out of memory, usually).
-    pub(crate) fn new(device: &wgpu::Device, words: usize, toward: Toward) -> Result<Option<Mailbox>, String> {
+    /// A Vulkan call failed (out of memory, usually), with the call and the size.
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        bytes: u64,
+        toward: Toward,
+        label: &'static str,
+    ) -> Result<Option<MappedHostBuffer>, String> {
         use ash::vk;
-        let bytes = (4 * words.max(4) as u64).next_multiple_of(256);
         // SAFETY: the hal device is only used to create, bind and map one buffer that wgpu then
         // owns (`from_raw_managed`); nothing wgpu tracks is destroyed or changed.
         let made = unsafe {
@@ -84,7 +83,7 @@ impl Mailbox {
                         | vk::BufferUsageFlags::TRANSFER_DST,
                 )
                 .sharing_mode(vk::SharingMode::EXCLUSIVE);
-            let buffer = raw.create_buffer(&info, None).map_err(|e| format!("vkCreateBuffer: {e}"))?;
+            let buffer = raw.create_buffer(&info, None).map_err(|e| format!("vkCreateBuffer of {bytes} bytes: {e}"))?;
             let req = raw.get_buffer_memory_requirements(buffer);
             let want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
             let types = &props.memory_types[..props.memory_type_count as usize];
@@ -121,26 +120,67 @@ impl Mailbox {
                 Err(e) => {
                     raw.destroy_buffer(buffer, None);
                     raw.free_memory(memory, None);
-                    return Err(format!("binding or mapping the mailbox: {e}"));
+                    return Err(format!("binding or mapping {} bytes of host memory: {e}", req.size));
                 }
             };
-            std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes as usize);
             let hal_buffer = wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, req.size);
             let desc = wgpu::BufferDescriptor {
-                label: Some("host mailbox"),
+                label: Some(label),
                 size: bytes,
                 usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             };
             drop(hal);
             let wrapped = device.create_buffer_from_hal::<wgpu::hal::api::Vulkan>(hal_buffer, &desc);
-            (wrapped, ptr.cast::<AtomicU32>())
+            (wrapped, ptr.cast::<u8>())
         };
         let (buffer, ptr) = made;
-        let words = std::ptr::NonNull::new(ptr).ok_or("vkMapMemory returned a null pointer")?;
+        let ptr = std::ptr::NonNull::new(ptr).ok_or("vkMapMemory returned a null pointer")?;
+        Ok(Some(MappedHostBuffer { buffer, ptr }))
+    }
+}
+
+/// A buffer in host-visible memory mapped for its whole life (see the module docs).
+pub(crate) struct Mailbox {
+    /// The GPU's view of the mapping; `None` for a mailbox in plain host memory (unit tests of
+    /// the host side, `in_host_memory`).
+    buffer: Option<wgpu::Buffer>,
+    /// The mapping's first word.
+    words: std::ptr::NonNull<AtomicU32>,
+    len: usize,
+    /// The words of a mailbox in plain host memory, which `words` points into.
+    #[cfg(test)]
+    _host: Option<Box<[AtomicU32]>>,
+}
+
+// SAFETY: the mapping is plain host memory that stays valid while `buffer` lives (wgpu-hal frees
+// the memory only when the buffer is destroyed, which `buffer`'s drop starts after every
+// submission using it finished), or while `_host` does, and every access goes through
+// `AtomicU32`, so sharing it between threads is as sound as sharing a `[AtomicU32]`.
+unsafe impl Send for Mailbox {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Mailbox {}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox").field("words", &self.len).finish()
+    }
+}
+
+impl Mailbox {
+    /// A mailbox of `words` 32-bit words, zeroed; `Ok(None)` when the device is not Vulkan or
+    /// has no host-visible coherent memory outside the GPU.
+    ///
+    /// # Errors
+    /// A Vulkan call failed (out of memory, usually).
+    pub(crate) fn new(device: &wgpu::Device, words: usize, toward: Toward) -> Result<Option<Mailbox>, String> {
+        let bytes = (4 * words.max(4) as u64).next_multiple_of(256);
+        let Some(mapped) = MappedHostBuffer::new(device, bytes, toward, "host mailbox")? else { return Ok(None) };
+        // SAFETY: the mapping is `bytes` long and nothing else writes it yet.
+        unsafe { std::ptr::write_bytes(mapped.ptr.as_ptr(), 0, bytes as usize) };
         Ok(Some(Mailbox {
-            buffer: Some(buffer),
-            words,
+            words: mapped.ptr.cast::<AtomicU32>(),
+            buffer: Some(mapped.buffer),
             len: (bytes / 4) as usize,
             #[cfg(test)]
             _host: None,
