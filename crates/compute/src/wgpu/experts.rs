@@ -137,11 +137,12 @@ pub struct ExpertTierOptions {
     /// copy on the GPU (0: the pool starts empty and fills with misses as they come). The
     /// caller sets it to the pool's slots over the model's MoE layers.
     pub prefill_per_layer: usize,
-    /// Under a host tier: the MoE layers whose host copies to allocate on background threads
-    /// from the tier's creation, and the experts in each (`experts/host_alloc.rs`: the first
-    /// call's fill then copies into buffers already made). 0 (the default): each layer's
-    /// buffer is made at its first call. The caller knows the model's MoE layers; the
-    /// allocations are reserved against [`Self::host_budget_bytes`] up front, as many as fit.
+    /// Under a host tier: the MoE layers whose host copies to allocate on a background thread
+    /// from the first layer's fill on, and the experts in each (`experts/host_alloc.rs`: each
+    /// layer's fill then copies while the next layers' buffers are made). 0 (the default):
+    /// each layer's buffer is made at its first call. The caller knows the model's MoE
+    /// layers; the allocations are reserved against [`Self::host_budget_bytes`] when they
+    /// start, as many as fit.
     pub host_layers: usize,
     /// See [`Self::host_layers`].
     pub host_layer_experts: usize,
@@ -473,6 +474,12 @@ struct HostLayer {
 }
 
 impl HostTierState {
+    /// Bytes held in host memory: the layers' copies and the id log, and the buffers allocated
+    /// ahead for layers still to come (made, being made, or to be made: reserved).
+    fn held_bytes(&self) -> u64 {
+        self.bytes + self.prealloc.as_ref().map_or(0, |p| p.untaken_bytes())
+    }
+
     /// Bytes of its buffers that wgpu's allocator made (see
     /// [`WgpuBackend::expert_host_tier_allocator_bytes`]).
     fn allocator_bytes(&self) -> u64 {
@@ -503,6 +510,10 @@ struct HostTierState {
     table_dirty: bool,
     /// The id log: each decode call copies its ids here; read back once per step.
     log: Option<wgpu::Buffer>,
+    /// The layers' buffers being allocated ahead (see [`ExpertTierOptions::host_layers`]),
+    /// started at the first layer's fill; `prealloc_tried` once that was decided.
+    prealloc: Option<host_alloc::PreallocHandle>,
+    prealloc_tried: bool,
     /// Logged calls: (layer, ids, byte offset in the log).
     log_entries: Vec<(usize, usize, u64)>,
     /// Bytes of the log in use.
@@ -542,8 +553,6 @@ pub(super) struct ExpertTier {
     /// replacements go on the compute queue). Off by default: on the H200 (twenty-seventh
     /// session) it made more replacements and hits but no measurable speed difference.
     copy_refills: Option<Arc<super::transfer::TransferQueue>>,
-    /// The host tier's buffers being allocated ahead (see [`ExpertTierOptions::host_layers`]).
-    host_prealloc: Option<host_alloc::PreallocHandle>,
     store: Arc<dyn ExpertStore>,
     opts: ExpertTierOptions,
     slot_words: usize,
@@ -993,11 +1002,9 @@ impl WgpuBackend {
             (Some(t), MissPolicy::Split) if super::env_flag("DISKFORMER_SPLIT_COPY_REFILLS") => Some(t.clone()),
             _ => None,
         };
-        let host_prealloc = self.start_host_prealloc(&opts, slot_bytes);
         let mut tier = ExpertTier {
             prefetch,
             copy_refills,
-            host_prealloc,
             store,
             opts: ExpertTierOptions {
                 slot_bytes,
@@ -1336,7 +1343,7 @@ impl WgpuBackend {
         if t.reads_host() {
             out.push_str(&format!(
                 "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss; {} experts copied into the pool at the layers' first calls\n",
-                mib(st.host.bytes + t.host_prealloc.as_ref().map_or(0, |p| p.untaken_bytes())),
+                mib(st.host.held_bytes()),
                 st.host.layers.iter().flatten().count(),
                 st.stats.iter().map(|s| s.prefilled).sum::<u64>()
             ));
@@ -2636,12 +2643,16 @@ impl WgpuBackend {
     fn host_tier_mapped_buffer(
         &self,
         tier: &ExpertTier,
-        st: &TierState,
+        st: &mut TierState,
         layer: usize,
         bytes: u64,
     ) -> Result<Option<MappedHostBuffer>, OpError> {
         let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
-        if let Some(p) = tier.host_prealloc.as_ref().filter(|p| p.bytes_each == bytes) {
+        if !st.host.prealloc_tried {
+            st.host.prealloc_tried = true;
+            st.host.prealloc = self.start_host_prealloc(&tier.opts, st.host.held_bytes());
+        }
+        if let Some(p) = st.host.prealloc.as_ref().filter(|p| p.bytes_each == bytes) {
             let waited = std::time::Instant::now();
             match p.take() {
                 Ok(Some(b)) => {
@@ -2658,7 +2669,7 @@ impl WgpuBackend {
                 }
             }
         }
-        let held = st.host.bytes + tier.host_prealloc.as_ref().map_or(0, |p| p.untaken_bytes());
+        let held = st.host.held_bytes();
         if let Some(budget) = tier.opts.host_budget_bytes {
             if held + bytes > budget {
                 return Err(unsupported(format!(
@@ -2863,9 +2874,7 @@ impl WgpuBackend {
     /// Bytes the host tier holds in host memory (its layers' copies, the copies allocated
     /// ahead and not yet filled, and the id log; `None` without a tier).
     pub fn expert_host_tier_bytes(&self) -> Option<u64> {
-        self.experts
-            .as_ref()
-            .map(|t| lock(&t.state).host.bytes + t.host_prealloc.as_ref().map_or(0, |p| p.untaken_bytes()))
+        self.experts.as_ref().map(|t| lock(&t.state).host.held_bytes())
     }
 
     /// Of [`Self::expert_host_tier_bytes`], the bytes in buffers of wgpu's allocator, which
@@ -2877,10 +2886,11 @@ impl WgpuBackend {
     }
 
     /// Starts allocating the host tier's layers ahead (`experts/host_alloc.rs`) when `opts`
-    /// asks for a host tier of known layers: as many as the RAM budget holds, on
-    /// `DISKFORMER_HOST_ALLOC_THREADS` threads (default 4; `DISKFORMER_HOST_PREALLOC=0` turns
-    /// it off, for comparisons). `None` without a host tier or on a device that is not Vulkan.
-    fn start_host_prealloc(&self, opts: &ExpertTierOptions, slot_bytes: u64) -> Option<host_alloc::PreallocHandle> {
+    /// asks for a host tier of known layers: as many as the RAM budget holds beside the `held`
+    /// bytes, on `DISKFORMER_HOST_ALLOC_THREADS` threads (default 1: NVIDIA's driver makes
+    /// them one at a time anyway; `DISKFORMER_HOST_PREALLOC=0` turns it off, for
+    /// comparisons). `None` without a host tier or on a device that is not Vulkan.
+    fn start_host_prealloc(&self, opts: &ExpertTierOptions, held: u64) -> Option<host_alloc::PreallocHandle> {
         if !matches!(opts.miss, MissPolicy::Host | MissPolicy::Split)
             || opts.host_layers == 0
             || opts.host_layer_experts == 0
@@ -2890,13 +2900,14 @@ impl WgpuBackend {
         {
             return None;
         }
-        let bytes_each = opts.host_layer_experts as u64 * slot_bytes;
+        let bytes_each = opts.host_layer_experts as u64 * opts.slot_bytes;
         if bytes_each > self.ctx.max_binding {
             return None;
         }
         // The id log's first size stays free beside the copies.
-        let fits =
-            opts.host_budget_bytes.map_or(usize::MAX, |b| (b.saturating_sub(LOG_MIN_BYTES) / bytes_each) as usize);
+        let fits = opts
+            .host_budget_bytes
+            .map_or(usize::MAX, |b| (b.saturating_sub(held + LOG_MIN_BYTES) / bytes_each) as usize);
         let count = opts.host_layers.min(fits);
         if count == 0 {
             return None;
@@ -2905,7 +2916,7 @@ impl WgpuBackend {
             .ok()
             .and_then(|v| v.trim().parse().ok())
             .filter(|&n: &usize| n > 0)
-            .unwrap_or(4);
+            .unwrap_or(1);
         Some(host_alloc::HostPrealloc::start(&self.ctx.device, count, bytes_each, threads))
     }
 }
