@@ -518,16 +518,16 @@ mod gpu {
         r.finish();
     }
 
-    /// A host tier told its layers allocates their copies ahead from the first layer's fill,
-    /// as many as the RAM budget holds, and counts them all from then; that call computes what
-    /// the CPU does; wgpu's allocator holds none of them (only the id log).
+    /// A layer's host copy, written through a mapping of host memory made outside wgpu's
+    /// allocator, computes what the CPU does; the tier counts it, wgpu's allocator holds only
+    /// the id log, and a RAM budget one byte short of the copy is an error naming the numbers.
     #[test]
-    fn host_copies_allocated_ahead_within_the_ram_budget() {
+    fn host_copies_in_mapped_memory_within_the_ram_budget() {
         let Some(g0) = gpu("gpu_tier_moe") else { return };
         let mut rng = StdRng::seed_from_u64(seed());
         let c = CpuBackend::new(MatmulMode::Exact);
         let case = cases()[1];
-        let b = build(&c, &case, "ahead", &mut rng);
+        let b = build(&c, &case, "mapped", &mut rng);
         let slot_bytes = slot_bytes_of(&case);
         let per_layer = case.n_expert as u64 * slot_bytes;
         let store = Arc::new(FileStore::of(&case, &b));
@@ -537,28 +537,25 @@ mod gpu {
         let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
         let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
         let mut r = Report { failures: Vec::new(), ran: 0 };
-        // Three layers asked for; a budget of two layers (and room for the id log) gets two.
-        for (budget, reserved) in [(None, 3 * per_layer), (Some(2 * per_layer + (64 << 10)), 2 * per_layer)] {
-            let opts = ExpertTierOptions {
-                miss: MissPolicy::Host,
-                host_budget_bytes: budget,
-                host_layers: 3,
-                host_layer_experts: case.n_expert,
-                ..ExpertTierOptions::new(case.n_expert, slot_bytes)
-            };
-            let g = g0.clone().with_expert_store(store.clone(), opts).expect("tier");
-            assert_eq!(g.expert_host_tier_bytes(), Some(0), "budget {budget:?}: nothing before the first call");
-            let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
-            let got = run_gpu(&g, &e, &x, &ids, &weights, case.k, &b.spec);
-            r.check(&format!("allocated ahead, budget {budget:?}"), got, &want.data, MAX_NMSE);
-            let log = g.expert_host_tier_allocator_bytes().unwrap();
-            assert!(log < 64 << 10, "budget {budget:?}: {log} bytes of the host tier in wgpu's allocator");
-            assert_eq!(g.expert_host_tier_bytes(), Some(reserved + log), "budget {budget:?}: after the first call");
-            if let Some(budget) = budget {
-                assert!(reserved + log <= budget, "{} bytes held against a budget of {budget}", reserved + log);
-            }
-        }
+        let opts = |budget| ExpertTierOptions {
+            miss: MissPolicy::Host,
+            host_budget_bytes: budget,
+            ..ExpertTierOptions::new(case.n_expert, slot_bytes)
+        };
+        let g = g0.clone().with_expert_store(store.clone(), opts(Some(per_layer + (64 << 10)))).expect("tier");
+        let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+        let got = run_gpu(&g, &e, &x, &ids, &weights, case.k, &b.spec);
+        r.check("host copy in mapped memory", got, &want.data, MAX_NMSE);
+        let log = g.expert_host_tier_allocator_bytes().unwrap();
+        assert!(log < 64 << 10, "{log} bytes of the host tier in wgpu's allocator");
+        assert_eq!(g.expert_host_tier_bytes(), Some(per_layer + log), "the layer's copy and the log");
         r.finish();
+
+        let g = g0.clone().with_expert_store(store, opts(Some(per_layer - 1))).expect("tier");
+        let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+        let err = run_gpu(&g, &e, &x, &ids, &weights, case.k, &b.spec).expect_err("a budget short of one layer");
+        let why = err.to_string();
+        assert!(why.contains(&format!("{}", per_layer - 1)) && why.contains(&format!("{per_layer}")), "{why}");
     }
 
     /// Commands one decode token's MoE layer submits after the router's product: the routing

@@ -192,9 +192,6 @@ pub fn gpu_tier(file: &Arc<GgufModel>, n_ctx: u64, o: &GpuTierOptions) -> Result
         // The pool shared evenly by the layers from their first call, until the policy learns
         // which experts are worth their slots.
         prefill_per_layer: placed.n_slots / placed.n_expert_layers.max(1),
-        // The host copies allocated from the load on (the first call's fill then only copies).
-        host_layers: if host_tier { placed.n_expert_layers } else { 0 },
-        host_layer_experts: placed.n_experts_total / placed.n_expert_layers.max(1),
         ..ExpertTierOptions::new(placed.n_slots, placed.slot_bytes)
     };
     let backend_error = |e: &dyn std::fmt::Display| PlanError::GpuTier { model: model.clone(), why: e.to_string() };

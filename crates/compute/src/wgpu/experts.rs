@@ -50,7 +50,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 mod admission;
-mod host_alloc;
 mod prefetch;
 mod split;
 
@@ -137,15 +136,6 @@ pub struct ExpertTierOptions {
     /// copy on the GPU (0: the pool starts empty and fills with misses as they come). The
     /// caller sets it to the pool's slots over the model's MoE layers.
     pub prefill_per_layer: usize,
-    /// Under a host tier: the MoE layers whose host copies to allocate on a background thread
-    /// from the first layer's fill on, and the experts in each (`experts/host_alloc.rs`: each
-    /// layer's fill then copies while the next layers' buffers are made). 0 (the default):
-    /// each layer's buffer is made at its first call. The caller knows the model's MoE
-    /// layers; the allocations are reserved against [`Self::host_budget_bytes`] when they
-    /// start, as many as fit.
-    pub host_layers: usize,
-    /// See [`Self::host_layers`].
-    pub host_layer_experts: usize,
 }
 
 impl ExpertTierOptions {
@@ -162,8 +152,6 @@ impl ExpertTierOptions {
             max_slots_per_buffer: None,
             host_budget_bytes: None,
             prefill_per_layer: 0,
-            host_layers: 0,
-            host_layer_experts: 0,
         }
     }
 
@@ -474,12 +462,6 @@ struct HostLayer {
 }
 
 impl HostTierState {
-    /// Bytes held in host memory: the layers' copies and the id log, and the buffers allocated
-    /// ahead for layers still to come (made, being made, or to be made: reserved).
-    fn held_bytes(&self) -> u64 {
-        self.bytes + self.prealloc.as_ref().map_or(0, |p| p.untaken_bytes())
-    }
-
     /// Bytes of its buffers that wgpu's allocator made (see
     /// [`WgpuBackend::expert_host_tier_allocator_bytes`]).
     fn allocator_bytes(&self) -> u64 {
@@ -510,10 +492,6 @@ struct HostTierState {
     table_dirty: bool,
     /// The id log: each decode call copies its ids here; read back once per step.
     log: Option<wgpu::Buffer>,
-    /// The layers' buffers being allocated ahead (see [`ExpertTierOptions::host_layers`]),
-    /// started at the first layer's fill; `prealloc_tried` once that was decided.
-    prealloc: Option<host_alloc::PreallocHandle>,
-    prealloc_tried: bool,
     /// Logged calls: (layer, ids, byte offset in the log).
     log_entries: Vec<(usize, usize, u64)>,
     /// Bytes of the log in use.
@@ -1343,7 +1321,7 @@ impl WgpuBackend {
         if t.reads_host() {
             out.push_str(&format!(
                 "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss; {} experts copied into the pool at the layers' first calls\n",
-                mib(st.host.held_bytes()),
+                mib(st.host.bytes),
                 st.host.layers.iter().flatten().count(),
                 st.stats.iter().map(|s| s.prefilled).sum::<u64>()
             ));
@@ -2636,40 +2614,23 @@ impl WgpuBackend {
         self.prefill_layer(tier, st, layer)
     }
 
-    /// A mapped host buffer of `bytes` for `layer`'s copy: one allocated ahead when there is one
-    /// of that size (`host_alloc.rs`), else one made now; `None` where the device gives none
-    /// (not Vulkan) or `DISKFORMER_HOST_FILL=staged` asks for the staged fill (comparisons).
-    /// Checks the RAM budget for a buffer made now (those made ahead were reserved up front).
+    /// A mapped host buffer of `bytes` for `layer`'s copy, within the RAM budget; `None` where
+    /// the device gives none (not Vulkan) or `DISKFORMER_HOST_FILL=staged` asks for the staged
+    /// fill (comparisons).
+    ///
+    /// Not allocated ahead on other threads: on the H200 (thirty-first session) NVIDIA's driver
+    /// made them one at a time (~78 ms per 340 MB whether 1, 4 or 8 threads asked) and held
+    /// the model's own allocations and the fill's submissions behind them, so the fill took
+    /// longer (docs/NOTES.md).
     fn host_tier_mapped_buffer(
         &self,
         tier: &ExpertTier,
-        st: &mut TierState,
+        st: &TierState,
         layer: usize,
         bytes: u64,
     ) -> Result<Option<MappedHostBuffer>, OpError> {
         let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
-        if !st.host.prealloc_tried {
-            st.host.prealloc_tried = true;
-            st.host.prealloc = self.start_host_prealloc(&tier.opts, st.host.held_bytes());
-        }
-        if let Some(p) = st.host.prealloc.as_ref().filter(|p| p.bytes_each == bytes) {
-            let waited = std::time::Instant::now();
-            match p.take() {
-                Ok(Some(b)) => {
-                    if waited.elapsed().as_micros() > 100 {
-                        super::trace::mark("host buffer waited", Some(layer));
-                    }
-                    return Ok(Some(b));
-                }
-                Ok(None) => {}
-                Err(why) => {
-                    return Err(unsupported(format!(
-                        "allocating layer {layer}'s host copy of {bytes} bytes ahead failed: {why}"
-                    )))
-                }
-            }
-        }
-        let held = st.host.held_bytes();
+        let held = st.host.bytes;
         if let Some(budget) = tier.opts.host_budget_bytes {
             if held + bytes > budget {
                 return Err(unsupported(format!(
@@ -2871,10 +2832,10 @@ impl WgpuBackend {
         batch.used_bytes = 0;
     }
 
-    /// Bytes the host tier holds in host memory (its layers' copies, the copies allocated
-    /// ahead and not yet filled, and the id log; `None` without a tier).
+    /// Bytes the host tier holds in host memory (its layers' copies and the id log; `None`
+    /// without a tier).
     pub fn expert_host_tier_bytes(&self) -> Option<u64> {
-        self.experts.as_ref().map(|t| lock(&t.state).host.held_bytes())
+        self.experts.as_ref().map(|t| lock(&t.state).host.bytes)
     }
 
     /// Of [`Self::expert_host_tier_bytes`], the bytes in buffers of wgpu's allocator, which
@@ -2883,41 +2844,6 @@ impl WgpuBackend {
     /// host buffers (not Vulkan). Subtract these, not the whole tier, from those figures.
     pub fn expert_host_tier_allocator_bytes(&self) -> Option<u64> {
         self.experts.as_ref().map(|t| lock(&t.state).host.allocator_bytes())
-    }
-
-    /// Starts allocating the host tier's layers ahead (`experts/host_alloc.rs`) when `opts`
-    /// asks for a host tier of known layers: as many as the RAM budget holds beside the `held`
-    /// bytes, on `DISKFORMER_HOST_ALLOC_THREADS` threads (default 1: NVIDIA's driver makes
-    /// them one at a time anyway; `DISKFORMER_HOST_PREALLOC=0` turns it off, for
-    /// comparisons). `None` without a host tier or on a device that is not Vulkan.
-    fn start_host_prealloc(&self, opts: &ExpertTierOptions, held: u64) -> Option<host_alloc::PreallocHandle> {
-        if !matches!(opts.miss, MissPolicy::Host | MissPolicy::Split)
-            || opts.host_layers == 0
-            || opts.host_layer_experts == 0
-            || super::env_off("DISKFORMER_HOST_PREALLOC")
-            || std::env::var("DISKFORMER_HOST_FILL").is_ok_and(|v| v.trim() == "staged")
-            || self.ctx.adapter.api != "Vulkan"
-        {
-            return None;
-        }
-        let bytes_each = opts.host_layer_experts as u64 * opts.slot_bytes;
-        if bytes_each > self.ctx.max_binding {
-            return None;
-        }
-        // The id log's first size stays free beside the copies.
-        let fits = opts
-            .host_budget_bytes
-            .map_or(usize::MAX, |b| (b.saturating_sub(held + LOG_MIN_BYTES) / bytes_each) as usize);
-        let count = opts.host_layers.min(fits);
-        if count == 0 {
-            return None;
-        }
-        let threads = std::env::var("DISKFORMER_HOST_ALLOC_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|&n: &usize| n > 0)
-            .unwrap_or(1);
-        Some(host_alloc::HostPrealloc::start(&self.ctx.device, count, bytes_each, threads))
     }
 }
 
