@@ -259,6 +259,27 @@ mod gpu {
         Built { file, cpu, biases, spec: MoeSpec { n_expert: ne, n_ff: ff, glu: case.glu } }
     }
 
+    /// The second kernel case's layer for a test tagged `tag`: the CPU back end, the case, its
+    /// weights, a pool slot's bytes and a store lending its experts.
+    fn second_case(tag: &str, rng: &mut StdRng) -> (CpuBackend, Case, Built, u64, Arc<FileStore>) {
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let case = cases()[1];
+        let b = build(&c, &case, tag, rng);
+        let slot_bytes = slot_bytes_of(&case);
+        let store = Arc::new(FileStore::of(&case, &b));
+        (c, case, b, slot_bytes, store)
+    }
+
+    /// One token's input and routing weights for experts `ids`, and the CPU's output for them
+    /// (the reference).
+    fn one_token(c: &CpuBackend, case: &Case, b: &Built, ids: &[u32], rng: &mut StdRng) -> [CpuTensor; 3] {
+        let x = tensor(rng, &[1, case.n_embd], 1.0);
+        let weights = tensor(rng, &[1, case.k], 1.0);
+        let routing = Routing::<CpuBackend> { ids: ids.to_vec(), weights: weights.clone(), k: case.k };
+        let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+        [x, weights, want]
+    }
+
     fn gpu_experts(g: &WgpuBackend, b: &Built, layer: usize) -> Result<Experts<WgpuBackend>, OpError> {
         let up = |t: &Option<CpuTensor>| t.as_ref().map(|t| g.from_host(&t.data, &t.shape)).transpose();
         Ok(Experts {
@@ -485,20 +506,13 @@ mod gpu {
     fn a_prefilled_pool_hits_from_the_first_call() {
         let Some(g0) = gpu("gpu_tier_moe") else { return };
         let mut rng = StdRng::seed_from_u64(seed());
-        let c = CpuBackend::new(MatmulMode::Exact);
-        let case = cases()[1];
-        let b = build(&c, &case, "prefill", &mut rng);
-        let slot_bytes = slot_bytes_of(&case);
-        let store = Arc::new(FileStore::of(&case, &b));
+        let (c, case, b, slot_bytes, store) = second_case("prefill", &mut rng);
         // Half the layer's experts prefilled (ids below `half`: no history yet), the picks
         // spanning both halves.
         let half = case.n_expert / 2;
         let ids: Vec<u32> = (0..case.k as u32).map(|j| if j % 2 == 0 { j / 2 } else { half as u32 + j / 2 }).collect();
         let (in_pool, out) = (ids.iter().filter(|&&e| (e as usize) < half).count() as u64, ids.len() as u64);
-        let x = tensor(&mut rng, &[1, case.n_embd], 1.0);
-        let weights = tensor(&mut rng, &[1, case.k], 1.0);
-        let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
-        let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+        let [x, weights, want] = one_token(&c, &case, &b, &ids, &mut rng);
         let mut r = Report { failures: Vec::new(), ran: 0 };
         for (prefill, hits) in [(half, in_pool), (0, 0)] {
             let opts = ExpertTierOptions {
@@ -525,17 +539,10 @@ mod gpu {
     fn host_copies_in_mapped_memory_within_the_ram_budget() {
         let Some(g0) = gpu("gpu_tier_moe") else { return };
         let mut rng = StdRng::seed_from_u64(seed());
-        let c = CpuBackend::new(MatmulMode::Exact);
-        let case = cases()[1];
-        let b = build(&c, &case, "mapped", &mut rng);
-        let slot_bytes = slot_bytes_of(&case);
+        let (c, case, b, slot_bytes, store) = second_case("mapped", &mut rng);
         let per_layer = case.n_expert as u64 * slot_bytes;
-        let store = Arc::new(FileStore::of(&case, &b));
         let ids: Vec<u32> = (0..case.k as u32).collect();
-        let x = tensor(&mut rng, &[1, case.n_embd], 1.0);
-        let weights = tensor(&mut rng, &[1, case.k], 1.0);
-        let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
-        let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+        let [x, weights, want] = one_token(&c, &case, &b, &ids, &mut rng);
         let mut r = Report { failures: Vec::new(), ran: 0 };
         let opts = |budget| ExpertTierOptions {
             miss: MissPolicy::Host,
