@@ -2581,8 +2581,9 @@ impl WgpuBackend {
                 self.ctx.max_binding
             )));
         }
-        // The fill's parts in a trace: "host buffer made" once the buffer is in hand (made here,
-        // or taken from the allocations made ahead), "host copy staged" once the experts are in it.
+        // The fill's parts in a trace: "host buffer made" once the buffer is in hand (on the
+        // H200 nearly all of a layer's time: the driver's allocation), "host copy staged" once
+        // the experts are in it (the name kept from the staged fill for trace-summary.py).
         super::trace::mark("host copy", Some(layer));
         let (buffer, mats, in_allocator) = match self.host_tier_mapped_buffer(tier, st, layer, bytes)? {
             Some(mapped) => {
