@@ -2721,10 +2721,7 @@ impl WgpuBackend {
                 Ok(())
             })
         })?;
-        mats.into_iter()
-            .enumerate()
-            .map(|(e, m)| m.ok_or_else(|| unsupported(format!("the store did not lend expert {e} of layer {layer}"))))
-            .collect()
+        every_expert_lent(mats, layer)
     }
 
     /// The fill where no mapped buffer is offered: every expert of `layer` through the staging
@@ -2759,10 +2756,7 @@ impl WgpuBackend {
             Ok(())
         })?;
         self.submit_staged(tier, st, &mut batch);
-        mats.into_iter()
-            .enumerate()
-            .map(|(e, m)| m.ok_or_else(|| unsupported(format!("the store did not lend expert {e} of layer {layer}"))))
-            .collect()
+        every_expert_lent(mats, layer)
     }
 
     /// Right after `layer`'s host copy is made: copies up to
@@ -2922,6 +2916,21 @@ impl WgpuBackend {
             Ok(())
         })
     }
+}
+
+/// A host copy's placements once its fill is done: an error naming the first expert the store
+/// did not lend (a store must lend every id it is asked for).
+fn every_expert_lent(mats: Vec<Option<SlotMats>>, layer: usize) -> Result<Vec<SlotMats>, OpError> {
+    mats.into_iter()
+        .enumerate()
+        .map(|(e, m)| {
+            m.ok_or_else(|| OpError::Unsupported {
+                op: "moe_ffn (host tier)",
+                backend: "wgpu",
+                why: format!("the store did not lend expert {e} of layer {layer}"),
+            })
+        })
+        .collect()
 }
 
 /// A buffer of `bytes` in host memory that kernels may read (over PCIe on a discrete GPU).
