@@ -152,12 +152,14 @@ def warm_up(marks, starts, skip):
 
 def host_fill(marks):
     """The first call's host-tier fill, when the trace has its marks: per layer the buffer's
-    allocation and the copy, and the staging waits in between."""
+    allocation and the copy, and the staging waits in between (or, for imported pages, the
+    writes and the import)."""
     per = collections.defaultdict(dict)
     waits, wait_start = [], None
     making = {}  # thread -> the layer whose buffer it is making (the allocation's mark has none)
     for t, thread, layer, what in marks:
-        if what in ("host copy", "host buffer made", "host copy staged") and layer is not None:
+        if what in ("host copy", "host buffer made", "host copy staged", "host pages written",
+                    "host memory imported") and layer is not None:
             per[layer].setdefault(what, t)
             if what == "host copy":
                 making[thread] = layer
@@ -183,9 +185,16 @@ def host_fill(marks):
     if len(split) == len(done):
         allocated = sum(p["host memory allocated"] - p["host copy"] for p in done)
         detail = f" (allocated {allocated / len(done) / 1e3:.1f}, mapped {(alloc - allocated) / len(done) / 1e3:.1f})"
+    # Imported pages (Vulkan's host-memory import) mark the fill's writes apart from the import.
+    imported = [p for p in done if "host memory imported" in p and "host pages written" in p]
+    copies = f"staging waits {waited / len(done) / 1e3:.1f} ms"
+    if imported and len(imported) == len(done):
+        written = sum(p["host pages written"] - p["host buffer made"] for p in done)
+        pinned = sum(p["host memory imported"] - p["host pages written"] for p in done)
+        copies = f"pages written {written / len(done) / 1e3:.1f} ms, imported {pinned / len(done) / 1e3:.1f} ms"
     print(f"host-tier fill: {len(done)} layers in {(last - first) / 1e6:.2f} s; per layer: buffer made "
-          f"{alloc / len(done) / 1e3:.1f} ms{detail}, copies staged {staged / len(done) / 1e3:.1f} ms (of which staging "
-          f"waits {waited / len(done) / 1e3:.1f} ms); between layers {((last - first) - alloc - staged) / max(len(done) - 1, 1) / 1e3:.1f} ms")
+          f"{alloc / len(done) / 1e3:.1f} ms{detail}, copies staged {staged / len(done) / 1e3:.1f} ms (of which "
+          f"{copies}); between layers {((last - first) - alloc - staged) / max(len(done) - 1, 1) / 1e3:.1f} ms")
 
 
 def main():

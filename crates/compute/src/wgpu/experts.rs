@@ -34,6 +34,7 @@
 //!   shared by the uses a slot has had so far (selections per upload). Without that sharing the
 //!   H200 run computed 383 misses per token on the CPU and the pool never filled (0.2% hits).
 
+use super::host_import::PendingImport;
 use super::layout::TypeLayout;
 use super::mailbox::{MappedHostBuffer, Toward};
 use super::moe::{self, RouteView};
@@ -136,6 +137,42 @@ pub struct ExpertTierOptions {
     /// copy on the GPU (0: the pool starts empty and fills with misses as they come). The
     /// caller sets it to the pool's slots over the model's MoE layers.
     pub prefill_per_layer: usize,
+    /// How a host tier's copies are made ([`HostFill::from_env`] by default).
+    pub host_fill: HostFill,
+}
+
+/// How the host tier's copies are made, where the device allows; each falls back to the next
+/// where it does not (not Vulkan, no import extension).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostFill {
+    /// Anonymous memory the fill's threads map and write, then lent to the GPU (host_import.rs):
+    /// the driver only pins it.
+    Import,
+    /// Host memory the driver makes (`vkAllocateMemory`, ~4 GB/s on the H200), written through
+    /// its mapping.
+    Mapped,
+    /// wgpu's host-visible buffers, written through the staging ring and the GPU's copies.
+    Staged,
+}
+
+impl HostFill {
+    /// `DISKFORMER_HOST_FILL=import|mapped|staged` (comparisons on a device), else `Import`.
+    pub fn from_env() -> HostFill {
+        match std::env::var("DISKFORMER_HOST_FILL").ok().as_deref().map(str::trim) {
+            Some("mapped") => HostFill::Mapped,
+            Some("staged") => HostFill::Staged,
+            _ => HostFill::Import,
+        }
+    }
+
+    /// The word the `--stats` line uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostFill::Import => "imported",
+            HostFill::Mapped => "driver-allocated",
+            HostFill::Staged => "staged",
+        }
+    }
 }
 
 impl ExpertTierOptions {
@@ -152,6 +189,7 @@ impl ExpertTierOptions {
             max_slots_per_buffer: None,
             host_budget_bytes: None,
             prefill_per_layer: 0,
+            host_fill: HostFill::from_env(),
         }
     }
 
@@ -456,16 +494,25 @@ struct PendingCopy {
 struct HostLayer {
     buffer: wgpu::Buffer,
     mats: Vec<SlotMats>,
-    /// The buffer came from wgpu's allocator ([`host_tier_buffer`]), which then counts it
-    /// among its blocks; `false` for a [`MappedHostBuffer`] (raw Vulkan memory).
-    in_allocator: bool,
+    /// How it was made. A [`HostFill::Staged`] buffer came from wgpu's allocator
+    /// ([`host_tier_buffer`]), which then counts it among its blocks; the others are raw
+    /// Vulkan memory.
+    fill: HostFill,
+}
+
+/// Where a layer's host copy is written ([`WgpuBackend::host_tier_target`]).
+enum HostTarget {
+    Import(PendingImport),
+    Mapped(MappedHostBuffer),
+    Staged,
 }
 
 impl HostTierState {
     /// Bytes of its buffers that wgpu's allocator made (see
     /// [`WgpuBackend::expert_host_tier_allocator_bytes`]).
     fn allocator_bytes(&self) -> u64 {
-        let layers: u64 = self.layers.iter().flatten().filter(|h| h.in_allocator).map(|h| h.buffer.size()).sum();
+        let layers: u64 =
+            self.layers.iter().flatten().filter(|h| h.fill == HostFill::Staged).map(|h| h.buffer.size()).sum();
         layers + self.log.as_ref().map_or(0, |l| l.size())
     }
 }
@@ -1319,10 +1366,16 @@ impl WgpuBackend {
             ));
         }
         if t.reads_host() {
+            let fills: Vec<&str> = [HostFill::Import, HostFill::Mapped, HostFill::Staged]
+                .into_iter()
+                .filter(|f| st.host.layers.iter().flatten().any(|h| h.fill == *f))
+                .map(HostFill::name)
+                .collect();
             out.push_str(&format!(
-                "host tier: {:.1} MiB in host memory ({} layers), read by the GPU on a miss; {} experts copied into the pool at the layers' first calls\n",
+                "host tier: {:.1} MiB in host memory ({} layers, {}), read by the GPU on a miss; {} experts copied into the pool at the layers' first calls\n",
                 mib(st.host.bytes),
                 st.host.layers.iter().flatten().count(),
+                fills.join(" and "),
                 st.stats.iter().map(|s| s.prefilled).sum::<u64>()
             ));
         }
@@ -2552,9 +2605,9 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Makes `layer`'s host copy on its first call: a buffer in host memory (see
-    /// [`host_tier_buffer`]) filled with every expert of the layer through the staging ring,
-    /// in the pool's slot layout; the slot table's row of the layer points into it.
+    /// Makes `layer`'s host copy on its first call: host memory the GPU reads (as the tier's
+    /// [`HostFill`] says, where the device allows) filled with every expert of the layer in the
+    /// pool's slot layout; the slot table's row of the layer points into it.
     fn ensure_host_layer(
         &self,
         tier: &ExpertTier,
@@ -2581,21 +2634,39 @@ impl WgpuBackend {
                 self.ctx.max_binding
             )));
         }
-        // The fill's parts in a trace: "host buffer made" once the buffer is in hand (on the
-        // H200 nearly all of a layer's time: the driver's allocation), "host copy staged" once
-        // the experts are in it (the name kept from the staged fill for trace-summary.py).
+        // The fill's parts in a trace: "host buffer made" once the buffer (or the pages to
+        // import) is in hand (with the driver's allocation, nearly all of a layer's time on the
+        // H200), "host copy staged" once the experts are in it and it is the GPU's (the name
+        // kept from the staged fill for trace-summary.py), "host memory imported" between them
+        // for an import (the driver pinning the pages).
         super::trace::mark("host copy", Some(layer));
-        let (buffer, mats, in_allocator) = match self.host_tier_mapped_buffer(tier, st, layer, bytes)? {
-            Some(mapped) => {
+        let (buffer, mats, fill) = match self.host_tier_target(tier, st, layer, bytes)? {
+            HostTarget::Import(mut pending) => {
                 super::trace::mark("host buffer made", Some(layer));
-                let mats = self.fill_mapped_host_layer(tier, layer, n_expert, &mapped)?;
-                (mapped.buffer, mats, false)
+                let mats = self.fill_mapped_host_layer(tier, layer, n_expert, pending.bytes_mut())?;
+                super::trace::mark("host pages written", Some(layer));
+                let import = self.ctx.host_import.as_ref().expect("an import target only where the device imports");
+                let buffer = pending
+                    .finish(import, "expert host tier")
+                    .map_err(|why| unsupported(format!("layer {layer}'s host copy of {bytes} bytes: {why}")))?;
+                super::trace::mark("host memory imported", Some(layer));
+                (buffer, mats, HostFill::Import)
             }
-            None => {
+            HostTarget::Mapped(mapped) => {
+                super::trace::mark("host buffer made", Some(layer));
+                let len = mapped.buffer.size() as usize;
+                // SAFETY: the mapping is `len` bytes of host memory that lives as long as
+                // `mapped`; nothing else reads or writes it until the layer's slot table row
+                // points into it, after the fill (the GPU has no work using it yet).
+                let whole: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(mapped.ptr.as_ptr(), len) };
+                let mats = self.fill_mapped_host_layer(tier, layer, n_expert, whole)?;
+                (mapped.buffer, mats, HostFill::Mapped)
+            }
+            HostTarget::Staged => {
                 let buffer = host_tier_buffer(&self.ctx.device, bytes);
                 super::trace::mark("host buffer made", Some(layer));
                 let mats = self.fill_host_layer_staged(tier, st, layer, n_expert, &buffer)?;
-                (buffer, mats, true)
+                (buffer, mats, HostFill::Staged)
             }
         };
         let row = st.host.row;
@@ -2610,26 +2681,25 @@ impl WgpuBackend {
         if st.host.layers.len() <= layer {
             st.host.layers.resize_with(layer + 1, || None);
         }
-        st.host.layers[layer] = Some(HostLayer { buffer, mats, in_allocator });
+        st.host.layers[layer] = Some(HostLayer { buffer, mats, fill });
         super::trace::mark("host copy staged", Some(layer));
         self.prefill_layer(tier, st, layer)
     }
 
-    /// A mapped host buffer of `bytes` for `layer`'s copy, within the RAM budget; `None` where
-    /// the device gives none (not Vulkan) or `DISKFORMER_HOST_FILL=staged` asks for the staged
-    /// fill (comparisons).
+    /// Where `layer`'s copy of `bytes` goes, within the RAM budget: the first of the tier's
+    /// [`HostFill`] and those after it that the device offers.
     ///
-    /// Not allocated ahead on other threads: on the H200 (thirty-first session) NVIDIA's driver
-    /// made them one at a time (~78 ms per 340 MB whether 1, 4 or 8 threads asked) and held
-    /// the model's own allocations and the fill's submissions behind them, so the fill took
-    /// longer (docs/NOTES.md).
-    fn host_tier_mapped_buffer(
+    /// Not made ahead on other threads: on the H200 (thirty-first session) NVIDIA's driver
+    /// made driver-allocated buffers one at a time (~78 ms per 340 MB whether 1, 4 or 8
+    /// threads asked) and held the model's own allocations and the fill's submissions behind
+    /// them, so the fill took longer (docs/NOTES.md).
+    fn host_tier_target(
         &self,
         tier: &ExpertTier,
         st: &TierState,
         layer: usize,
         bytes: u64,
-    ) -> Result<Option<MappedHostBuffer>, OpError> {
+    ) -> Result<HostTarget, OpError> {
         let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
         let held = st.host.bytes;
         if let Some(budget) = tier.opts.host_budget_bytes {
@@ -2639,31 +2709,36 @@ impl WgpuBackend {
                 )));
             }
         }
-        if std::env::var("DISKFORMER_HOST_FILL").is_ok_and(|v| v.trim() == "staged") {
-            return Ok(None);
+        let failed = |why: String| unsupported(format!("layer {layer}'s host copy of {bytes} bytes: {why}"));
+        if tier.opts.host_fill == HostFill::Import {
+            if let Some(import) = &self.ctx.host_import {
+                return PendingImport::new(&self.ctx.device, import, bytes).map(HostTarget::Import).map_err(failed);
+            }
         }
-        MappedHostBuffer::new(&self.ctx.device, bytes, Toward::Host, "expert host tier")
-            .map_err(|why| unsupported(format!("layer {layer}'s host copy of {bytes} bytes: {why}")))
+        if tier.opts.host_fill != HostFill::Staged {
+            if let Some(mapped) =
+                MappedHostBuffer::new(&self.ctx.device, bytes, Toward::Host, "expert host tier").map_err(failed)?
+            {
+                return Ok(HostTarget::Mapped(mapped));
+            }
+        }
+        Ok(HostTarget::Staged)
     }
 
-    /// Writes every expert of `layer` into `mapped` in the pool's slot layout, straight through
-    /// the mapping on the thread pool (one job per matrix: the fill is host memory to host
-    /// memory, and one core copies and repacks at a fraction of what the machine's memory
-    /// does); returns each expert's placement.
+    /// Writes every expert of `layer` into `whole` (the host memory the GPU will read) in the
+    /// pool's slot layout, on the thread pool (one job per matrix: the fill is host memory to
+    /// host memory, and one core copies and repacks at a fraction of what the machine's memory
+    /// does; fresh pages are also faulted in by those threads); returns each expert's placement.
     fn fill_mapped_host_layer(
         &self,
         tier: &ExpertTier,
         layer: usize,
         n_expert: usize,
-        mapped: &MappedHostBuffer,
+        whole: &mut [u8],
     ) -> Result<Vec<SlotMats>, OpError> {
         use rayon::prelude::*;
         let unsupported = |why: String| OpError::Unsupported { op: "moe_ffn (host tier)", backend: "wgpu", why };
-        let len = mapped.buffer.size() as usize;
-        // SAFETY: the mapping is `len` bytes of host memory that lives as long as `mapped`
-        // (borrowed for this call); nothing else reads or writes it until the layer's slot
-        // table row points into it, after this returns (the GPU has no work using it yet).
-        let whole: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(mapped.ptr.as_ptr(), len) };
+        let len = whole.len();
         let ids: Vec<u32> = (0..n_expert as u32).collect();
         let mut mats: Vec<Option<SlotMats>> = vec![None; n_expert];
         let slot_words = tier.slot_words;
@@ -2839,6 +2914,15 @@ impl WgpuBackend {
     /// host buffers (not Vulkan). Subtract these, not the whole tier, from those figures.
     pub fn expert_host_tier_allocator_bytes(&self) -> Option<u64> {
         self.experts.as_ref().map(|t| lock(&t.state).host.allocator_bytes())
+    }
+
+    /// How each layer's host copy made so far was made, by layer (`None` where a layer has
+    /// none yet; an empty list without a tier).
+    pub fn expert_host_tier_fills(&self) -> Vec<Option<HostFill>> {
+        self.experts
+            .as_ref()
+            .map(|t| lock(&t.state).host.layers.iter().map(|h| h.as_ref().map(|h| h.fill)).collect())
+            .unwrap_or_default()
     }
 }
 

@@ -39,6 +39,7 @@ mod dispatch_probe;
 mod experts;
 mod fused;
 mod gpu_timer;
+mod host_import;
 mod int8;
 pub mod layout;
 mod mailbox;
@@ -51,7 +52,7 @@ use crate::trace;
 pub use crate::ExpertTierStats;
 pub use experts::{
     backend_fixed_bytes, default_staging_bytes, expert_slot_bytes, host_tier_table_reserve_bytes, weight_bytes,
-    ExpertTierOptions, MissPolicy, SlotPolicy, STAGING_BUFFERS,
+    ExpertTierOptions, HostFill, MissPolicy, SlotPolicy, STAGING_BUFFERS,
 };
 
 use crate::backend::{AttnStep, Backend, Experts, Routing, SsmDims, SsmScan};
@@ -426,6 +427,8 @@ struct Ctx {
     queue: wgpu::Queue,
     /// A queue for copies beside the compute queue (transfer.rs), where the device has one.
     transfer: Option<Arc<transfer::TransferQueue>>,
+    /// Importing host memory the process filled (host_import.rs), where the device can.
+    host_import: Option<Arc<host_import::HostImport>>,
     adapter: AdapterSummary,
     subgroups: bool,
     unroll: bool,
@@ -955,14 +958,14 @@ impl WgpuBackend {
             },
             trace: wgpu::Trace::Off,
         };
-        // A second queue for copies beside the compute work where the adapter offers one
-        // (transfer.rs); else the device as wgpu opens it.
-        let (device, queue, transfer) = match transfer::open_device(adapter, &desc) {
-            Some((device, queue, t)) => (device, queue, Some(Arc::new(t))),
+        // A second queue for copies beside the compute work and the host-import extension
+        // where the adapter offers them (transfer.rs); else the device as wgpu opens it.
+        let (device, queue, transfer, host_import) = match transfer::open_device(adapter, &desc) {
+            Some(o) => (o.device, o.queue, o.transfer.map(Arc::new), o.host_import.map(Arc::new)),
             None => {
                 let (device, queue) = pollster::block_on(adapter.request_device(&desc))
                     .map_err(|e| GpuError::RequestDevice { adapter: summary.name.clone(), why: e.to_string() })?;
-                (device, queue, None)
+                (device, queue, None, None)
             }
         };
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
@@ -988,6 +991,7 @@ impl WgpuBackend {
             device,
             queue,
             transfer,
+            host_import,
             adapter: summary,
             subgroups,
             unroll: !env_flag("DISKFORMER_NO_UNROLL"),

@@ -23,7 +23,8 @@
 //! by a kernel only after the bytes it announces (both go through the GPU's L2). Consumers must
 //! be correct whatever a tag reads (the split reads the same bytes from host memory instead).
 //! The queue is opened only when something asks for it ([`wanted`]); otherwise, or with
-//! `DISKFORMER_TRANSFER_QUEUE=0`, the device opens as before.
+//! `DISKFORMER_TRANSFER_QUEUE=0`, the device opens without it ([`open_device`] may still add
+//! the host-import extension).
 
 use ash::vk;
 use std::sync::Mutex;
@@ -86,7 +87,7 @@ fn transfer_family(families: &[vk::QueueFamilyProperties]) -> Option<u32> {
 /// prefetch, `DISKFORMER_SPLIT_PREFETCH` above 0, or its copy-queue replacements,
 /// `DISKFORMER_SPLIT_COPY_REFILLS=1`; both off by default, measured no faster on the H200), or
 /// `DISKFORMER_TRANSFER_QUEUE=1` (its device test); never with `DISKFORMER_TRANSFER_QUEUE=0`.
-/// Otherwise the device opens exactly as before the queue existed.
+/// Otherwise the device has no second queue.
 fn wanted() -> bool {
     let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
     match var("DISKFORMER_TRANSFER_QUEUE").as_deref() {
@@ -99,52 +100,92 @@ fn wanted() -> bool {
     }
 }
 
-/// Opens `adapter` as `request_device` would, plus a transfer queue where the adapter is a
-/// Vulkan one with a transfer-only family (see the module docs). `None` when it is not, when
-/// nothing wants the queue ([`wanted`]), or when opening that way failed (the caller then opens
-/// the device as before).
-pub(crate) fn open_device(
-    adapter: &wgpu::Adapter,
-    desc: &wgpu::DeviceDescriptor<'_>,
-) -> Option<(wgpu::Device, wgpu::Queue, TransferQueue)> {
-    if !wanted() {
-        return None;
-    }
+/// A device opened through [`open_device`], with what it was opened with.
+pub(crate) struct OpenedDevice {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    /// The second queue, where something asked for it ([`wanted`]) and the adapter has a
+    /// transfer-only family.
+    pub(crate) transfer: Option<TransferQueue>,
+    /// `VK_EXT_external_memory_host`, where the adapter can import host memory into storage
+    /// buffers (the expert tier's host copies, host_import.rs).
+    pub(crate) host_import: Option<super::host_import::HostImport>,
+}
+
+/// Opens `adapter` as `request_device` would, plus what diskformer's raw Vulkan paths use where
+/// the adapter is a Vulkan one offering it: a transfer queue (see the module docs) and the
+/// extension that imports host memory (host_import.rs). `None` when it offers neither, when
+/// it is not Vulkan, or when opening that way failed (the caller then opens the device as
+/// before). An extension added changes nothing else: wgpu-hal's own `open` is
+/// `open_with_callback` without a callback.
+pub(crate) fn open_device(adapter: &wgpu::Adapter, desc: &wgpu::DeviceDescriptor<'_>) -> Option<OpenedDevice> {
     static PRIORITY: [f32; 1] = [1.0];
     // SAFETY: the device is opened from this adapter with the features and limits the
     // descriptor asks for (what `request_device` does), the callback only adds a queue create
-    // info of a family the adapter reports, and the opened device goes to
-    // `create_device_from_hal` of the same adapter. The queue handle is taken from the raw
-    // device before wgpu owns it; wgpu never touches that family.
+    // info of a family the adapter reports and an extension it reports, and the opened device
+    // goes to `create_device_from_hal` of the same adapter. The queue handle is taken from the
+    // raw device before wgpu owns it; wgpu never touches that family.
     unsafe {
-        let (open, family) = {
+        let (open, family, import) = {
             let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
-            let instance = hal.shared_instance().raw_instance();
-            let family =
-                transfer_family(&instance.get_physical_device_queue_family_properties(hal.raw_physical_device()))?;
+            let shared = hal.shared_instance();
+            let instance = shared.raw_instance();
+            let physical = hal.raw_physical_device();
+            let family = if wanted() {
+                transfer_family(&instance.get_physical_device_queue_family_properties(physical))
+            } else {
+                None
+            };
+            let extension = ash::ext::external_memory_host::NAME;
+            let alignment = super::host_import::import_alignment(
+                instance,
+                shared.instance_api_version(),
+                physical,
+                hal.physical_device_capabilities().supports_extension(extension),
+            );
+            if family.is_none() && alignment.is_none() {
+                return None;
+            }
             let open = hal
                 .open_with_callback(
                     desc.required_features,
                     &desc.required_limits,
                     &desc.memory_hints,
                     Some(Box::new(move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs<'_, '_, '_>| {
-                        args.queue_create_infos.push(
-                            vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&PRIORITY),
-                        );
+                        if let Some(family) = family {
+                            args.queue_create_infos.push(
+                                vk::DeviceQueueCreateInfo::default()
+                                    .queue_family_index(family)
+                                    .queue_priorities(&PRIORITY),
+                            );
+                        }
+                        if alignment.is_some() && !args.extensions.contains(&extension) {
+                            args.extensions.push(extension);
+                        }
                     })),
                 )
                 .ok()?;
-            (open, family)
+            let import =
+                alignment.map(|a| super::host_import::HostImport::new(instance, physical, open.device.raw_device(), a));
+            (open, family, import)
         };
         let raw = open.device.raw_device().clone();
-        let queue = raw.get_device_queue(family, 0);
-        let (device, wgpu_queue) = adapter.create_device_from_hal(open, desc).ok()?;
-        let ring = Ring::new(&raw, family).ok()?;
-        Some((
-            device.clone(),
-            wgpu_queue,
-            TransferQueue { _device: device, raw, queue, family, ring: Mutex::new(ring) },
-        ))
+        let (device, queue) = adapter.create_device_from_hal(open, desc).ok()?;
+        let transfer = match family {
+            Some(family) => {
+                let transfer_queue = raw.get_device_queue(family, 0);
+                let ring = Ring::new(&raw, family).ok()?;
+                Some(TransferQueue {
+                    _device: device.clone(),
+                    raw,
+                    queue: transfer_queue,
+                    family,
+                    ring: Mutex::new(ring),
+                })
+            }
+            None => None,
+        };
+        Some(OpenedDevice { device, queue, transfer, host_import: import })
     }
 }
 
