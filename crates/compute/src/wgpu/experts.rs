@@ -502,7 +502,7 @@ struct HostLayer {
 
 /// Where a layer's host copy is written ([`WgpuBackend::host_tier_target`]).
 enum HostTarget {
-    Import(PendingImport),
+    Import(Box<PendingImport>),
     Mapped(MappedHostBuffer),
     Staged,
 }
@@ -2712,7 +2712,7 @@ impl WgpuBackend {
         let failed = |why: String| unsupported(format!("layer {layer}'s host copy of {bytes} bytes: {why}"));
         if tier.opts.host_fill == HostFill::Import {
             if let Some(import) = &self.ctx.host_import {
-                return PendingImport::new(&self.ctx.device, import, bytes).map(HostTarget::Import).map_err(failed);
+                return PendingImport::new(&self.ctx.device, import, bytes).map(|p| HostTarget::Import(Box::new(p))).map_err(failed);
             }
         }
         if tier.opts.host_fill != HostFill::Staged {
