@@ -73,20 +73,21 @@ mod gpu_ops {
     }
 
     /// `to_host_into` gives `to_host`'s values, replacing what the buffer held (longer and
-    /// shorter tensors in turn) and keeping its memory once it is large enough.
+    /// shorter tensors in turn, up to a vocabulary's logits, which are copied out in pieces on
+    /// the thread pool) and keeping its memory once it is large enough.
     #[test]
     fn to_host_into_replaces_the_values_and_keeps_the_memory() {
         let Some(g) = gpu("to_host_into") else { return };
         let mut rng = StdRng::seed_from_u64(seed());
         let mut out = vec![f32::NAN; 3];
         let mut kept = None;
-        for n in [1000, 17, 1000, 4096, 5] {
+        for n in [1000, 17, 151_936, 151_936, 1000, 160_000, 5] {
             let values = rand_vec(&mut rng, n, 1.0);
             let t = g.from_host(&values, &[n]).expect("upload");
             g.to_host_into(&t, &mut out).expect("to_host_into");
             assert_eq!(out, g.to_host(&t).expect("to_host"), "{n} values");
             assert_eq!(out, values, "{n} values");
-            if n == 4096 {
+            if n == 160_000 {
                 kept = Some(out.as_ptr());
             } else if let Some(p) = kept {
                 assert_eq!(out.as_ptr(), p, "a shorter read reallocated the buffer");

@@ -360,16 +360,36 @@ fn le_f32s(bytes: &[u8]) -> Vec<f32> {
 
 /// [`le_f32s`] into `out`, replacing what it held and keeping its memory.
 fn le_f32s_into(bytes: &[u8], out: &mut Vec<f32>) {
-    out.clear();
     let n = bytes.len() / 4;
     if cfg!(target_endian = "little") {
         // A mapped range starts on a page, so the cast takes it; a copy otherwise.
         if let Ok(words) = bytemuck::try_cast_slice::<u8, f32>(&bytes[..4 * n]) {
-            out.extend_from_slice(words);
+            // A generation loop reads the same length every step: no zeroing pass then.
+            out.resize(n, 0.0);
+            copy_on_pool(words, out);
             return;
         }
     }
+    out.clear();
     out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+}
+
+/// `dst.copy_from_slice(src)`, in pieces on the thread pool when large.
+///
+/// Why: a decode step's logits (608 KB for Qwen3's vocabulary) come from memory the GPU wrote,
+/// not in any cache, and one core copies at its own share of the RAM's rate: ~80 us on the
+/// H200's host (the thirty-third session's trace, "to_host" to "to_host copied"), on the
+/// critical path between one token and the next step. Split over the pool's threads (polling
+/// during a step) it takes a fraction of that.
+fn copy_on_pool(src: &[f32], dst: &mut [f32]) {
+    use rayon::prelude::*;
+    /// Values per piece (64 KiB): big enough that a task's overhead is small beside its copy.
+    const PIECE: usize = 16 * 1024;
+    if src.len() <= 4 * PIECE || rayon::current_num_threads() < 2 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    dst.par_chunks_mut(PIECE).zip(src.par_chunks(PIECE)).for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 /// Little-endian u32 words of bytes read back.
