@@ -3154,7 +3154,7 @@ mod tests {
         let counts = vec![vec![1, 9, 0], vec![4, 0, 5], vec![7, 2, 6], vec![100, 100, 100]];
         let region_of = vec![Some(0), Some(1), Some(0), None];
         assert_eq!(hindsight_hits(&counts, &region_of, &[0..2, 2..3]), Some(9 + 7 + 5));
-        assert_eq!(hindsight_hits(&counts, &[], &[0..2]), None);
+        assert_eq!(hindsight_hits(&counts, &[], &[0..2, 2..3]), None);
     }
 
     #[test]
