@@ -1152,6 +1152,7 @@ impl WgpuBackend {
                 usage: wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: true,
             });
+            trace::mark("upload buffer made", None);
             write_mapped(&staging, bytes);
             lock(&self.ctx.pending).cmds.push(Cmd::Copy {
                 src: staging,
@@ -1160,6 +1161,7 @@ impl WgpuBackend {
                 dst_at: 0,
                 size,
             });
+            trace::mark("upload queued", None);
         }
         Ok(dst)
     }
@@ -1901,6 +1903,7 @@ impl Backend for WgpuBackend {
                 crate::quant::dequantize(host.dtype, &bytes[i * rb..(i + 1) * rb], out)
                     .map_err(|source| OpError::Quant { op: "get_rows", source })?;
             }
+            trace::mark("get_rows dequantized", None);
             return self.from_host(&rows, &[ids.len(), k]);
         }
         let k = table.k;
