@@ -769,6 +769,16 @@ fn hindsight_hits(counts: &[Vec<u64>], region_of: &[Option<usize>], regions: &[s
 }
 
 impl TierState {
+    /// `layer`'s call selected the distinct experts `used`: their counts since the load, and
+    /// under LFU (`lfu_decay` given) the layer's scores decayed and theirs raised by one.
+    fn note_selected(&mut self, layer: usize, used: &[u32], lfu_decay: Option<f32>) {
+        if let Some(decay) = lfu_decay {
+            self.score[layer].iter_mut().for_each(|s| *s *= decay);
+            used.iter().for_each(|&e| self.score[layer][e as usize] += 1.0);
+        }
+        used.iter().for_each(|&e| self.selected_count[layer][e as usize] += 1);
+    }
+
     fn ensure_layer(&mut self, layer: usize, n_expert: usize) {
         if self.slot_of.len() <= layer {
             self.slot_of.resize_with(layer + 1, Vec::new);
@@ -1670,11 +1680,7 @@ impl WgpuBackend {
         }
         st.last_layer = Some(layer);
         let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
-        if tier.opts.policy == SlotPolicy::Lfu {
-            st.score[layer].iter_mut().for_each(|s| *s *= tier.lfu_decay);
-            used.iter().for_each(|&e| st.score[layer][e as usize] += 1.0);
-        }
-        used.iter().for_each(|&e| st.selected_count[layer][e as usize] += 1);
+        st.note_selected(layer, &used, (tier.opts.policy == SlotPolicy::Lfu).then_some(tier.lfu_decay));
         let (hits, misses): (Vec<u32>, Vec<u32>) =
             used.iter().partition(|&&e| st.slot_of[layer][e as usize] != NO_SLOT);
         {
@@ -2366,11 +2372,7 @@ impl WgpuBackend {
         let mut used = ids.to_vec();
         used.sort_unstable();
         used.dedup();
-        if tier.opts.policy == SlotPolicy::Lfu {
-            st.score[layer].iter_mut().for_each(|s| *s *= tier.lfu_decay);
-            used.iter().for_each(|&e| st.score[layer][e as usize] += 1.0);
-        }
-        used.iter().for_each(|&e| st.selected_count[layer][e as usize] += 1);
+        st.note_selected(layer, &used, (tier.opts.policy == SlotPolicy::Lfu).then_some(tier.lfu_decay));
         st.stats[layer].selections += used.len() as u64;
         for e in used {
             let slot = st.slot_of[layer][e as usize];
