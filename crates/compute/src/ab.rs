@@ -26,7 +26,9 @@
 //! it, with the norm's dispatch after it), `ahead` (the split's dispatcher does not read the
 //! CPU's guessed experts of the next layer into its caches while it waits for the hand-over),
 //! `pace` (every split call records all of its layers' pool replacements, no
-//! `DISKFORMER_SPLIT_REFILLS_PER_CALL` limit).
+//! `DISKFORMER_SPLIT_REFILLS_PER_CALL` limit), `shared` (the CPU experts' region hands out
+//! rows in shares taken in turn instead of each thread's own range first,
+//! `quant::set_owned_claims`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -15,7 +15,9 @@ use super::simd::{Kernel, QDot, RowDequantizer, Tiles};
 use super::{check_encoded, dequantizer, QuantError};
 
 mod experts;
-pub use experts::{experts_one_token, timing as experts_timing, ExpertGating, ExpertRows};
+pub use experts::{
+    experts_one_token, owned_bytes, set_owned_claims, timing as experts_timing, ExpertGating, ExpertRows,
+};
 
 /// How [`matmul`] computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -35,8 +35,8 @@ mod simd;
 
 pub use gguf::GgmlType;
 pub use matmul::{
-    experts_one_token, experts_timing, matmul, matmul_each, matmul_gated, matmul_many, matmul_quantized, ExpertGating,
-    ExpertRows, GateCombine, MatmulMode, WeightRows, MAX_FUSED,
+    experts_one_token, experts_timing, matmul, matmul_each, matmul_gated, matmul_many, matmul_quantized, owned_bytes,
+    set_owned_claims, ExpertGating, ExpertRows, GateCombine, MatmulMode, WeightRows, MAX_FUSED,
 };
 pub use simd::Kernel;
 

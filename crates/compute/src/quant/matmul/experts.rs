@@ -7,9 +7,10 @@
 //! Computing the experts as two regions (every gate and up product, then every down product)
 //! also left the threads idle at the first region's end and ran the gating and the
 //! quantization of its results on one thread between the two. Here the threads claim the
-//! gate/up rows of every expert first and then the down rows, in one region: the thread that
-//! finishes an expert's last gate/up rows quantizes its gated row, and a thread that claims
-//! down rows of an expert whose row is not ready yet spins until it is.
+//! gate/up rows of every expert first and then the down rows, in one region (each thread its
+//! own contiguous range of each phase first, [`OwnedClaims`], then what others left): the
+//! thread that finishes an expert's last gate/up rows quantizes its gated row, and a thread
+//! that claims down rows of an expert whose row is not ready yet spins until it is.
 //!
 //! Why the spin cannot deadlock: gate/up rows are all claimed before any down row (a thread
 //! turns to the down rows only when the gate/up claims are exhausted), so every gate/up row an
@@ -21,7 +22,7 @@ use crate::quant::qdot::{quantize_row, ActBuf, ActKind, ActRow};
 use crate::quant::simd::{Kernel, Tiles};
 use crate::quant::{MatmulMode, QuantError, WeightRows};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// Weight bytes of the smallest share a thread claims in the experts' region, a quarter of
 /// the other products' [`super::MIN_CLAIM_BYTES`]: the region's tasks ended 17 us apart on the
@@ -36,6 +37,128 @@ const MIN_CLAIM_BYTES: usize = 16 * 1024;
 fn old_region() -> bool {
     static OLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OLD.get_or_init(|| std::env::var("DISKFORMER_EXPERTS_REGION").is_ok_and(|v| v.trim() == "old"))
+}
+
+/// Whether the region gives each thread of the pool its own rows ([`OwnedClaims`]) rather than
+/// shares taken in turn from one counter: [`OWNED_UNSET`] until first read (then the
+/// environment's `DISKFORMER_EXPERTS_CLAIMS`), or [`set_owned_claims`]'s choice.
+static OWNED_CLAIMS: AtomicU8 = AtomicU8::new(OWNED_UNSET);
+const OWNED_UNSET: u8 = 0;
+const OWNED_ON: u8 = 1;
+const OWNED_OFF: u8 = 2;
+
+/// Sets whether later regions give each pool thread a fixed range of each phase's rows (its own
+/// first, then the rows other threads left), overriding `DISKFORMER_EXPERTS_CLAIMS`. On by
+/// default; the perf test `cpu_experts_cache` compares both.
+pub fn set_owned_claims(on: bool) {
+    OWNED_CLAIMS.store(if on { OWNED_ON } else { OWNED_OFF }, Ordering::Relaxed);
+}
+
+/// Owned rows unless `DISKFORMER_EXPERTS_CLAIMS=shared` (or [`set_owned_claims`]) says
+/// otherwise, or the A/B `shared` switches them off on this step.
+///
+/// Why owned by default: each thread then streams one contiguous range of every matrix, and
+/// the same thread takes the same rows call after call. On the H200's 16-core host a call of
+/// three Qwen3-30B-A3B experts from RAM took 82.7 us against 87.4 with shares taken in turn
+/// (four experts 107.2 against 110.6), and the split's uniform decode ran 2.3% faster in one
+/// process's A/B (thirty-fourth session, docs/NOTES.md). Rows the thread read just before
+/// (its own caches) made almost no difference there (81.4 us): the products, not the RAM,
+/// bound a call.
+fn owned_claims() -> bool {
+    if crate::ab::is_b("shared") {
+        return false;
+    }
+    match OWNED_CLAIMS.load(Ordering::Relaxed) {
+        OWNED_UNSET => {
+            let on = std::env::var("DISKFORMER_EXPERTS_CLAIMS").map_or(true, |v| v.trim() != "shared");
+            let _ = OWNED_CLAIMS.compare_exchange(
+                OWNED_UNSET,
+                if on { OWNED_ON } else { OWNED_OFF },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            on
+        }
+        v => v == OWNED_ON,
+    }
+}
+
+/// Rows `0..n_rows` cut into one contiguous range per thread (multiples of eight), each taken
+/// in a few chunks: a thread takes its own range's chunks first, then any other range's left.
+struct OwnedClaims {
+    ranges: Vec<(usize, usize)>,
+    next: Vec<AtomicUsize>,
+    chunk: usize,
+}
+
+impl OwnedClaims {
+    fn new(n_rows: usize, n_threads: usize) -> OwnedClaims {
+        let ranges = owned_ranges(n_rows, n_threads);
+        let per = ranges.first().map_or(8, |r| r.1 - r.0);
+        OwnedClaims {
+            next: ranges.iter().map(|r| AtomicUsize::new(r.0)).collect(),
+            ranges,
+            chunk: (per / 4).next_multiple_of(8).max(8),
+        }
+    }
+
+    /// The next share for thread `me` (its own range first).
+    fn claim(&self, me: usize) -> Option<(usize, usize)> {
+        let n = self.ranges.len();
+        for r in (0..n).map(|i| (me + i) % n) {
+            let end = self.ranges[r].1;
+            // A range already taken costs a load, not a contended add.
+            if self.next[r].load(Ordering::Relaxed) >= end {
+                continue;
+            }
+            let start = self.next[r].fetch_add(self.chunk, Ordering::Relaxed);
+            if start < end {
+                return Some((start, (start + self.chunk).min(end)));
+            }
+        }
+        None
+    }
+}
+
+/// The range of rows `0..n_rows` that thread `t` of `n_threads` owns: equal ranges of whole
+/// groups of eight, the last ones possibly empty.
+fn owned_ranges(n_rows: usize, n_threads: usize) -> Vec<(usize, usize)> {
+    let n_threads = n_threads.max(1);
+    let per = n_rows.div_ceil(n_threads).next_multiple_of(8);
+    (0..n_threads).map(|t| ((t * per).min(n_rows), ((t + 1) * per).min(n_rows))).collect()
+}
+
+/// The weight bytes thread `thread` of `n_threads` computes first in [`experts_one_token`] with
+/// owned claims, for `experts` of `n_ff` hidden rows: what it should read ahead.
+pub fn owned_bytes<'a>(experts: &[ExpertRows<'a>], n_ff: usize, thread: usize, n_threads: usize) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    let Some(k) = experts.first().map(|e| e.down.n_out) else { return out };
+    let (span_in, span_down) = (n_ff.next_multiple_of(8), k.next_multiple_of(8));
+    let rows_of = |w: &WeightRows<'a>, lo: usize, hi: usize, out: &mut Vec<&'a [u8]>| {
+        let row_bytes = w.bytes.len() / w.n_out.max(1);
+        let (lo, hi) = (lo.min(w.n_out), hi.min(w.n_out));
+        if lo < hi {
+            out.push(&w.bytes[lo * row_bytes..hi * row_bytes]);
+        }
+    };
+    let (a, b) = owned_ranges(experts.len() * span_in, n_threads)[thread.min(n_threads.max(1) - 1)];
+    for (i, e) in experts.iter().enumerate() {
+        let (lo, hi) = (a.max(i * span_in), b.min((i + 1) * span_in));
+        if lo < hi {
+            if let Some(g) = &e.gate {
+                rows_of(g, lo - i * span_in, hi - i * span_in, &mut out);
+            }
+            rows_of(&e.up, lo - i * span_in, hi - i * span_in, &mut out);
+        }
+    }
+    let (a, b) = owned_ranges(experts.len() * span_down, n_threads)[thread.min(n_threads.max(1) - 1)];
+    for (i, e) in experts.iter().enumerate() {
+        let (lo, hi) = (a.max(i * span_down), b.min((i + 1) * span_down));
+        if lo < hi {
+            rows_of(&e.down, lo - i * span_down, hi - i * span_down, &mut out);
+        }
+    }
+    out
 }
 
 /// Polls of an expert's ready flag before the waiting thread yields its core (a few
@@ -259,6 +382,21 @@ pub fn experts_one_token(
     let min_claim = if old_region { super::MIN_CLAIM_BYTES } else { MIN_CLAIM_BYTES };
     let claims_in = Claims::with_min_bytes(n * span_in, row_bytes_in, n_threads, min_claim);
     let claims_down = Claims::with_min_bytes(n * span_down, row_bytes_down, n_threads, min_claim);
+    let owned = owned_claims() && !old_region;
+    let (owned_in, owned_down) = if owned {
+        (Some(OwnedClaims::new(n * span_in, n_threads)), Some(OwnedClaims::new(n * span_down, n_threads)))
+    } else {
+        (None, None)
+    };
+    let me = || rayon::current_thread_index().unwrap_or(0);
+    let claim_in = |me: usize| match &owned_in {
+        Some(c) => c.claim(me),
+        None => claims_in.claim(),
+    };
+    let claim_down = |me: usize| match &owned_down {
+        Some(c) => c.claim(me),
+        None => claims_down.claim(),
+    };
 
     let timed = timing::enabled();
     let region_start = std::time::Instant::now();
@@ -338,14 +476,15 @@ pub fn experts_one_token(
         if timed {
             t.start = since(std::time::Instant::now());
         }
-        while let Some((start, end)) = claims_in.claim() {
+        let me = me();
+        while let Some((start, end)) = claim_in(me) {
             gate_up_rows(start, end);
             t.claims += 1;
         }
         if timed {
             t.gate_up_done = since(std::time::Instant::now());
         }
-        while let Some((start, end)) = claims_down.claim() {
+        while let Some((start, end)) = claim_down(me) {
             down_rows(start, end, &mut t.waited);
             t.claims += 1;
         }
@@ -666,7 +805,10 @@ mod tests {
                     silu_glu(i, first, g, u, h);
                 }
             };
-            for (threads, pool) in &pools {
+            // Both ways of sharing the rows (the switch is global: a test running beside this
+            // one may see either, and both must give these bits).
+            for ((threads, pool), owned) in pools.iter().flat_map(|p| [(p, true), (p, false)]) {
+                set_owned_claims(owned);
                 let mut got = vec![f32::NAN; n * k];
                 let fused = pool.install(|| experts_one_token(&experts, n_ff, &x, &gating, &mut got, mode)).unwrap();
                 assert!(fused, "{dtype_in:?}/{dtype_down:?}: the one-region path declined");
@@ -674,10 +816,55 @@ mod tests {
                     assert_eq!(
                         g.to_bits(),
                         w.to_bits(),
-                        "{dtype_in:?}/{dtype_down:?} n={n} {threads} threads: value {i}"
+                        "{dtype_in:?}/{dtype_down:?} n={n} {threads} threads, owned rows {owned}: value {i}"
                     );
                 }
             }
+            set_owned_claims(true);
+        }
+    }
+
+    /// Owned claims hand out every row exactly once in whole groups of eight, a thread's own
+    /// range before any other, whichever threads ask and in whatever order; `owned_bytes`
+    /// names the bytes of exactly a thread's own rows.
+    #[test]
+    fn owned_claims_hand_out_every_row_once_own_range_first() {
+        for (n_rows, n_threads) in [(2304, 16), (6144, 16), (96, 3), (8, 4), (0, 2), (1000, 7)] {
+            let claims = OwnedClaims::new(n_rows, n_threads);
+            let ranges = owned_ranges(n_rows, n_threads);
+            let mut seen = vec![0u8; n_rows];
+            let mut order = 0..;
+            // Threads ask in a scrambled order; each one's first claims come from its own range.
+            let mut firsts = vec![None; n_threads];
+            loop {
+                let me = (order.next().unwrap() * 5 + 3) % n_threads;
+                // None only once every range is taken (a claim scans them all).
+                let Some((start, end)) = claims.claim(me) else { break };
+                assert!(start % 8 == 0 && start < end && end <= n_rows, "{n_rows}/{n_threads}: {start}..{end}");
+                firsts[me].get_or_insert((start, end));
+                seen[start..end].iter_mut().for_each(|s| *s += 1);
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{n_rows} rows, {n_threads} threads: a row given twice or never");
+            for (t, first) in firsts.iter().enumerate() {
+                let (lo, hi) = ranges[t];
+                if let Some((start, _)) = *first {
+                    if lo < hi {
+                        assert_eq!(start, lo, "{n_rows} rows: thread {t} did not start on its own range");
+                    }
+                }
+            }
+        }
+        // Q4_K rows of 256 values are 144 bytes: gate and up 256 rows each, down 512 rows.
+        let (k, n_ff) = (512, 256);
+        let (gate, up, down) = (vec![1u8; n_ff * 288], vec![2u8; n_ff * 288], vec![3u8; k * 144]);
+        fn w(bytes: &[u8], n_out: usize) -> WeightRows<'_> {
+            WeightRows { dtype: GgmlType::Q4_K, bytes, n_out }
+        }
+        let experts = [ExpertRows { gate: Some(w(&gate, n_ff)), up: w(&up, n_ff), down: w(&down, k) }; 3];
+        for n_threads in [1, 4, 5, 16] {
+            let total: usize =
+                (0..n_threads).flat_map(|t| owned_bytes(&experts, n_ff, t, n_threads)).map(<[u8]>::len).sum();
+            assert_eq!(total, 3 * (gate.len() + up.len() + down.len()), "{n_threads} threads: each byte once");
         }
     }
 
