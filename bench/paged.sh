@@ -146,7 +146,11 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   fi
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 50 >"$smi_ctx_log" 2>/dev/null &
   ctx_pid=$!
-  "$DF" bench -m "$probe_model" --device gpu -p 0 -n 16 -r 1 >/dev/null 2>&1 || echo "note: the context probe failed" >&2
+  # Held 0.4 s after its warm-up with every buffer made, so the 50 ms samples catch the peak: a
+  # probe that ran straight through was sometimes sampled before its fixed buffers (66 MiB
+  # against 170: the decode then read 0.1 GB over the budget that it was not).
+  DISKFORMER_BENCH_PAUSE_MS=400 "$DF" bench -m "$probe_model" --device gpu -p 0 -n 16 -r 1 >/dev/null 2>&1 \
+    || echo "note: the context probe failed" >&2
   kill "$ctx_pid" 2>/dev/null || true
   echo "GPU memory: ${smi_idle} MiB in use before any model loads; the context probe's model: $(stat -c %s "$probe_model") B" >&2
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$smi_log" 2>/dev/null &

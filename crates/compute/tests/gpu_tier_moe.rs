@@ -532,6 +532,53 @@ mod gpu {
         r.finish();
     }
 
+    /// A prompt's batch ranks the pool by how many of its tokens chose each expert: a batch of
+    /// 32 tokens, each choosing one of four popular experts and one of twelve others, then
+    /// decode tokens choosing two of the popular four. The batch's last uploads leave the
+    /// others in the pool's four slots, but its LFU scores rank the popular experts far above
+    /// them, so each decode miss on one replaces an other at the next step, and from the
+    /// fourth decode token on every pick is pooled. (Scored one per call, as before, the batch
+    /// left all sixteen alike: 1 hit in the 12 picks of six decode tokens.) The outputs are
+    /// the CPU's throughout.
+    #[test]
+    fn a_prompt_batch_ranks_the_pool_by_its_tokens() {
+        let Some(g0) = gpu("gpu_tier_moe") else { return };
+        let mut rng = StdRng::seed_from_u64(seed());
+        let c = CpuBackend::new(MatmulMode::Exact);
+        let case = Case { n_expert: 16, k: 2, ..cases()[1] };
+        let b = build(&c, &case, "prompt batch", &mut rng);
+        let store = Arc::new(FileStore::of(&case, &b));
+        let (n_popular, n_slots) = (4u32, 4);
+        let opts = ExpertTierOptions {
+            miss: MissPolicy::Host,
+            policy: SlotPolicy::Lfu,
+            ..ExpertTierOptions::new(n_slots, slot_bytes_of(&case))
+        };
+        let g = g0.with_expert_store(store, opts).expect("tier");
+        let e = gpu_experts(&g, &b, 0).expect("experts on the GPU");
+        let mut r = Report { failures: Vec::new(), ran: 0 };
+        let mut run = |name: String, ids: Vec<u32>, n_tok: usize, rng: &mut StdRng| -> u64 {
+            let x = tensor(rng, &[n_tok, case.n_embd], 1.0);
+            let weights = tensor(rng, &[n_tok, case.k], 1.0);
+            let routing = Routing::<CpuBackend> { ids: ids.clone(), weights: weights.clone(), k: case.k };
+            let want = c.moe_ffn(&x, &routing, &b.cpu, &b.spec).unwrap();
+            r.check(&name, run_gpu(&g, &e, &x, &ids, &weights, case.k, &b.spec), &want.data, MAX_NMSE);
+            g.expert_tier_total().unwrap().hits
+        };
+        let prompt: Vec<u32> = (0..32u32).flat_map(|t| [t % n_popular, n_popular + t % 12]).collect();
+        let mut hits = vec![run("prompt".into(), prompt, 32, &mut rng)];
+        for t in 0..6 {
+            hits.push(run(format!("decode {t}"), vec![t % n_popular, (t + 1) % n_popular], 1, &mut rng));
+        }
+        r.finish();
+        let per_token: Vec<u64> = hits.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            per_token[3..].iter().all(|&h| h == 2) && per_token.iter().sum::<u64>() >= 6,
+            "decode hits per token {per_token:?}: want both picks pooled from the fourth token on ({:?})",
+            g.expert_tier_total()
+        );
+    }
+
     /// A layer's host copy, made each way ([`HostFill`]: imported pages the fill wrote, the
     /// driver's mapped memory, wgpu's buffers through the staging ring), computes what the CPU
     /// does; the tier counts it, wgpu's allocator holds only the id log beside a staged copy,

@@ -769,14 +769,64 @@ fn hindsight_hits(counts: &[Vec<u64>], region_of: &[Option<usize>], regions: &[s
 }
 
 impl TierState {
-    /// `layer`'s call selected the distinct experts `used`: their counts since the load, and
-    /// under LFU (`lfu_decay` given) the layer's scores decayed and theirs raised by one.
-    fn note_selected(&mut self, layer: usize, used: &[u32], lfu_decay: Option<f32>) {
-        if let Some(decay) = lfu_decay {
-            self.score[layer].iter_mut().for_each(|s| *s *= decay);
-            used.iter().for_each(|&e| self.score[layer][e as usize] += 1.0);
+    /// An empty pool of `n_slots` slots: no layer seen yet.
+    fn new(n_slots: usize) -> TierState {
+        TierState {
+            owner: vec![None; n_slots],
+            mats: vec![None; n_slots],
+            last_use: vec![0; n_slots],
+            slot_of: Vec::new(),
+            score: Vec::new(),
+            selected_count: Vec::new(),
+            tick: 0,
+            stats: Vec::new(),
+            next_staging: 0,
+            cpu_secs_per_expert_token: None,
+            region_of: Vec::new(),
+            region_layers: Vec::new(),
+            last_layer: None,
+            host: HostTierState::default(),
+            split_biases: Vec::new(),
+            split_mailboxes: None,
+            mailbox_unavailable: false,
+            guess_routers: Vec::new(),
+            touch_out: None,
+            copying: vec![false; n_slots],
+            pending_copies: Vec::new(),
         }
-        used.iter().for_each(|&e| self.selected_count[layer][e as usize] += 1);
+    }
+
+    /// `layer`'s call of one token selected the distinct experts `used`: their counts since the
+    /// load, and under LFU (`lfu_decay` given) the layer's scores decayed and theirs raised by
+    /// one.
+    fn note_selected(&mut self, layer: usize, used: &[u32], lfu_decay: Option<f32>) {
+        let one_each: Vec<(u32, u32)> = used.iter().map(|&e| (e, 1)).collect();
+        self.note_selected_by(layer, &one_each, 1, lfu_decay);
+    }
+
+    /// `layer`'s call of `n_tokens` tokens selected each expert of `chosen` (`(expert, tokens
+    /// that chose it)`, distinct experts): their counts since the load (one per call), and
+    /// under LFU the scores `n_tokens` one-token calls would leave if each expert were chosen
+    /// by that fraction of them: `decay^n * score + (c / n) * (1 - decay^n) / (1 - decay)`.
+    ///
+    /// Why by fraction, not one per call: a prompt's batch is the routing's best sample at the
+    /// start (hundreds of tokens where decode shows one a step), but raising each expert it
+    /// touched by one made its scores all alike (a 512-token batch touches nearly every expert
+    /// of a layer), so the pool it left was no better than chance and decode had to learn the
+    /// popular experts anew: on the skewed synthetic Qwen3-30B-A3B at 4G, ~100-150 tokens
+    /// (thirty-third session). For one token this is the plain LFU update.
+    fn note_selected_by(&mut self, layer: usize, chosen: &[(u32, u32)], n_tokens: usize, lfu_decay: Option<f32>) {
+        if let Some(decay) = lfu_decay {
+            let n = n_tokens.max(1);
+            let kept = decay.powi(n.min(i32::MAX as usize) as i32);
+            // n one-token calls' worth of weight: 1 + decay + ... + decay^(n-1).
+            let weight = if decay < 1.0 { (1.0 - kept) / (1.0 - decay) } else { n as f32 };
+            self.score[layer].iter_mut().for_each(|s| *s *= kept);
+            for &(e, c) in chosen {
+                self.score[layer][e as usize] += weight * c as f32 / n as f32;
+            }
+        }
+        chosen.iter().for_each(|&(e, _)| self.selected_count[layer][e as usize] += 1);
     }
 
     fn ensure_layer(&mut self, layer: usize, n_expert: usize) {
@@ -1131,29 +1181,7 @@ impl WgpuBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(usize::MAX),
-            state: Mutex::new(TierState {
-                owner: vec![None; n_slots],
-                mats: vec![None; n_slots],
-                last_use: vec![0; n_slots],
-                slot_of: Vec::new(),
-                score: Vec::new(),
-                selected_count: Vec::new(),
-                tick: 0,
-                stats: Vec::new(),
-                next_staging: 0,
-                cpu_secs_per_expert_token: None,
-                region_of: Vec::new(),
-                region_layers: Vec::new(),
-                last_layer: None,
-                host: HostTierState::default(),
-                split_biases: Vec::new(),
-                split_mailboxes: None,
-                mailbox_unavailable: false,
-                guess_routers: Vec::new(),
-                touch_out: None,
-                copying: vec![false; n_slots],
-                pending_copies: Vec::new(),
-            }),
+            state: Mutex::new(TierState::new(n_slots)),
         };
         tier.upload_bytes_per_s = self.measure_upload(&tier)?;
         self.experts = Some(Arc::new(tier));
@@ -1680,7 +1708,8 @@ impl WgpuBackend {
         }
         st.last_layer = Some(layer);
         let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
-        st.note_selected(layer, &used, (tier.opts.policy == SlotPolicy::Lfu).then_some(tier.lfu_decay));
+        let chosen: Vec<(u32, u32)> = used.iter().map(|&e| (e, by_expert[e as usize].len() as u32)).collect();
+        st.note_selected_by(layer, &chosen, n, (tier.opts.policy == SlotPolicy::Lfu).then_some(tier.lfu_decay));
         let (hits, misses): (Vec<u32>, Vec<u32>) =
             used.iter().partition(|&&e| st.slot_of[layer][e as usize] != NO_SLOT);
         {
@@ -3157,6 +3186,35 @@ mod tests {
         let region_of = vec![Some(0), Some(1), Some(0), None];
         assert_eq!(hindsight_hits(&counts, &region_of, &[0..2, 2..3]), Some(9 + 7 + 5));
         assert_eq!(hindsight_hits(&counts, &[], &[0..2, 2..3]), None);
+    }
+
+    /// A batch's LFU scores are those of its tokens one call each, every expert chosen by the
+    /// batch's fraction of them (12 tokens: expert 0 by all, 1 by half, 2 by none, after one
+    /// earlier call that chose 2); one token is the plain update (decay, plus one).
+    #[test]
+    fn a_batch_scores_as_its_tokens_one_by_one() {
+        let decay = 0.99f32;
+        let mut batch = TierState::new(4);
+        batch.ensure_layer(0, 3);
+        batch.note_selected(0, &[2], Some(decay));
+        assert_eq!(batch.score[0], vec![0.0, 0.0, 1.0]);
+        batch.note_selected_by(0, &[(0, 12), (1, 6)], 12, Some(decay));
+        let (mut one_by_one, mut half) = (vec![0.0f32, 0.0, 1.0], 0.0f32);
+        for _ in 0..12 {
+            one_by_one.iter_mut().for_each(|s| *s *= decay);
+            one_by_one[0] += 1.0;
+            half = half * decay + 0.5;
+        }
+        one_by_one[1] = half;
+        for (e, (got, want)) in batch.score[0].iter().zip(&one_by_one).enumerate() {
+            assert!((got - want).abs() < 1e-4 * want.max(1.0), "expert {e}: {got} against {want}");
+        }
+        // The calls are counted, not the tokens (the hindsight line counts decode calls).
+        assert_eq!(batch.selected_count[0], vec![1, 1, 1]);
+        // Without LFU only the counts move.
+        let before = batch.score[0].clone();
+        batch.note_selected_by(0, &[(2, 3)], 3, None);
+        assert_eq!((batch.selected_count[0][2], &batch.score[0]), (2, &before));
     }
 
     #[test]
