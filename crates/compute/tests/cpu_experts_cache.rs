@@ -77,6 +77,22 @@ impl Expert {
     }
 }
 
+/// Eight rounds of `calls` calls of `one` (which adds seconds into four sums): the best round's
+/// mean of each sum, in microseconds.
+fn best_of_rounds(calls: usize, mut one: impl FnMut(&mut [f64; 4])) -> [f64; 4] {
+    let mut best = [f64::MAX; 4];
+    for _round in 0..8 {
+        let mut sums = [0f64; 4];
+        for _ in 0..calls {
+            one(&mut sums);
+        }
+        for (b, s) in best.iter_mut().zip(sums) {
+            *b = b.min(1e6 * s / calls as f64);
+        }
+    }
+    best
+}
+
 #[test]
 #[ignore]
 fn perf_cpu_experts_from_ram_and_cache() {
@@ -108,28 +124,19 @@ fn perf_cpu_experts_from_ram_and_cache() {
         std::hint::black_box(&out);
         t.elapsed().as_secs_f64()
     };
-    let (mut ram, mut cache, mut touched, mut touch) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
     let mut next = 0;
-    for _round in 0..8 {
-        let mut sums = [0f64; 4];
-        let calls = pool / per_call;
-        for _ in 0..calls {
-            sums[0] += call(next);
-            sums[1] += call(next);
-            next = (next + per_call) % pool;
-            let t = Instant::now();
-            let s: u64 = (0..per_call).map(|i| experts[(next + i) % pool].touch()).sum();
-            std::hint::black_box(s);
-            sums[3] += t.elapsed().as_secs_f64();
-            sums[2] += call(next);
-            next = (next + per_call) % pool;
-        }
-        let per = |s: f64| 1e6 * s / calls as f64;
-        ram = ram.min(per(sums[0]));
-        cache = cache.min(per(sums[1]));
-        touched = touched.min(per(sums[2]));
-        touch = touch.min(per(sums[3]));
-    }
+    let calls = pool / per_call;
+    let [ram, cache, touched, touch] = best_of_rounds(calls, |sums| {
+        sums[0] += call(next);
+        sums[1] += call(next);
+        next = (next + per_call) % pool;
+        let t = Instant::now();
+        let s: u64 = (0..per_call).map(|i| experts[(next + i) % pool].touch()).sum();
+        std::hint::black_box(s);
+        sums[3] += t.elapsed().as_secs_f64();
+        sums[2] += call(next);
+        next = (next + per_call) % pool;
+    });
     // Owned rows: each pool thread computes a fixed range of each phase's rows first
     // (`set_owned_claims`), so rows it read ahead are in its own caches. Calls made from a pool
     // worker (as the split's dispatcher makes them); `owned ram` cold, `owned touched` after
@@ -150,27 +157,17 @@ fn perf_cpu_experts_from_ram_and_cache() {
         std::hint::black_box(s);
         t.elapsed().as_secs_f64()
     };
-    let (mut o_ram, mut o_touched, mut o_touch, mut s_ram) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
-    for _round in 0..8 {
-        let mut sums = [0f64; 4];
-        let calls = pool / per_call;
-        for _ in 0..calls {
-            set_owned_claims(true);
-            sums[0] += in_pool(next);
-            next = (next + per_call) % pool;
-            sums[2] += touch_owned(next);
-            sums[1] += in_pool(next);
-            next = (next + per_call) % pool;
-            set_owned_claims(false);
-            sums[3] += in_pool(next);
-            next = (next + per_call) % pool;
-        }
-        let per = |s: f64| 1e6 * s / calls as f64;
-        o_ram = o_ram.min(per(sums[0]));
-        o_touched = o_touched.min(per(sums[1]));
-        o_touch = o_touch.min(per(sums[2]));
-        s_ram = s_ram.min(per(sums[3]));
-    }
+    let [o_ram, o_touched, o_touch, s_ram] = best_of_rounds(calls, |sums| {
+        set_owned_claims(true);
+        sums[0] += in_pool(next);
+        next = (next + per_call) % pool;
+        sums[2] += touch_owned(next);
+        sums[1] += in_pool(next);
+        next = (next + per_call) % pool;
+        set_owned_claims(false);
+        sums[3] += in_pool(next);
+        next = (next + per_call) % pool;
+    });
     println!(
         "from a pool worker: owned rows ram {o_ram:.1} us, touched {o_touched:.1} us after an owned touch of \
          {o_touch:.1} us; shares taken in turn ram {s_ram:.1} us"

@@ -800,8 +800,7 @@ impl TierState {
     /// load, and under LFU (`lfu_decay` given) the layer's scores decayed and theirs raised by
     /// one.
     fn note_selected(&mut self, layer: usize, used: &[u32], lfu_decay: Option<f32>) {
-        let one_each: Vec<(u32, u32)> = used.iter().map(|&e| (e, 1)).collect();
-        self.note_selected_by(layer, &one_each, 1, lfu_decay);
+        self.note_selected_by(layer, used.iter().map(|&e| (e, 1)), 1, lfu_decay);
     }
 
     /// `layer`'s call of `n_tokens` tokens selected each expert of `chosen` (`(expert, tokens
@@ -815,18 +814,24 @@ impl TierState {
     /// of a layer), so the pool it left was no better than chance and decode had to learn the
     /// popular experts anew: on the skewed synthetic Qwen3-30B-A3B at 4G, ~100-150 tokens
     /// (thirty-third session). For one token this is the plain LFU update.
-    fn note_selected_by(&mut self, layer: usize, chosen: &[(u32, u32)], n_tokens: usize, lfu_decay: Option<f32>) {
+    fn note_selected_by(
+        &mut self,
+        layer: usize,
+        chosen: impl Iterator<Item = (u32, u32)> + Clone,
+        n_tokens: usize,
+        lfu_decay: Option<f32>,
+    ) {
         if let Some(decay) = lfu_decay {
             let n = n_tokens.max(1);
             let kept = decay.powi(n.min(i32::MAX as usize) as i32);
             // n one-token calls' worth of weight: 1 + decay + ... + decay^(n-1).
             let weight = if decay < 1.0 { (1.0 - kept) / (1.0 - decay) } else { n as f32 };
             self.score[layer].iter_mut().for_each(|s| *s *= kept);
-            for &(e, c) in chosen {
+            for (e, c) in chosen.clone() {
                 self.score[layer][e as usize] += weight * c as f32 / n as f32;
             }
         }
-        chosen.iter().for_each(|&(e, _)| self.selected_count[layer][e as usize] += 1);
+        chosen.for_each(|(e, _)| self.selected_count[layer][e as usize] += 1);
     }
 
     fn ensure_layer(&mut self, layer: usize, n_expert: usize) {
@@ -1708,8 +1713,8 @@ impl WgpuBackend {
         }
         st.last_layer = Some(layer);
         let used: Vec<u32> = (0..spec.n_expert as u32).filter(|&e| !by_expert[e as usize].is_empty()).collect();
-        let chosen: Vec<(u32, u32)> = used.iter().map(|&e| (e, by_expert[e as usize].len() as u32)).collect();
-        st.note_selected_by(layer, &chosen, n, (tier.opts.policy == SlotPolicy::Lfu).then_some(tier.lfu_decay));
+        let chosen = used.iter().map(|&e| (e, by_expert[e as usize].len() as u32));
+        st.note_selected_by(layer, chosen, n, (tier.opts.policy == SlotPolicy::Lfu).then_some(tier.lfu_decay));
         let (hits, misses): (Vec<u32>, Vec<u32>) =
             used.iter().partition(|&&e| st.slot_of[layer][e as usize] != NO_SLOT);
         {
@@ -3198,7 +3203,7 @@ mod tests {
         batch.ensure_layer(0, 3);
         batch.note_selected(0, &[2], Some(decay));
         assert_eq!(batch.score[0], vec![0.0, 0.0, 1.0]);
-        batch.note_selected_by(0, &[(0, 12), (1, 6)], 12, Some(decay));
+        batch.note_selected_by(0, [(0, 12), (1, 6)].into_iter(), 12, Some(decay));
         let (mut one_by_one, mut half) = (vec![0.0f32, 0.0, 1.0], 0.0f32);
         for _ in 0..12 {
             one_by_one.iter_mut().for_each(|s| *s *= decay);
@@ -3213,7 +3218,7 @@ mod tests {
         assert_eq!(batch.selected_count[0], vec![1, 1, 1]);
         // Without LFU only the counts move.
         let before = batch.score[0].clone();
-        batch.note_selected_by(0, &[(2, 3)], 3, None);
+        batch.note_selected_by(0, [(2, 3)].into_iter(), 3, None);
         assert_eq!((batch.selected_count[0][2], &batch.score[0]), (2, &before));
     }
 

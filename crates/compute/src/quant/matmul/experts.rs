@@ -129,7 +129,8 @@ fn owned_ranges(n_rows: usize, n_threads: usize) -> Vec<(usize, usize)> {
 }
 
 /// The weight bytes thread `thread` of `n_threads` computes first in [`experts_one_token`] with
-/// owned claims, for `experts` of `n_ff` hidden rows: what it should read ahead.
+/// owned claims, for `experts` of `n_ff` hidden rows: what that thread would read ahead (the
+/// perf test `cpu_experts_cache` reads them so; measured, it saves ~2% of a call).
 pub fn owned_bytes<'a>(experts: &[ExpertRows<'a>], n_ff: usize, thread: usize, n_threads: usize) -> Vec<&'a [u8]> {
     let mut out = Vec::new();
     let Some(k) = experts.first().map(|e| e.down.n_out) else { return out };
