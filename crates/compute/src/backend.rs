@@ -73,6 +73,24 @@ pub trait ExpertStore: Send + Sync + std::fmt::Debug {
         compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
     ) -> Result<(), OpError>;
 
+    /// [`ExpertStore::with_host_experts`] for a call of `n_tokens` tokens in which `tokens[i]`
+    /// of them chose `ids[i]`: a store that ranks experts by use weighs a batch by its tokens
+    /// ([`crate::lfu::note_call`]). The default ignores the counts.
+    ///
+    /// # Errors
+    /// As [`ExpertStore::with_host_experts`].
+    fn with_host_experts_of_tokens(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        tokens: &[u32],
+        n_tokens: usize,
+        compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+    ) -> Result<(), OpError> {
+        let _ = (tokens, n_tokens);
+        self.with_host_experts(layer, ids, compute)
+    }
+
     /// Called before [`ExpertStore::with_host_experts`] of a `moe_ffn` with its input rows `x`
     /// (`[n, n_embd]`) and experts per token `k`: a store that reads ahead may guess the next
     /// layer's experts from it (that layer's router on this input). A hint: the default ignores

@@ -11,6 +11,7 @@ pub mod ab;
 mod backend;
 pub mod cpu;
 mod error;
+pub mod lfu;
 pub mod quant;
 pub mod spec;
 mod tier_stats;

@@ -882,20 +882,14 @@ fn layer_experts<'a>(
     Ok(le)
 }
 
-impl ExpertStore for Pager {
-    fn note_input(&self, layer: usize, x: &[f32], k: usize) {
-        let Some(g) = &self.guesses else { return };
-        let s = &self.shared;
-        let Some(next) = s.next_moe_layer(layer) else { return };
-        // Computed before the lock: the prefetch thread and other callers need it meanwhile.
-        let ids = g.guess(next, x, k, s.n_slots / 4, false);
-        s.lock().guess_ids[next] = ids;
-    }
-
-    fn with_host_experts(
+impl Pager {
+    /// [`ExpertStore::with_host_experts`], the LFU scores raised by `tokens` (per id, of
+    /// `n_tokens`) where the caller counted them, else by one each.
+    fn lend_for(
         &self,
         layer: usize,
         ids: &[u32],
+        tokens: Option<(&[u32], usize)>,
         compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
     ) -> Result<(), OpError> {
         let s = &*self.shared;
@@ -905,8 +899,15 @@ impl ExpertStore for Pager {
         let tick = c.tick;
         c.stats[layer].selections += ids.len() as u64;
         if s.policy == CachePolicy::Lfu {
-            c.score[layer].iter_mut().for_each(|x| *x *= LFU_DECAY);
-            ids.iter().for_each(|&e| c.score[layer][e as usize] += 1.0);
+            match tokens.filter(|(t, _)| t.len() == ids.len()) {
+                Some((t, n)) => compute::lfu::note_call(
+                    &mut c.score[layer],
+                    ids.iter().copied().zip(t.iter().copied()),
+                    n,
+                    LFU_DECAY,
+                ),
+                None => compute::lfu::note_call(&mut c.score[layer], ids.iter().map(|&e| (e, 1)), 1, LFU_DECAY),
+            }
         }
         let mut prefetch_asked = false;
         let mut i = 0;
@@ -997,6 +998,37 @@ impl ExpertStore for Pager {
         c.last_ids[layer].clear();
         c.last_ids[layer].extend_from_slice(ids);
         Ok(())
+    }
+}
+
+impl ExpertStore for Pager {
+    fn note_input(&self, layer: usize, x: &[f32], k: usize) {
+        let Some(g) = &self.guesses else { return };
+        let s = &self.shared;
+        let Some(next) = s.next_moe_layer(layer) else { return };
+        // Computed before the lock: the prefetch thread and other callers need it meanwhile.
+        let ids = g.guess(next, x, k, s.n_slots / 4, false);
+        s.lock().guess_ids[next] = ids;
+    }
+
+    fn with_host_experts(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+    ) -> Result<(), OpError> {
+        self.lend_for(layer, ids, None, compute)
+    }
+
+    fn with_host_experts_of_tokens(
+        &self,
+        layer: usize,
+        ids: &[u32],
+        tokens: &[u32],
+        n_tokens: usize,
+        compute: &mut dyn FnMut(&[HostExpert<'_>]) -> Result<(), OpError>,
+    ) -> Result<(), OpError> {
+        self.lend_for(layer, ids, Some((tokens, n_tokens)), compute)
     }
 }
 

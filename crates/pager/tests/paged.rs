@@ -5,6 +5,7 @@
 //! present, else the compact committed subset, and says which.
 
 use compute::cpu::CpuBackend;
+use compute::ExpertStore;
 use gguf::GgufModel;
 use models::refcheck::{argmax, check_with, fixture_root, format_row, list_cases};
 use models::{load_on, LoadOptions, Outputs, Runner, SUPPORTED_ARCHITECTURES};
@@ -115,6 +116,48 @@ fn paged_logits_are_bit_identical_to_resident_and_every_step_evicts() {
         }
         println!("{arch} {variant}: paged logits bit-identical to resident over {N_STEPS} steps");
     }
+}
+
+/// Under LFU a prompt's batch weighs each expert by the tokens that chose it
+/// (`with_host_experts_of_tokens`, as the CPU back end calls it), so the slots favour its
+/// popular experts afterwards. Four slots, a batch over a layer's eight experts in id order
+/// (its last group leaves 4-7 in the slots, loaded together), 4 and 5 chosen by most of its
+/// tokens; then a decode call of 0 and 1, which must evict two of the four, and one of 4 and 5.
+/// Weighed by tokens, 6 and 7 go and the last call finds both; one point per expert
+/// (`with_host_experts`) left the four alike, and the evictions went by slot order instead (the
+/// last call found none on this code).
+#[test]
+fn a_prompt_batch_ranks_the_ram_slots_by_its_tokens() {
+    let (_, cases) = moe_cases();
+    let (model, n_expert) = cases
+        .iter()
+        .find_map(|(_, _, path)| {
+            let model = Arc::new(GgufModel::open(path).ok()?);
+            let n_expert = *model.tensors().find(|t| t.name() == "blk.0.ffn_up_exps.weight")?.shape().last()? as usize;
+            (n_expert == 8).then_some((model, n_expert))
+        })
+        .expect("a MoE fixture with 8 experts in layer 0");
+    let all: Vec<u32> = (0..n_expert as u32).collect();
+    let popular = [4u32, 5];
+    let tokens: Vec<u32> = all.iter().map(|e| if popular.contains(e) { 40 } else { 1 }).collect();
+    let mut found = Vec::new();
+    for weighed in [true, false] {
+        let budget = Pager::budget_for_slots(&model, 4).expect("experts indexed");
+        let pager = Pager::open(&model, &PagerOptions::new(budget, CachePolicy::Lfu)).expect("pager opens");
+        assert_eq!(pager.n_slots(), 4);
+        let mut ignore = |_: &[compute::HostExpert<'_>]| Ok(());
+        if weighed {
+            pager.with_host_experts_of_tokens(0, &all, &tokens, 48, &mut ignore).expect("prompt");
+        } else {
+            pager.with_host_experts(0, &all, &mut ignore).expect("prompt");
+        }
+        pager.with_host_experts(0, &[0, 1], &mut ignore).expect("decode");
+        let before = pager.total_stats().hits;
+        pager.with_host_experts(0, &popular, &mut ignore).expect("decode");
+        found.push(pager.total_stats().hits - before);
+    }
+    println!("popular experts found after a cold decode call: weighed {}, one point each {}", found[0], found[1]);
+    assert_eq!(found[0], 2, "weighed by tokens, the batch's popular experts outlast the cold ones");
 }
 
 #[test]

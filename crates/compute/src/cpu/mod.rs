@@ -826,28 +826,35 @@ impl Backend for CpuBackend {
         match &self.expert_store {
             Some(store) => {
                 store.note_input(experts.layer, &x.data, k);
-                store.with_host_experts(experts.layer, &used, &mut |group: &[HostExpert<'_>]| {
-                    if n == 1 {
-                        return self.experts_one_token(&x.data, group, &by_expert, experts, spec, &mut out);
-                    }
-                    for ex in group {
-                        let toks = by_expert.get(ex.id as usize).ok_or_else(|| OpError::ShapeMismatch {
-                            op: "moe_ffn store",
-                            expected: format!("expert ids < {}", spec.n_expert),
-                            got: vec![ex.id as usize],
-                        })?;
-                        let expected = (spec.n_ff, n_embd);
-                        if (ex.up.n_out, ex.up.k) != expected || (ex.down.n_out, ex.down.k) != (n_embd, spec.n_ff) {
-                            return Err(OpError::ShapeMismatch {
-                                op: "moe_ffn store",
-                                expected: format!("up [{}, {n_embd}], down [{n_embd}, {}]", spec.n_ff, spec.n_ff),
-                                got: vec![ex.up.n_out, ex.up.k, ex.down.n_out, ex.down.k],
-                            });
+                let tokens: Vec<u32> = used.iter().map(|&e| by_expert[e as usize].len() as u32).collect();
+                store.with_host_experts_of_tokens(
+                    experts.layer,
+                    &used,
+                    &tokens,
+                    n,
+                    &mut |group: &[HostExpert<'_>]| {
+                        if n == 1 {
+                            return self.experts_one_token(&x.data, group, &by_expert, experts, spec, &mut out);
                         }
-                        self.expert_ffn(&rows_of(toks), toks, ex, experts, spec, &mut out)?;
-                    }
-                    Ok(())
-                })?;
+                        for ex in group {
+                            let toks = by_expert.get(ex.id as usize).ok_or_else(|| OpError::ShapeMismatch {
+                                op: "moe_ffn store",
+                                expected: format!("expert ids < {}", spec.n_expert),
+                                got: vec![ex.id as usize],
+                            })?;
+                            let expected = (spec.n_ff, n_embd);
+                            if (ex.up.n_out, ex.up.k) != expected || (ex.down.n_out, ex.down.k) != (n_embd, spec.n_ff) {
+                                return Err(OpError::ShapeMismatch {
+                                    op: "moe_ffn store",
+                                    expected: format!("up [{}, {n_embd}], down [{n_embd}, {}]", spec.n_ff, spec.n_ff),
+                                    got: vec![ex.up.n_out, ex.up.k, ex.down.n_out, ex.down.k],
+                                });
+                            }
+                            self.expert_ffn(&rows_of(toks), toks, ex, experts, spec, &mut out)?;
+                        }
+                        Ok(())
+                    },
+                )?;
             }
             None => {
                 let ff = spec.n_ff;

@@ -805,15 +805,8 @@ impl TierState {
 
     /// `layer`'s call of `n_tokens` tokens selected each expert of `chosen` (`(expert, tokens
     /// that chose it)`, distinct experts): their counts since the load (one per call), and
-    /// under LFU the scores `n_tokens` one-token calls would leave if each expert were chosen
-    /// by that fraction of them: `decay^n * score + (c / n) * (1 - decay^n) / (1 - decay)`.
-    ///
-    /// Why by fraction, not one per call: a prompt's batch is the routing's best sample at the
-    /// start (hundreds of tokens where decode shows one a step), but raising each expert it
-    /// touched by one made its scores all alike (a 512-token batch touches nearly every expert
-    /// of a layer), so the pool it left was no better than chance and decode had to learn the
-    /// popular experts anew: on the skewed synthetic Qwen3-30B-A3B at 4G, ~100-150 tokens
-    /// (thirty-third session). For one token this is the plain LFU update.
+    /// under LFU the scores of [`crate::lfu::note_call`] (a batch weighed by its tokens, so a
+    /// prompt ranks the pool by its routing).
     fn note_selected_by(
         &mut self,
         layer: usize,
@@ -822,14 +815,7 @@ impl TierState {
         lfu_decay: Option<f32>,
     ) {
         if let Some(decay) = lfu_decay {
-            let n = n_tokens.max(1);
-            let kept = decay.powi(n.min(i32::MAX as usize) as i32);
-            // n one-token calls' worth of weight: 1 + decay + ... + decay^(n-1).
-            let weight = if decay < 1.0 { (1.0 - kept) / (1.0 - decay) } else { n as f32 };
-            self.score[layer].iter_mut().for_each(|s| *s *= kept);
-            for (e, c) in chosen.clone() {
-                self.score[layer][e as usize] += weight * c as f32 / n as f32;
-            }
+            crate::lfu::note_call(&mut self.score[layer], chosen.clone(), n_tokens, decay);
         }
         chosen.for_each(|(e, _)| self.selected_count[layer][e as usize] += 1);
     }
@@ -3193,33 +3179,18 @@ mod tests {
         assert_eq!(hindsight_hits(&counts, &[], &[0..2, 2..3]), None);
     }
 
-    /// A batch's LFU scores are those of its tokens one call each, every expert chosen by the
-    /// batch's fraction of them (12 tokens: expert 0 by all, 1 by half, 2 by none, after one
-    /// earlier call that chose 2); one token is the plain update (decay, plus one).
+    /// A call's selections count once per call whatever its tokens (the hindsight line counts
+    /// decode calls), and without LFU only the counts move.
     #[test]
-    fn a_batch_scores_as_its_tokens_one_by_one() {
-        let decay = 0.99f32;
-        let mut batch = TierState::new(4);
-        batch.ensure_layer(0, 3);
-        batch.note_selected(0, &[2], Some(decay));
-        assert_eq!(batch.score[0], vec![0.0, 0.0, 1.0]);
-        batch.note_selected_by(0, [(0, 12), (1, 6)].into_iter(), 12, Some(decay));
-        let (mut one_by_one, mut half) = (vec![0.0f32, 0.0, 1.0], 0.0f32);
-        for _ in 0..12 {
-            one_by_one.iter_mut().for_each(|s| *s *= decay);
-            one_by_one[0] += 1.0;
-            half = half * decay + 0.5;
-        }
-        one_by_one[1] = half;
-        for (e, (got, want)) in batch.score[0].iter().zip(&one_by_one).enumerate() {
-            assert!((got - want).abs() < 1e-4 * want.max(1.0), "expert {e}: {got} against {want}");
-        }
-        // The calls are counted, not the tokens (the hindsight line counts decode calls).
-        assert_eq!(batch.selected_count[0], vec![1, 1, 1]);
-        // Without LFU only the counts move.
-        let before = batch.score[0].clone();
-        batch.note_selected_by(0, [(2, 3)].into_iter(), 3, None);
-        assert_eq!((batch.selected_count[0][2], &batch.score[0]), (2, &before));
+    fn selections_count_once_per_call() {
+        let mut st = TierState::new(4);
+        st.ensure_layer(0, 3);
+        st.note_selected_by(0, [(0, 12), (1, 6)].into_iter(), 12, Some(0.99));
+        st.note_selected(0, &[1], Some(0.99));
+        assert_eq!(st.selected_count[0], vec![1, 2, 0]);
+        let before = st.score[0].clone();
+        st.note_selected_by(0, [(2, 3)].into_iter(), 3, None);
+        assert_eq!((st.selected_count[0].clone(), &st.score[0]), (vec![1, 2, 1], &before));
     }
 
     #[test]
