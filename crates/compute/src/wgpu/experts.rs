@@ -1855,7 +1855,10 @@ impl WgpuBackend {
             Ok(())
         };
         if !misses.is_empty() {
-            tier.store.with_host_experts(layer, &misses, compute)?;
+            // The store (the pager, for a model larger than RAM) ranks its RAM slots by the
+            // call's tokens as this tier ranks its pool.
+            let tokens: Vec<u32> = misses.iter().map(|&e| by_expert[e as usize].len() as u32).collect();
+            tier.store.with_host_experts_of_tokens(layer, &misses, &tokens, n, compute)?;
         }
         let t_record = Instant::now();
         self.finish_batch(tier, st, &mut batch, &mut busy, x, by_expert, experts, spec, routing, out_ref)?;
