@@ -29,7 +29,7 @@
 //! bound a call, not the RAM. Owned rows themselves are 3-5% faster: now the default.
 
 use compute::cpu::{experts_one_token, ExpertBiases};
-use compute::quant::{owned_bytes, set_owned_claims, ExpertRows, GgmlType, MatmulMode, WeightRows};
+use compute::quant::{owned_bytes, set_owned_claims, set_spawned_region, ExpertRows, GgmlType, MatmulMode, WeightRows};
 use compute::spec::{Act, Glu, MoeSpec};
 use compute::{HostExpert, HostMatrix};
 use rayon::prelude::*;
@@ -197,6 +197,42 @@ fn perf_cpu_experts_from_ram_and_cache() {
         "from a pool worker, others polling ({:.1} us a call), {}",
         polled.0,
         compute::quant::experts_timing::summary(&polled.1)
+    );
+    // Inside a polled step, the region broadcast to the pollers (the default) against its
+    // tasks spawned into the deque, each from RAM; and broadcast after every thread that
+    // joins a broadcast read its own rows (`touched`, the read timed apart).
+    let touch_broadcast = |first: usize| -> f64 {
+        let rows: Vec<ExpertRows<'_>> = (0..per_call).map(|i| experts[(first + i) % pool].rows()).collect();
+        let n_threads = rayon::current_num_threads();
+        let sink = std::sync::atomic::AtomicU64::new(0);
+        let t = Instant::now();
+        compute::cpu::warm::broadcast(&|| {
+            let me = rayon::current_thread_index().unwrap_or(0);
+            let s: u64 = owned_bytes(&rows, N_FF, me, n_threads)
+                .iter()
+                .map(|b| b.iter().step_by(64).map(|&v| v as u64).sum::<u64>())
+                .sum();
+            sink.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        std::hint::black_box(sink.into_inner());
+        t.elapsed().as_secs_f64()
+    };
+    let [b_ram, b_touched, b_touch, sp_ram] = compute::cpu::warm::run_step(|| {
+        best_of_rounds(calls, |sums| {
+            sums[0] += call(next);
+            next = (next + per_call) % pool;
+            sums[2] += touch_broadcast(next);
+            sums[1] += call(next);
+            next = (next + per_call) % pool;
+            set_spawned_region(true);
+            sums[3] += call(next);
+            set_spawned_region(false);
+            next = (next + per_call) % pool;
+        })
+    });
+    println!(
+        "in a polled step: broadcast ram {b_ram:.1} us, touched {b_touched:.1} us after a broadcast touch of \
+         {b_touch:.1} us; spawned ram {sp_ram:.1} us"
     );
     let gbs = |us: f64| (per_call * bytes_per_expert) as f64 / us / 1e3;
     println!(

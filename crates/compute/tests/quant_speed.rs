@@ -186,6 +186,68 @@ fn measure(spec: &str, rounds: usize) {
     }
 }
 
+/// Decode kernels on every core at once, each thread its own small matrix (run on demand):
+/// `QUANT_ALL_CORES=TYPE:N_OUT:K[,...]` (default Qwen3-30B-A3B's expert matrices in Q4_K, which
+/// stay in a core's L2), `QUANT_ALL_THREADS` threads (default: every core). Each thread runs
+/// one-token products on its own one-thread pool for about 0.3 s, all started together; printed
+/// is the per-thread rate (weight bytes per second of its CPU time) of the slowest and fastest
+/// thread, and the same thread count's rate alone first.
+///
+/// Why: the split's CPU job computes ~0.5 MB of experts a thread per layer on the H200's 16
+/// cores at ~6 GB/s a thread even when the rows sit in the thread's own caches (thirty-fourth
+/// session), where one thread alone computes such rows at three times that on other machines.
+/// This tells the cores' all-core rate (clocks, shared L3) apart from the region's overheads.
+#[test]
+#[ignore = "speed measurement: run with --release --ignored"]
+fn decode_kernels_on_every_core() {
+    let spec = std::env::var("QUANT_ALL_CORES").unwrap_or_else(|_| "Q4_K:768:2048,Q4_K:2048:768".into());
+    let n_threads: usize = std::env::var("QUANT_ALL_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    for case in spec.split(',') {
+        let parts: Vec<&str> = case.split(':').collect();
+        let dtype = parse_type(parts[0]);
+        let [n_out, k] = [1, 2].map(|i| parts[i].parse::<usize>().expect("N_OUT:K numbers"));
+        for threads in [1, n_threads] {
+            let start = std::sync::Barrier::new(threads);
+            let rates: Vec<f64> = std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let start = &start;
+                        scope.spawn(move || {
+                            let mut rng = Rng::new(100 + t as u64);
+                            let w = random_rows(dtype, n_out, k, &mut rng);
+                            let x: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+                            let mut y = vec![0f32; n_out];
+                            let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+                            pool.install(|| {
+                                let mut one = || {
+                                    quant::matmul_quantized(dtype, &w, n_out, k, &x, &mut y, Kernel::best()).unwrap()
+                                };
+                                one();
+                                start.wait();
+                                let (t0, wall) = (thread_cpu_ns(), std::time::Instant::now());
+                                let mut calls = 0usize;
+                                while wall.elapsed().as_secs_f64() < 0.3 {
+                                    for _ in 0..16 {
+                                        one();
+                                    }
+                                    calls += 16;
+                                }
+                                (calls * w.len()) as f64 / (thread_cpu_ns() - t0) as f64
+                            })
+                        })
+                    })
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap()).collect()
+            });
+            let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+            println!("{case}: {threads} threads each its own matrix: {lo:.2} .. {hi:.2} GB/s a thread");
+        }
+    }
+}
+
 /// Prefill (many-token) matmul speed in multiply-adds per second of this thread's CPU time, on
 /// a one-thread pool (run on demand): `QUANT_PREFILL=TYPE:N_OUT:K:N_TOK[,...]` (default: the
 /// layer shapes of a Llama-1B-class model in Q4_0 and Q4_K and Gemma 3 270M's in Q4_K, 128

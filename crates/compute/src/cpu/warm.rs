@@ -21,9 +21,15 @@
 //! [`MAX_IDLE`] without work, so a poller that a worker picked up while waiting inside a job
 //! holds that job back only while the pool has other work for it, plus at most that long (the
 //! thread then parks the usual way).
+//!
+//! A region can also reach the pollers directly ([`broadcast`]): its body is published in a
+//! slot every poller of the step checks between polls, so each one runs it within about a
+//! cache line's transfer, where 15 tasks spawned into one deque were stolen one at a time (on
+//! the H200's 16-core host the split's CPU experts region saw its last task start 11-15 us in,
+//! of a ~100 us region: thirty-fifth session, docs/NOTES.md).
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a poller waits without finding work before it gives up. Decode's serial stretches
@@ -38,6 +44,132 @@ const POLLS_PER_CHECK: u32 = 256;
 thread_local! {
     /// True while this thread runs a poller (a nested one returns at once).
     static POLLING: Cell<bool> = const { Cell::new(false) };
+    /// The running step's [`Slot`] while this thread is its driver or one of its pollers
+    /// (null otherwise): where [`broadcast`] publishes a region.
+    static SLOT: Cell<*const Slot> = const { Cell::new(std::ptr::null()) };
+}
+
+/// One step's broadcast slot: a region's body, published to the step's pollers.
+///
+/// The protocol (why a poller never calls a body that is gone): the publisher writes `body`
+/// only while `epoch` is even (closed) and no poller is `inside`, then makes `epoch` odd
+/// (open). A poller that sees an odd epoch first counts itself `inside`, then checks that the
+/// epoch is still the one it saw, and only then reads `body`. The publisher, after its own
+/// run, makes the epoch even and waits until nobody is `inside` before its body goes out of
+/// scope. Both the poller's count-then-check and the publisher's close-then-wait are SeqCst,
+/// so either the poller sees the close (and leaves without reading `body`) or the publisher
+/// sees the poller inside (and waits for it).
+struct Slot {
+    epoch: AtomicU64,
+    inside: AtomicUsize,
+    /// Taken by the one region published at a time (a nested or concurrent one falls back).
+    busy: AtomicBool,
+    /// The open region's body, lifetime erased: valid while the epoch it was published under
+    /// is open and until every poller inside has left (the protocol above).
+    body: UnsafeCell<Option<*const (dyn Fn() + Sync)>>,
+}
+
+// SAFETY: `body` is written only by the publisher holding `busy` while no poller can read it,
+// and read only under an open epoch (the protocol on `Slot`); the rest are atomics.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot { epoch: AtomicU64::new(0), inside: AtomicUsize::new(0), busy: AtomicBool::new(false), body: UnsafeCell::new(None) }
+    }
+
+    /// Runs the open region's body if there is one this poller has not run (`last_seen`).
+    /// Returns whether it ran one.
+    fn join(&self, last_seen: &mut u64) -> bool {
+        let e = self.epoch.load(Ordering::Acquire);
+        if e % 2 == 0 || e == *last_seen {
+            return false;
+        }
+        *last_seen = e;
+        let _leave = LeaveOnDrop(&self.inside);
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        if self.epoch.load(Ordering::SeqCst) != e {
+            return false;
+        }
+        // SAFETY: the epoch is still the open one counted in above, so the publisher has not
+        // passed its wait for `inside` and the body it wrote before opening is alive.
+        let body = unsafe { (*self.body.get()).expect("an open region has a body") };
+        // SAFETY: as above: the pointee outlives this call.
+        unsafe { (*body)() };
+        true
+    }
+}
+
+/// Takes one off the count when dropped, so a body that unwinds still leaves the region.
+struct LeaveOnDrop<'a>(&'a AtomicUsize);
+
+impl Drop for LeaveOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Closes a published region and waits for the pollers inside it: the publisher's body must
+/// outlive every call of it, also when the publisher's own call unwinds.
+struct CloseOnDrop<'a>(&'a Slot);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        let slot = self.0;
+        slot.epoch.fetch_add(1, Ordering::SeqCst);
+        while slot.inside.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+        // SAFETY: closed with nobody inside: no poller reads `body` until the next open.
+        unsafe { *slot.body.get() = None };
+        slot.busy.store(false, Ordering::Release);
+    }
+}
+
+/// Sets this thread's [`SLOT`] for as long as it lives, restoring the previous one after.
+struct SlotScope(*const Slot);
+
+impl SlotScope {
+    fn enter(slot: &Slot) -> SlotScope {
+        SlotScope(SLOT.with(|s| s.replace(slot)))
+    }
+}
+
+impl Drop for SlotScope {
+    fn drop(&mut self) {
+        SLOT.with(|s| s.set(self.0));
+    }
+}
+
+/// Runs `body` on this thread and on every poller of the running step that is idle now or
+/// becomes idle before this thread's own call returns, and returns once every call has
+/// returned: a parallel region without spawning tasks. Returns `false`, running nothing, when
+/// this thread is not in a polled step ([`run_step`]) or another region is published.
+///
+/// `body` must divide the work itself (claims from shared counters): any number of threads,
+/// from one up, may run it, each once.
+pub fn broadcast(body: &(dyn Fn() + Sync)) -> bool {
+    let slot = SLOT.with(Cell::get);
+    if slot.is_null() {
+        return false;
+    }
+    // SAFETY: a non-null SLOT points at the running step's slot, which outlives the step's
+    // driver and pollers, the only threads where it is set (`SlotScope`).
+    let slot = unsafe { &*slot };
+    if slot.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        return false;
+    }
+    // SAFETY: `busy` is ours and the epoch is closed with nobody inside (the last close waited
+    // for that), so no poller reads `body` now. The lifetime is erased only for the slot's
+    // duration: `_close` waits out every call before `body` can go.
+    unsafe {
+        let erased: *const (dyn Fn() + Sync + '_) = body;
+        *slot.body.get() = Some(std::mem::transmute::<*const (dyn Fn() + Sync + '_), *const (dyn Fn() + Sync)>(erased));
+    }
+    slot.epoch.fetch_add(1, Ordering::Release);
+    let _close = CloseOnDrop(slot);
+    body();
+    true
 }
 
 /// Sets the flag when dropped, so the pollers stop even if the step panics.
@@ -69,31 +201,35 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
         return rayon::scope(|_| step());
     }
     let done = AtomicBool::new(false);
+    let slot = Slot::new();
     crate::trace::mark("step begins", None);
     let out = rayon::scope(|s| {
         let driver = rayon::current_thread_index();
-        let done = &done;
+        let (done, slot) = (&done, &slot);
         for _ in 1..n_threads {
-            s.spawn(move |_| poll_until(done, driver));
+            s.spawn(move |_| poll_until(done, slot, driver));
         }
         crate::trace::mark("pollers spawned", None);
         let _stop = StopOnDrop(done);
+        let _slot = SlotScope::enter(slot);
         step()
     });
     crate::trace::mark("pollers joined", None);
     out
 }
 
-/// Takes pool jobs until `done` is set or nothing came for [`MAX_IDLE`].
-fn poll_until(done: &AtomicBool, driver: Option<usize>) {
+/// Takes pool jobs and `slot`'s regions until `done` is set or nothing came for [`MAX_IDLE`].
+fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
     if rayon::current_thread_index() == driver || POLLING.with(Cell::get) {
         return;
     }
     POLLING.with(|p| p.set(true));
+    let _slot = SlotScope::enter(slot);
     let mut idle_since: Option<Instant> = None;
     let mut empty_polls = 0u32;
+    let mut last_region = 0u64;
     while !done.load(Ordering::Acquire) {
-        if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+        if slot.join(&mut last_region) || matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
             idle_since = None;
             empty_polls = 0;
             continue;
@@ -167,6 +303,84 @@ mod tests {
             });
             assert!(met, "{n} threads: only {} of {n} tasks ran at once", arrived.load(Ordering::Acquire));
         }
+    }
+
+    /// Outside a step (or in a one-thread step, which has no pollers) there is nobody to
+    /// broadcast to; inside one, on pools of 2 to 4 threads, a region's items are each done
+    /// once, the pollers join (a body that waits for a second caller meets one), and regions
+    /// follow one another.
+    #[test]
+    fn broadcast_regions_reach_the_pollers() {
+        assert!(!broadcast(&|| ()), "broadcast outside a step");
+        assert!(!pool(1).install(|| run_step(|| broadcast(&|| ()))), "broadcast in a one-thread step");
+        for n in 2..=4 {
+            let p = pool(n);
+            let (most, all_done) = p.install(|| {
+                run_step(|| {
+                    let mut most = 0;
+                    let mut all_done = true;
+                    for round in 0..200 {
+                        let (next, callers, done) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+                        let items = 64 + round;
+                        let ran = broadcast(&|| {
+                            let me = callers.fetch_add(1, Ordering::AcqRel) + 1;
+                            // The first rounds wait (up to 10 s) for a second caller.
+                            let t0 = Instant::now();
+                            while round < 3 && me == 1 && callers.load(Ordering::Acquire) < 2 {
+                                if t0.elapsed() > Duration::from_secs(10) {
+                                    break;
+                                }
+                                std::hint::spin_loop();
+                            }
+                            while next.fetch_add(1, Ordering::AcqRel) < items {
+                                done.fetch_add(1, Ordering::AcqRel);
+                            }
+                        });
+                        assert!(ran, "{n} threads: a step's broadcast fell back");
+                        all_done &= done.load(Ordering::Acquire) == items;
+                        most = most.max(callers.load(Ordering::Acquire));
+                        // A broadcast inside a broadcast's body falls back (one region at a time).
+                        assert!(broadcast(&|| assert!(!broadcast(&|| ()))), "a second region after the first");
+                    }
+                    (most, all_done)
+                })
+            });
+            assert!(all_done, "{n} threads: an item done twice or never");
+            assert!(most <= n, "{n} threads: {most} callers of one region");
+            assert!(most >= 2, "{n} threads: no poller joined a region");
+        }
+    }
+
+    /// A body that panics on a poller still lets the region close, and the panic reaches the
+    /// step's caller; the pool works afterwards.
+    #[test]
+    fn a_panicking_region_body_reaches_the_caller() {
+        let p = pool(3);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.install(|| {
+                run_step(|| {
+                    let publisher = std::thread::current().id();
+                    let callers = AtomicUsize::new(0);
+                    broadcast(&|| {
+                        callers.fetch_add(1, Ordering::AcqRel);
+                        if std::thread::current().id() != publisher {
+                            panic!("body failed");
+                        }
+                        // The publisher waits (up to 10 s) for a poller to come and fail.
+                        let t0 = Instant::now();
+                        while callers.load(Ordering::Acquire) < 2 && t0.elapsed() < Duration::from_secs(10) {
+                            std::hint::spin_loop();
+                        }
+                    })
+                })
+            })
+        }));
+        assert!(result.is_err(), "the poller's panic was lost");
+        let ran = AtomicUsize::new(0);
+        p.install(|| run_step(|| broadcast(&|| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        })));
+        assert!(ran.load(Ordering::Relaxed) >= 1);
     }
 
     /// A step that panics still ends its pollers, and the panic reaches the caller.

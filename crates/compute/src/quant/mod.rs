@@ -36,7 +36,7 @@ mod simd;
 pub use gguf::GgmlType;
 pub use matmul::{
     experts_one_token, experts_timing, matmul, matmul_each, matmul_gated, matmul_many, matmul_quantized, owned_bytes,
-    set_owned_claims, ExpertGating, ExpertRows, GateCombine, MatmulMode, WeightRows, MAX_FUSED,
+    set_owned_claims, set_spawned_region, ExpertGating, ExpertRows, GateCombine, MatmulMode, WeightRows, MAX_FUSED,
 };
 pub use simd::Kernel;
 

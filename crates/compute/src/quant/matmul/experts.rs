@@ -39,6 +39,43 @@ fn old_region() -> bool {
     *OLD.get_or_init(|| std::env::var("DISKFORMER_EXPERTS_REGION").is_ok_and(|v| v.trim() == "old"))
 }
 
+/// Whether the region's tasks are spawned into rayon's deque (as before the thirty-fifth
+/// session) rather than broadcast to the step's polling workers ([`crate::cpu::warm::broadcast`],
+/// used whenever the call runs inside a polled step): `DISKFORMER_EXPERTS_REGION=spawn`, or
+/// the A/B name `spawned` on B steps.
+///
+/// Why broadcast: the spawned tasks are stolen one at a time from one deque, and on the H200's
+/// 16-core host the region's last task started 11-15 us into a ~100 us call (thirty-fifth
+/// session, docs/NOTES.md); a thread that starts late also finds its own rows taken by others.
+fn spawned_region() -> bool {
+    if crate::ab::is_b("spawned") {
+        return true;
+    }
+    match SPAWNED_REGION.load(Ordering::Relaxed) {
+        OWNED_UNSET => {
+            let on = std::env::var("DISKFORMER_EXPERTS_REGION").is_ok_and(|v| v.trim() == "spawn");
+            let _ = SPAWNED_REGION.compare_exchange(
+                OWNED_UNSET,
+                if on { OWNED_ON } else { OWNED_OFF },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            on
+        }
+        v => v == OWNED_ON,
+    }
+}
+
+/// [`spawned_region`]'s state, as [`OWNED_CLAIMS`]'s.
+static SPAWNED_REGION: AtomicU8 = AtomicU8::new(OWNED_UNSET);
+
+/// Sets whether later regions spawn their tasks into rayon's deque even inside a polled step
+/// (`true`) or broadcast them to its pollers (`false`, the default), overriding
+/// `DISKFORMER_EXPERTS_REGION=spawn`; the perf test `cpu_experts_cache` compares both.
+pub fn set_spawned_region(on: bool) {
+    SPAWNED_REGION.store(if on { OWNED_ON } else { OWNED_OFF }, Ordering::Relaxed);
+}
+
 /// Whether the region gives each thread of the pool its own rows ([`OwnedClaims`]) rather than
 /// shares taken in turn from one counter: [`OWNED_UNSET`] until first read (then the
 /// environment's `DISKFORMER_EXPERTS_CLAIMS`), or [`set_owned_claims`]'s choice.
@@ -496,10 +533,17 @@ pub fn experts_one_token(
             }
         }
     };
+    // Tasks that ran (a broadcast region's pollers come as they are free).
+    let mut n_ran = n_threads;
+    let next_task = AtomicUsize::new(0);
     if serial {
         worker(0);
+        n_ran = 1;
     } else if old_region {
         (0..n_threads).into_par_iter().for_each(worker);
+    } else if !spawned_region() && crate::cpu::warm::broadcast(&|| worker(next_task.fetch_add(1, Ordering::Relaxed)))
+    {
+        n_ran = next_task.load(Ordering::Relaxed).min(n_threads);
     } else {
         // This thread takes task 0 and then spins, never parks, until the others have ended:
         // a parked thread's wake-up after the last task was part of the ~7-8 us from the last
@@ -525,7 +569,8 @@ pub fn experts_one_token(
         });
     }
     if timed {
-        let tasks = task_timings.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
+        let tasks =
+            task_timings.into_iter().take(n_ran).map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
         timing::record([call_start, allocated, checked, quantized, region_start], tasks);
     }
     drop((parts_in, parts_down));
@@ -807,17 +852,21 @@ mod tests {
                 }
             };
             // Both ways of sharing the rows (the switch is global: a test running beside this
-            // one may see either, and both must give these bits).
-            for ((threads, pool), owned) in pools.iter().flat_map(|p| [(p, true), (p, false)]) {
+            // one may see either, and both must give these bits), each with the region's tasks
+            // spawned (a plain pool) and broadcast to a polled step's workers.
+            let ways = pools.iter().flat_map(|p| [(p, true), (p, false)]).flat_map(|w| [(w, false), (w, true)]);
+            for (((threads, pool), owned), in_step) in ways {
                 set_owned_claims(owned);
                 let mut got = vec![f32::NAN; n * k];
-                let fused = pool.install(|| experts_one_token(&experts, n_ff, &x, &gating, &mut got, mode)).unwrap();
-                assert!(fused, "{dtype_in:?}/{dtype_down:?}: the one-region path declined");
+                let call = || experts_one_token(&experts, n_ff, &x, &gating, &mut got, mode);
+                let fused = if in_step { pool.install(|| crate::cpu::warm::run_step(call)) } else { pool.install(call) };
+                assert!(fused.unwrap(), "{dtype_in:?}/{dtype_down:?}: the one-region path declined");
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         g.to_bits(),
                         w.to_bits(),
-                        "{dtype_in:?}/{dtype_down:?} n={n} {threads} threads, owned rows {owned}: value {i}"
+                        "{dtype_in:?}/{dtype_down:?} n={n} {threads} threads, owned rows {owned}, in a step {in_step}: \
+                         value {i}"
                     );
                 }
             }
