@@ -211,7 +211,14 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
         // those then took the other pollers' tasks (returning at once, being pollers already),
         // so on the H200's 16-core host a step ran with ~6 of 15 pollers and the other workers
         // asleep (thirty-fifth session).
-        s.spawn_broadcast(move |_, _| poll_until(done, slot, driver));
+        // (The A/B name `pollspawn` gives B steps the old spawns, for that comparison.)
+        if crate::ab::is_b("pollspawn") {
+            for _ in 1..n_threads {
+                s.spawn(move |_| poll_until(done, slot, driver));
+            }
+        } else {
+            s.spawn_broadcast(move |_, _| poll_until(done, slot, driver));
+        }
         crate::trace::mark("pollers spawned", None);
         let _stop = StopOnDrop(done);
         let _slot = SlotScope::enter(slot);
