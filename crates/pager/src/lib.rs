@@ -1258,6 +1258,22 @@ impl ExpertStore for MappedExperts {
 
     fn read_ahead(&self, layer: usize, ids: &[u32], threads: usize, stop: &(dyn Fn() -> bool + Sync)) -> u64 {
         let Ok(lent) = self.lend(layer, ids) else { return 0 };
+        // Each pool thread its own rows, where the step's pollers can be reached (the job's
+        // threads then compute what they read); else the lines over `threads` threads.
+        let rows: Vec<compute::quant::ExpertRows<'_>> = lent
+            .iter()
+            .map(|ex| {
+                fn w<'a>(m: &HostMatrix<'a>) -> compute::quant::WeightRows<'a> {
+                    compute::quant::WeightRows { dtype: m.dtype, bytes: m.bytes, n_out: m.n_out }
+                }
+                compute::quant::ExpertRows { gate: ex.gate.as_ref().map(w), up: w(&ex.up), down: w(&ex.down) }
+            })
+            .collect();
+        if let Some(first) = lent.first() {
+            if let Some(bytes) = compute::cpu::cache_fill::read_owned_into_cache(&rows, first.up.n_out, stop) {
+                return bytes;
+            }
+        }
         // In the order the CPU's job reads them: every expert's gate and up products, then the
         // downs (`compute::cpu::experts_one_token`).
         let mut pieces: Vec<&[u8]> = Vec::with_capacity(3 * lent.len());

@@ -70,6 +70,44 @@ pub fn read_into_cache(pieces: &[&[u8]], threads: usize, stop: &(dyn Fn() -> boo
     read.into_inner()
 }
 
+/// Reads each thread's own rows of `experts` (`n_ff` hidden rows each) into that thread's
+/// caches, on every worker of the running polled step that is free now
+/// ([`super::warm::broadcast`]), until all are read or `stop` returns true: the rows
+/// [`crate::quant::owned_bytes`] names, the ones the thread computes first in the experts'
+/// region that follows ([`crate::quant::experts_one_token`]). Returns the bytes read, or `None`
+/// (nothing read) outside a polled step.
+///
+/// Why owned rows: [`read_into_cache`] spread the lines over whichever threads came, so the
+/// job found most of them in another core's L2, slower than RAM on the H200's host (twenty-fifth
+/// session). Why a broadcast: every poller reads at once, none has to be woken or stolen into.
+pub fn read_owned_into_cache(
+    experts: &[crate::quant::ExpertRows<'_>],
+    n_ff: usize,
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Option<u64> {
+    let n_threads = rayon::current_num_threads();
+    let read = AtomicU64::new(0);
+    let body = || {
+        let me = rayon::current_thread_index().unwrap_or(0);
+        let mut sum = 0u64;
+        let mut bytes = 0u64;
+        'pieces: for piece in crate::quant::owned_bytes(experts, n_ff, me, n_threads) {
+            for chunk in piece.chunks(CHUNK) {
+                if stop() {
+                    break 'pieces;
+                }
+                for line in chunk.chunks(LINE) {
+                    sum = sum.wrapping_add(line[0] as u64);
+                }
+                bytes += chunk.len() as u64;
+            }
+        }
+        std::hint::black_box(sum);
+        read.fetch_add(bytes, Ordering::Relaxed);
+    };
+    super::warm::broadcast(&body).then(|| read.into_inner())
+}
+
 /// Whether lines read are also demoted to the shared last-level cache
 /// (`DISKFORMER_READ_AHEAD_DEMOTE=1`, where the CPU has CLDEMOTE; read once).
 ///
@@ -117,6 +155,28 @@ fn demote_line(_p: *const u8) {}
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    /// In a polled step the threads that join read, between them, no more than the experts'
+    /// bytes, each thread only its own rows (so two threads never read one byte: the total is
+    /// at most the whole); outside a step nothing is read.
+    #[test]
+    fn owned_rows_read_in_a_step_only() {
+        use crate::quant::{ExpertRows, GgmlType, WeightRows};
+        // Q4_K rows of 256 values: 144 bytes. Two experts of 64 hidden rows, k = 256.
+        fn w(bytes: &[u8], n_out: usize) -> WeightRows<'_> {
+            WeightRows { dtype: GgmlType::Q4_K, bytes, n_out }
+        }
+        let (gate, up, down) = (vec![1u8; 64 * 144], vec![2u8; 64 * 144], vec![3u8; 256 * 144]);
+        let experts = [ExpertRows { gate: Some(w(&gate, 64)), up: w(&up, 64), down: w(&down, 256) }; 2];
+        let whole = 2 * (gate.len() + up.len() + down.len()) as u64;
+        assert_eq!(read_owned_into_cache(&experts, 64, &|| false), None);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let got = pool.install(|| crate::cpu::warm::run_step(|| read_owned_into_cache(&experts, 64, &|| false)));
+        let got = got.expect("a polled step broadcasts");
+        assert!(got > 0 && got <= whole, "read {got} of {whole} bytes");
+        let stopped = pool.install(|| crate::cpu::warm::run_step(|| read_owned_into_cache(&experts, 64, &|| true)));
+        assert_eq!(stopped, Some(0));
+    }
 
     #[test]
     fn reads_every_byte_of_every_piece_when_not_stopped() {
