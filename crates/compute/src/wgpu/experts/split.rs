@@ -454,8 +454,8 @@ impl Dispatcher {
     /// RAM's rate, twenty-fourth session). What the wait reads ahead the job should find in the
     /// cache. Reads only: results cannot change.
     ///
-    /// Measured on the H200 (twenty-fifth session) it changes nothing, so it is off by default
-    /// (`DISKFORMER_SPLIT_READ_AHEAD=N` reads on N threads): on 8 threads, with the guesses on
+    /// Measured on the H200 (twenty-fifth session, lines spread over whichever threads came,
+    /// most workers asleep) it changed nothing: on 8 threads, with the guesses on
     /// the pool (32 us a layer), it read 135 MiB a step (2.8 MB a layer, ~22% of the CPU's
     /// expert bytes) of experts 94% of which the CPU then computed, and steps with it were as
     /// fast as steps without (`ab-steps.sh ahead`: 0.9834 against the control's 0.9827; with
@@ -463,7 +463,10 @@ impl Dispatcher {
     /// the RAM alone at 16 threads (its kernels' rate is the next suspect). With every worker
     /// reading, the host thread, which records and submits the next layers meanwhile, found no
     /// core (its time a step went from 5.6 to 8.9 ms): hence at most the threads asked for.
-    /// A/B name `ahead` (the B arm does not read ahead; set the threads for the A arm).
+    /// Since the thirty-fifth session each thread reads its own rows of the job
+    /// (`ExpertStore::read_ahead` through `cache_fill::read_owned_into_cache`) and every worker
+    /// polls: ~5% faster steps, on by default ([`read_ahead_threads`]).
+    /// A/B name `ahead` (the B arm does not read ahead).
     fn read_ahead(&self, h: &Handoff, threads: usize) -> Vec<u32> {
         if h.n != 1 || threads == 0 || crate::ab::is_b("ahead") {
             return Vec::new();
@@ -486,12 +489,18 @@ impl Dispatcher {
     }
 }
 
-/// Threads of [`Dispatcher::read_ahead`]: `DISKFORMER_SPLIT_READ_AHEAD`, else none (read once;
-/// measured no faster, see there).
+/// Threads of [`Dispatcher::read_ahead`]: `DISKFORMER_SPLIT_READ_AHEAD` (0: off), else every
+/// worker (read once). Inside a polled step every free poller reads its own rows whatever the
+/// number; the number bounds only the fallback outside one.
+///
+/// Why on by default since the thirty-fifth session: with every worker polling (the pollers
+/// had been spawned so that most slept) and each thread reading the rows it then computes, the
+/// steps without it ran at 0.943-0.960 of the steps with it (uniform) and 0.946-0.949 (skewed),
+/// against the control's 0.985-1.107 and 1.000-1.010 (`ab-steps.sh ahead`, H200).
 fn read_ahead_threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *THREADS.get_or_init(|| {
-        std::env::var("DISKFORMER_SPLIT_READ_AHEAD").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        std::env::var("DISKFORMER_SPLIT_READ_AHEAD").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(usize::MAX)
     })
 }
 
