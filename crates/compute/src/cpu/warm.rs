@@ -75,7 +75,12 @@ unsafe impl Sync for Slot {}
 
 impl Slot {
     fn new() -> Slot {
-        Slot { epoch: AtomicU64::new(0), inside: AtomicUsize::new(0), busy: AtomicBool::new(false), body: UnsafeCell::new(None) }
+        Slot {
+            epoch: AtomicU64::new(0),
+            inside: AtomicUsize::new(0),
+            busy: AtomicBool::new(false),
+            body: UnsafeCell::new(None),
+        }
     }
 
     /// Runs the open region's body if there is one this poller has not run (`last_seen`).
@@ -396,9 +401,13 @@ mod tests {
         }));
         assert!(result.is_err(), "the poller's panic was lost");
         let ran = AtomicUsize::new(0);
-        p.install(|| run_step(|| broadcast(&|| {
-            ran.fetch_add(1, Ordering::Relaxed);
-        })));
+        p.install(|| {
+            run_step(|| {
+                broadcast(&|| {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                })
+            })
+        });
         assert!(ran.load(Ordering::Relaxed) >= 1);
     }
 

@@ -16,7 +16,8 @@ use super::{check_encoded, dequantizer, QuantError};
 
 mod experts;
 pub use experts::{
-    experts_one_token, owned_bytes, set_owned_claims, set_spawned_region, timing as experts_timing, ExpertGating, ExpertRows,
+    experts_one_token, owned_bytes, set_owned_claims, set_spawned_region, timing as experts_timing, ExpertGating,
+    ExpertRows,
 };
 
 /// How [`matmul`] computes.

@@ -51,10 +51,16 @@ fn spawned_region() -> bool {
     if crate::ab::is_b("spawned") {
         return true;
     }
-    match SPAWNED_REGION.load(Ordering::Relaxed) {
+    switch_on(&SPAWNED_REGION, || std::env::var("DISKFORMER_EXPERTS_REGION").is_ok_and(|v| v.trim() == "spawn"))
+}
+
+/// A switch kept in `state` ([`OWNED_UNSET`], [`OWNED_ON`] or [`OWNED_OFF`]): its setter's
+/// choice, else `from_env` read once and kept.
+fn switch_on(state: &AtomicU8, from_env: impl FnOnce() -> bool) -> bool {
+    match state.load(Ordering::Relaxed) {
         OWNED_UNSET => {
-            let on = std::env::var("DISKFORMER_EXPERTS_REGION").is_ok_and(|v| v.trim() == "spawn");
-            let _ = SPAWNED_REGION.compare_exchange(
+            let on = from_env();
+            let _ = state.compare_exchange(
                 OWNED_UNSET,
                 if on { OWNED_ON } else { OWNED_OFF },
                 Ordering::Relaxed,
@@ -105,19 +111,7 @@ fn owned_claims() -> bool {
     if crate::ab::is_b("shared") {
         return false;
     }
-    match OWNED_CLAIMS.load(Ordering::Relaxed) {
-        OWNED_UNSET => {
-            let on = std::env::var("DISKFORMER_EXPERTS_CLAIMS").map_or(true, |v| v.trim() != "shared");
-            let _ = OWNED_CLAIMS.compare_exchange(
-                OWNED_UNSET,
-                if on { OWNED_ON } else { OWNED_OFF },
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            on
-        }
-        v => v == OWNED_ON,
-    }
+    switch_on(&OWNED_CLAIMS, || std::env::var("DISKFORMER_EXPERTS_CLAIMS").map_or(true, |v| v.trim() != "shared"))
 }
 
 /// Rows `0..n_rows` cut into one contiguous range per thread (multiples of eight), each taken
@@ -541,8 +535,7 @@ pub fn experts_one_token(
         n_ran = 1;
     } else if old_region {
         (0..n_threads).into_par_iter().for_each(worker);
-    } else if !spawned_region() && crate::cpu::warm::broadcast(&|| worker(next_task.fetch_add(1, Ordering::Relaxed)))
-    {
+    } else if !spawned_region() && crate::cpu::warm::broadcast(&|| worker(next_task.fetch_add(1, Ordering::Relaxed))) {
         n_ran = next_task.load(Ordering::Relaxed).min(n_threads);
     } else {
         // This thread takes task 0 and then spins, never parks, until the others have ended:
@@ -859,7 +852,8 @@ mod tests {
                 set_owned_claims(owned);
                 let mut got = vec![f32::NAN; n * k];
                 let call = || experts_one_token(&experts, n_ff, &x, &gating, &mut got, mode);
-                let fused = if in_step { pool.install(|| crate::cpu::warm::run_step(call)) } else { pool.install(call) };
+                let fused =
+                    if in_step { pool.install(|| crate::cpu::warm::run_step(call)) } else { pool.install(call) };
                 assert!(fused.unwrap(), "{dtype_in:?}/{dtype_down:?}: the one-region path declined");
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
