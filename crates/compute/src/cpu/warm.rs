@@ -87,7 +87,7 @@ impl Slot {
     /// Returns whether it ran one.
     fn join(&self, last_seen: &mut u64) -> bool {
         let e = self.epoch.load(Ordering::Acquire);
-        if e % 2 == 0 || e == *last_seen {
+        if e.is_multiple_of(2) || e == *last_seen {
             return false;
         }
         *last_seen = e;
