@@ -28,7 +28,9 @@
 //! `pace` (every split call records all of its layers' pool replacements, no
 //! `DISKFORMER_SPLIT_REFILLS_PER_CALL` limit), `shared` (the CPU experts' region hands out
 //! rows in shares taken in turn instead of each thread's own range first,
-//! `quant::set_owned_claims`).
+//! `quant::set_owned_claims`), `spawned` and `pollspawn` (the experts' region and the step's
+//! pollers spawned into rayon's deque), `cpuguess` (the read-ahead guesses the next layer's
+//! experts on the CPU instead of taking the routing kernel's guess).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -295,6 +295,8 @@ struct TierProfile {
     read_ahead_experts: u64,
     read_ahead_right: u64,
     read_ahead_guess_secs: f64,
+    /// Layers whose read-ahead took the routing kernel's guess (`split::Dispatcher::guess_from_gpu`).
+    read_ahead_gpu_guesses: u64,
     split_gpu_first: u64,
     split_misses: u64,
     split_cpu_experts: u64,
@@ -378,10 +380,11 @@ impl TierProfile {
                     if self.read_ahead_experts > 0 {
                         format!(
                             "; the CPU read {:.1} MiB of guessed experts ahead per step, {:.1} experts, {:.0}% of them \
-                             then its own (guessing took {:.0} us)",
+                             then its own ({:.1} layers guessed by the GPU's routing, the rest on the CPU in {:.0} us)",
                             self.read_ahead_bytes as f64 / 1048576.0 / self.steps.max(1) as f64,
                             self.read_ahead_experts as f64 / self.steps.max(1) as f64,
                             100.0 * self.read_ahead_right as f64 / self.read_ahead_experts as f64,
+                            self.read_ahead_gpu_guesses as f64 / self.steps.max(1) as f64,
                             per(self.read_ahead_guess_secs),
                         )
                     } else {

@@ -144,7 +144,9 @@ impl ExpertTier {
     /// Keeps a layer's router for the split's look-ahead the first time the model routes with
     /// it (a router the routing kernel cannot take is kept too: the guess then makes nothing).
     pub(in crate::wgpu) fn note_router(&self, router: &WgpuWeight, spec: &RouteSpec) {
-        if self.opts.miss != super::MissPolicy::Split || !(self.split_touch || self.prefetch.is_some()) {
+        if self.opts.miss != super::MissPolicy::Split
+            || !(self.split_touch || self.prefetch.is_some() || read_ahead_guess_on_gpu())
+        {
             return;
         }
         let Some(layer) = router_layer(&router.name) else { return };
@@ -177,10 +179,12 @@ const MAILBOX_SLOTS: usize = 2;
 const DOWN_TIMEOUT: usize = 2;
 const DOWN_WAITED: usize = 4;
 const DOWN_GPU_DONE: usize = 8;
-/// Each slot's guess of the next layer's experts for the prefetch (`prefetch.rs`), written by
-/// `moe_split_prefetch_pick.wgsl`: the call's sequence number, the count, the ids.
+/// Each slot's guess of the next layer's experts, for the prefetch (`prefetch.rs`) or the
+/// dispatcher's read-ahead ([`Dispatcher::read_ahead`]), written by the routing kernel's guess
+/// variant or `moe_split_prefetch_pick.wgsl`: the call's sequence number, the count, the ids
+/// (up to `GUESS_WORDS - 2`: a top k of up to 14 whole).
 pub(super) const DOWN_GUESS: usize = 16;
-pub(super) const GUESS_WORDS: usize = 8;
+pub(super) const GUESS_WORDS: usize = 16;
 const MAILBOX_DATA: usize = 64;
 
 /// Deferred layers' replacements (see [`WgpuBackend::settle_dispatcher`]) a split call makes
@@ -238,6 +242,9 @@ struct Handoff {
     /// guess of the next layer's experts it announces from.
     prefetch: Option<Arc<super::prefetch::Prefetch>>,
     guessed: bool,
+    /// Whether this call's routing kernel also wrote the next layer's guessed misses, ranked,
+    /// to its slot's guess area for the read-ahead ([`WgpuBackend::guess_next_on_gpu`]).
+    gpu_guess: bool,
 }
 
 /// What the dispatcher found of a layer, for the host's bookkeeping (`take_decided`).
@@ -268,6 +275,9 @@ pub(super) struct Dispatcher {
     /// The last decode layer's input row, which the next layer's experts are guessed from
     /// ([`Dispatcher::read_ahead`]), and its layer.
     last_input: std::sync::Mutex<Option<(usize, Vec<f32>)>>,
+    /// The last decode call whose routing kernel guessed the next layer for the read-ahead:
+    /// `(the layer guessed, the call's slot, its sequence number)`.
+    gpu_guess: std::sync::Mutex<Option<(usize, usize, u32)>>,
     /// The last call whose hand-over the task saw: the GPU has run every command recorded
     /// before that call's hand-over (the replacements on the copy queue wait for it).
     seen: std::sync::atomic::AtomicU32,
@@ -361,6 +371,7 @@ impl Dispatcher {
         let xs: Vec<f32> = words[2 * nk..].iter().map(|&b| f32::from_bits(b)).collect();
         if h.n == 1 && read_ahead_threads() > 0 {
             *lock(&self.last_input) = Some((h.layer, xs.clone()));
+            *lock(&self.gpu_guess) = h.gpu_guess.then_some((h.layer + 1, h.slot, h.seq));
         }
         if !guessed.is_empty() {
             let right = guessed.iter().filter(|e| cpu.contains(e)).count();
@@ -471,14 +482,24 @@ impl Dispatcher {
         if h.n != 1 || threads == 0 || crate::ab::is_b("ahead") {
             return Vec::new();
         }
-        let Some((layer, x)) = lock(&self.last_input).take() else { return Vec::new() };
-        if layer >= h.layer {
-            // The previous step's last layer: too far from this one to guess it.
-            return Vec::new();
-        }
-        let t_guess = Instant::now();
-        let guess = h.store.guess_experts(h.layer, &x, h.k);
-        h.shared.read_ahead_guess_nanos.fetch_add(t_guess.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let last_input = lock(&self.last_input).take();
+        let guess = match self.guess_from_gpu(h) {
+            Some(guess) => {
+                h.shared.read_ahead_gpu_guesses.fetch_add(1, Ordering::Relaxed);
+                guess
+            }
+            None => {
+                let Some((layer, x)) = last_input else { return Vec::new() };
+                if layer >= h.layer {
+                    // The previous step's last layer: too far from this one to guess it.
+                    return Vec::new();
+                }
+                let t_guess = Instant::now();
+                let guess = h.store.guess_experts(h.layer, &x, h.k);
+                h.shared.read_ahead_guess_nanos.fetch_add(t_guess.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                guess
+            }
+        };
         let is_miss = |e: u32| h.missed.get(e as usize).copied().unwrap_or(false);
         let cpu = cpu_misses(&guess, is_miss, h.share_q);
         if !cpu.is_empty() {
@@ -487,6 +508,48 @@ impl Dispatcher {
         }
         cpu
     }
+}
+
+impl Dispatcher {
+    /// Layer `h`'s guessed misses as the previous call's routing kernel ranked them (its guess
+    /// variant, [`WgpuBackend::guess_next_on_gpu`]), or `None` where that call made no guess for
+    /// this layer or its guess is not in the mailbox (then the read-ahead guesses on the CPU).
+    ///
+    /// Why from the GPU: the guess on the pool took ~42 us of the ~80 us between a CPU job's end
+    /// and the next hand-over on the H200 (thirty-fifth session), and the read-ahead could only
+    /// start after it. The routing kernel of the layer before computes the same guess (the next
+    /// router on the same input) as a second set of workgroups, ~170 us before it is needed, so
+    /// the pollers start reading when the job before ends.
+    fn guess_from_gpu(&self, h: &Handoff) -> Option<Vec<u32>> {
+        let (layer, slot, seq) = lock(&self.gpu_guess).take()?;
+        if layer != h.layer {
+            return None;
+        }
+        let at = DOWN_GUESS + slot * GUESS_WORDS;
+        // The kernel writes the ids and count before the sequence number.
+        if h.down.load(at) != seq {
+            return None;
+        }
+        let mut words = [0u32; GUESS_WORDS - 1];
+        h.down.read(at + 1, &mut words);
+        let count = (words[0] as usize).min(GUESS_WORDS - 2);
+        Some(words[1..=count].iter().copied().filter(|&e| (e as usize) < h.missed.len()).collect())
+    }
+}
+
+/// Whether a decode call's routing kernel also guesses the next layer's experts for the
+/// read-ahead: `DISKFORMER_SPLIT_READ_AHEAD_GUESS=gpu` with the read-ahead on (the A/B name
+/// `cpuguess` then guesses on the CPU on B steps). Read once.
+///
+/// Off by default: written in the thirty-sixth session, which had no device time left, and not
+/// yet measured on the H200 (the mailboxes it needs do not run on lavapipe). The measurement to
+/// make first: `DISKFORMER_SPLIT_READ_AHEAD_GUESS=gpu bench/ab-steps.sh MODEL cpuguess` on both
+/// routings, and `--stats`'s count of layers guessed by the GPU.
+fn read_ahead_guess_on_gpu() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        read_ahead_threads() > 0 && std::env::var("DISKFORMER_SPLIT_READ_AHEAD_GUESS").is_ok_and(|v| v.trim() == "gpu")
+    })
 }
 
 /// Threads of [`Dispatcher::read_ahead`]: `DISKFORMER_SPLIT_READ_AHEAD` (0: off), else every
@@ -601,6 +664,8 @@ pub(super) struct SplitShared {
     pub(super) read_ahead_right: Arc<AtomicU64>,
     /// The guesses' time, summed.
     pub(super) read_ahead_guess_nanos: Arc<AtomicU64>,
+    /// Layers whose read-ahead took the guess the routing kernel made.
+    pub(super) read_ahead_gpu_guesses: Arc<AtomicU64>,
 }
 
 impl Default for SplitShared {
@@ -617,6 +682,7 @@ impl Default for SplitShared {
             read_ahead_experts: Arc::default(),
             read_ahead_right: Arc::default(),
             read_ahead_guess_nanos: Arc::default(),
+            read_ahead_gpu_guesses: Arc::default(),
         }
     }
 }
@@ -1144,6 +1210,10 @@ impl WgpuBackend {
             }
             _ => false,
         };
+        let gpu_guess = prefetch.is_none()
+            && n == 1
+            && fused_signal
+            && self.guess_next_on_gpu(st, layer, &routing.weights.buf.buffer, &down, &call);
         let pairs = |ids: &wgpu::Buffer, slots: &wgpu::Buffer, slots_at: u32| {
             let table = PairTable::Slots { ids, at: 0, slots, slots_at };
             self.moe_pairs(x, k, &table, (&routing.weights.buf.buffer, 0), place.fused, place.gpu_biases, spec)
@@ -1283,6 +1353,7 @@ impl WgpuBackend {
             failed: self.ctx.deferred_error.clone(),
             prefetch,
             guessed,
+            gpu_guess,
         });
         trace::mark("split end", Some(layer));
         let mut prof = lock(&tier.profile);
@@ -1291,6 +1362,39 @@ impl WgpuBackend {
         prof.split_layers += 1;
         prof.split_mailbox_layers += 1;
         Ok(out)
+    }
+
+    /// The read-ahead's guess of the next layer's misses ([`Dispatcher::guess_from_gpu`]) fused
+    /// into this layer's pending routing kernel (`routing`, which carries the hand-over): the
+    /// next layer's router on the same row, and after the flag the top k of its logits that the
+    /// slot table puts in host memory, ranked, to the call's guess area. `false` (nothing
+    /// recorded) where it is off ([`read_ahead_guess_on_gpu`], A/B `cpuguess` on B steps), for
+    /// the last layer or one whose router or host copy is not there yet, or where the routing
+    /// kernel cannot take it (`fuse_route_guess`).
+    fn guess_next_on_gpu(
+        &self,
+        st: &TierState,
+        layer: usize,
+        routing: &wgpu::Buffer,
+        down: &Mailbox,
+        call: &MailboxCall,
+    ) -> bool {
+        if !read_ahead_guess_on_gpu() || crate::ab::is_b("cpuguess") {
+            return false;
+        }
+        let next = layer + 1;
+        let Some(guess_router) = st.guess_routers.get(next).cloned().flatten() else { return false };
+        let Some(table) = st.host.table_gpu.clone() else { return false };
+        if st.host.layers.get(next).is_none_or(|h| h.is_none()) {
+            return false;
+        }
+        let words =
+            [(DOWN_GUESS + call.slot * GUESS_WORDS) as u32, (next * st.host.row) as u32, (GUESS_WORDS - 2) as u32];
+        let fused = self.fuse_route_guess(routing, &guess_router.router, &table, down.buffer(), words);
+        if fused {
+            trace::mark("guess", Some(next));
+        }
+        fused
     }
 
     /// The prefetch's guess (`prefetch.rs`): the next layer's router on this layer's input `x`,
@@ -1476,6 +1580,7 @@ impl WgpuBackend {
                 prof.read_ahead_experts = tier.split.read_ahead_experts.load(Ordering::Relaxed);
                 prof.read_ahead_right = tier.split.read_ahead_right.load(Ordering::Relaxed);
                 prof.read_ahead_guess_secs = tier.split.read_ahead_guess_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+                prof.read_ahead_gpu_guesses = tier.split.read_ahead_gpu_guesses.load(Ordering::Relaxed);
             }
             if at_step_start || st.host.call_refills_left == Some(0) {
                 // Once per layer: a later call takes in all of the layer's misses then.
@@ -1889,6 +1994,7 @@ mod tests {
                 failed: call.failed.clone(),
                 prefetch: None,
                 guessed: false,
+                gpu_guess: false,
             });
         }
         // The GPU: a call's hand-over only after the previous call's sum (queue order).
@@ -2244,6 +2350,7 @@ mod tests {
             failed: Arc::default(),
             prefetch: None,
             guessed: false,
+            gpu_guess: false,
         };
         let dispatcher = Dispatcher::default();
         let x: Vec<f32> = (0..n_embd).map(|i| i as f32 * 0.25).collect();
@@ -2275,5 +2382,65 @@ mod tests {
         *lock(&dispatcher.last_input) = Some((4, vec![0.0; n_embd]));
         assert!(dispatcher.read_ahead(&h, 0).is_empty());
         assert_eq!(lock(&store.guessed_from).len(), 1);
+    }
+
+    /// Where the previous call's routing kernel guessed this layer (its guess area holds the
+    /// call's number), the read-ahead takes that guess and does not guess on the CPU; where the
+    /// area holds another call's number, or the guess was for another layer, it guesses on the
+    /// CPU from the kept input as before.
+    #[test]
+    fn read_ahead_takes_the_routing_kernels_guess_when_it_is_there() {
+        let (n_embd, n_expert, k) = (8usize, 16usize, 4usize);
+        let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
+        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
+        let shared = Arc::new(SplitShared::default());
+        let h = Handoff {
+            seq: 7,
+            slot: 1,
+            data_at: MAILBOX_DATA,
+            up: Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64)),
+            down: down.clone(),
+            layer: 5,
+            n: 1,
+            n_embd,
+            k,
+            missed: (0..n_expert).map(|e| e % 3 != 0 || e == 12 || e == 6 || e == 9).collect(),
+            share_q: 171,
+            adapt: false,
+            store: store.clone(),
+            biases: Arc::new(HostBiases { gate: None, up: None, down: None }),
+            spec: MoeSpec { n_expert, n_ff: 4, glu: crate::spec::Glu::Plain(crate::spec::Act::Silu) },
+            mode: crate::quant::MatmulMode::Exact,
+            shared: shared.clone(),
+            failed: Arc::default(),
+            prefetch: None,
+            guessed: false,
+            gpu_guess: false,
+        };
+        // Call 6 (slot 0) guessed layer 5's misses 14, 10, 13, 2 (as the kernel writes them:
+        // the ids and count, then the number); an id past the layer's experts is dropped.
+        let at = DOWN_GUESS;
+        down.write(at + 1, &[5, 14, 10, 13, 2, 99]);
+        down.store(at, 6);
+        down.store(1, 7);
+        let dispatcher = Dispatcher::default();
+        let x: Vec<f32> = vec![0.5; n_embd];
+        *lock(&dispatcher.last_input) = Some((4, x.clone()));
+        *lock(&dispatcher.gpu_guess) = Some((5, 0, 6));
+        // Of the guessed misses 2, 10, 13, 14 the CPU takes round(4 * 171 / 256) = 3.
+        assert_eq!(dispatcher.read_ahead(&h, 2), vec![2, 10, 13]);
+        assert!(lock(&store.guessed_from).is_empty(), "no guess on the CPU");
+        assert_eq!(shared.read_ahead_gpu_guesses.load(Ordering::Relaxed), 1);
+        assert!(lock(&dispatcher.gpu_guess).is_none(), "a guess is taken once");
+
+        // A stale area (call 4's number) or another layer's guess: the CPU's guess.
+        for (guess, area_seq) in [((5, 0, 6), 4), ((6, 0, 6), 6)] {
+            down.store(at, area_seq);
+            *lock(&dispatcher.last_input) = Some((4, x.clone()));
+            *lock(&dispatcher.gpu_guess) = Some(guess);
+            assert_eq!(dispatcher.read_ahead(&h, 2), vec![6, 9], "guess {guess:?}, area of call {area_seq}");
+        }
+        assert_eq!(lock(&store.guessed_from).len(), 2);
+        assert_eq!(shared.read_ahead_gpu_guesses.load(Ordering::Relaxed), 1);
     }
 }
