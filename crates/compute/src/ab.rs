@@ -30,7 +30,9 @@
 //! rows in shares taken in turn instead of each thread's own range first,
 //! `quant::set_owned_claims`), `spawned` and `pollspawn` (the experts' region and the step's
 //! pollers spawned into rayon's deque), `cpuguess` (the read-ahead guesses the next layer's
-//! experts on the CPU instead of taking the routing kernel's guess).
+//! experts on the CPU instead of taking the routing kernel's guess), `prodspawn` (the CPU's
+//! one-token products spawn their region's tasks instead of broadcasting it to the step's
+//! pollers).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

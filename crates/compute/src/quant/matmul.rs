@@ -413,6 +413,14 @@ impl Claims {
 /// Runs `f(start, end)` over shares of `0..n_rows` ([`Claims`]) on every thread of the pool,
 /// or over the whole range on this thread when the product is small (`work < SERIAL_WORK`
 /// multiply-adds) or the pool has one thread.
+///
+/// Inside a polled step the region goes to the step's pollers through
+/// [`crate::cpu::warm::broadcast`] (each takes claims until none is left) rather than as tasks
+/// spawned into this thread's deque, which the other workers steal one at a time: the split's
+/// CPU experts, the first region moved so, saw their region's last thread start 1.7-4.3 us in
+/// instead of 3.5-14.6 on the H200's 16-core host (thirty-fifth session). Outside a step, or
+/// with another region published, it spawns tasks as before; so does
+/// `DISKFORMER_PRODUCTS_REGION=spawn`, or the A/B name `prodspawn` on B steps.
 fn run_claims(n_rows: usize, row_bytes: usize, work: usize, f: impl Fn(usize, usize) + Sync + Send) {
     let n_threads = rayon::current_num_threads().max(1);
     if work < SERIAL_WORK || n_threads == 1 {
@@ -420,11 +428,23 @@ fn run_claims(n_rows: usize, row_bytes: usize, work: usize, f: impl Fn(usize, us
         return;
     }
     let claims = Claims::new(n_rows, row_bytes, n_threads);
-    (0..n_threads).into_par_iter().for_each(|_| {
+    let take_claims = || {
         while let Some((start, end)) = claims.claim() {
             f(start, end);
         }
-    });
+    };
+    if !spawned_products() && crate::cpu::warm::broadcast(&take_claims) {
+        return;
+    }
+    (0..n_threads).into_par_iter().for_each(|_| take_claims());
+}
+
+/// Whether [`run_claims`] spawns its tasks even inside a polled step:
+/// `DISKFORMER_PRODUCTS_REGION=spawn` (read once), or the A/B name `prodspawn` on B steps.
+fn spawned_products() -> bool {
+    static SPAWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::ab::is_b("prodspawn")
+        || *SPAWN.get_or_init(|| std::env::var("DISKFORMER_PRODUCTS_REGION").is_ok_and(|v| v.trim() == "spawn"))
 }
 
 /// One token through several tiled matrices in one parallel region: their rows one after the
@@ -816,6 +836,46 @@ mod tests {
             let first = shares[0].1 - shares[0].0;
             let want_first = (n_rows / (2 * n_threads)).max(min_rows).next_multiple_of(8).min(n_rows);
             assert_eq!(first, want_first, "{n_rows} rows, {n_threads} threads");
+        }
+    }
+
+    /// Inside a polled step (where the region goes to the pollers, `warm::broadcast`) and
+    /// outside one, every row is computed exactly once, and a one-token product gives the same
+    /// bits either way, on pools of 2 to 4 threads.
+    #[test]
+    fn a_product_in_a_step_computes_every_row_once() {
+        use std::sync::atomic::AtomicU32;
+        let (n_out, k) = (1000usize, 2048usize);
+        let mut next = crate::test_uniform();
+        let wf: Vec<f32> = (0..n_out * k).map(|_| next()).collect();
+        let x: Vec<f32> = (0..k).map(|_| next()).collect();
+        let t = GgmlType::Q8_0;
+        let mut w = vec![0u8; n_out * k / t.block_elems() * t.block_bytes()];
+        crate::quant::quantize(t, &wf, &mut w).unwrap();
+        let product = || {
+            let mut y = vec![0f32; n_out];
+            matmul_quantized(t, &w, n_out, k, &x, &mut y, Kernel::best()).unwrap();
+            y
+        };
+        let want = product();
+        for n in 2..=4 {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+            for round in 0..20 {
+                let counts: Vec<AtomicU32> = (0..n_out).map(|_| AtomicU32::new(0)).collect();
+                let got = pool.install(|| {
+                    crate::cpu::warm::run_step(|| {
+                        run_claims(n_out, 1024, usize::MAX, |start, end| {
+                            counts[start..end].iter().for_each(|c| {
+                                c.fetch_add(1, Ordering::Relaxed);
+                            })
+                        });
+                        product()
+                    })
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1), "{n} threads, round {round}");
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{n} threads, round {round}: other bits in a step");
+            }
         }
     }
 
