@@ -2318,17 +2318,17 @@ mod tests {
         }
     }
 
-    /// While a layer's hand-over is not there, the dispatcher guesses its experts from the
-    /// previous layer's input, reads ahead the CPU's of them (the partition's rule on the
-    /// layer's table and share) and stops at the hand-over's flag; it guesses nothing from a
-    /// later layer's input (the previous step's) or without an input.
-    #[test]
-    fn read_ahead_reads_the_cpus_guessed_experts_until_the_hand_over() {
-        let (n_embd, n_expert, k) = (8usize, 16usize, 4usize);
-        let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
-        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
-        let shared = Arc::new(SplitShared::default());
-        let handoff = |layer: usize| Handoff {
+    /// Call 7 (slot 1) of decode layer `layer` for the read-ahead tests: 8 values a row, 16
+    /// experts, top 4, the CPU's share 171/256; 3 hits (the pool holds every third expert), of
+    /// the store's guess 9, 12 and 6 miss.
+    fn read_ahead_handoff(
+        layer: usize,
+        down: &Arc<Mailbox>,
+        store: &Arc<GuessingStore>,
+        shared: &Arc<SplitShared>,
+    ) -> Handoff {
+        let n_expert = 16;
+        Handoff {
             seq: 7,
             slot: 1,
             data_at: MAILBOX_DATA,
@@ -2336,9 +2336,8 @@ mod tests {
             down: down.clone(),
             layer,
             n: 1,
-            n_embd,
-            k,
-            // 3 hits (the pool holds every third expert); 9, 12 and 6 miss.
+            n_embd: 8,
+            k: 4,
             missed: (0..n_expert).map(|e| e % 3 != 0 || e == 12 || e == 6 || e == 9).collect(),
             share_q: 171,
             adapt: false,
@@ -2351,7 +2350,20 @@ mod tests {
             prefetch: None,
             guessed: false,
             gpu_guess: false,
-        };
+        }
+    }
+
+    /// While a layer's hand-over is not there, the dispatcher guesses its experts from the
+    /// previous layer's input, reads ahead the CPU's of them (the partition's rule on the
+    /// layer's table and share) and stops at the hand-over's flag; it guesses nothing from a
+    /// later layer's input (the previous step's) or without an input.
+    #[test]
+    fn read_ahead_reads_the_cpus_guessed_experts_until_the_hand_over() {
+        let n_embd = 8usize;
+        let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
+        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
+        let shared = Arc::new(SplitShared::default());
+        let handoff = |layer: usize| read_ahead_handoff(layer, &down, &store, &shared);
         let dispatcher = Dispatcher::default();
         let x: Vec<f32> = (0..n_embd).map(|i| i as f32 * 0.25).collect();
 
@@ -2390,33 +2402,11 @@ mod tests {
     /// CPU from the kept input as before.
     #[test]
     fn read_ahead_takes_the_routing_kernels_guess_when_it_is_there() {
-        let (n_embd, n_expert, k) = (8usize, 16usize, 4usize);
+        let n_embd = 8usize;
         let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
         let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
         let shared = Arc::new(SplitShared::default());
-        let h = Handoff {
-            seq: 7,
-            slot: 1,
-            data_at: MAILBOX_DATA,
-            up: Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64)),
-            down: down.clone(),
-            layer: 5,
-            n: 1,
-            n_embd,
-            k,
-            missed: (0..n_expert).map(|e| e % 3 != 0 || e == 12 || e == 6 || e == 9).collect(),
-            share_q: 171,
-            adapt: false,
-            store: store.clone(),
-            biases: Arc::new(HostBiases { gate: None, up: None, down: None }),
-            spec: MoeSpec { n_expert, n_ff: 4, glu: crate::spec::Glu::Plain(crate::spec::Act::Silu) },
-            mode: crate::quant::MatmulMode::Exact,
-            shared: shared.clone(),
-            failed: Arc::default(),
-            prefetch: None,
-            guessed: false,
-            gpu_guess: false,
-        };
+        let h = read_ahead_handoff(5, &down, &store, &shared);
         // Call 6 (slot 0) guessed layer 5's misses 14, 10, 13, 2 (as the kernel writes them:
         // the ids and count, then the number); an id past the layer's experts is dropped.
         let at = DOWN_GUESS;
