@@ -305,7 +305,6 @@ mod int8 {
         // graph records six (quantize, gate, up, glu, quantize, down).
         let glu = Glu::Plain(Act::Silu);
         let h_ref = glu_ref(c, &xr, &cw[3], &cw[4], glu);
-        let down_ref = c.matmul(&q8_rounded(&h_ref), &cw[5]).expect("cpu");
         let h_exact = glu_ref(c, &x, &cw[3], &cw[4], glu);
         let down_exact = c.matmul(&h_exact, &cw[5]).expect("cpu");
         let (out, n_cmds) = commands(g, || {
@@ -317,16 +316,7 @@ mod int8 {
         match out {
             Ok((h, y)) => {
                 let h_got = g.to_host(&h);
-                // The down product reads the int8 blocks of the h the GLU kernel computed, so its
-                // reference rounds that h: rounding the CPU's h instead flips a value that sits on a
-                // rounding boundary whenever the adapter's f32 sums differ in the last bit (CI's
-                // lavapipe did, nmse 5.7e-6); the GLU's own tolerance is the next check.
-                let down_ref = match &h_got {
-                    Ok(h) => c
-                        .matmul(&q8_rounded(&CpuTensor { shape: h_ref.shape.clone(), data: h.clone() }), &cw[5])
-                        .expect("cpu"),
-                    Err(_) => down_ref,
-                };
+                let down_ref = down_of_rounded(c, &h_got, &h_ref, &cw[5]);
                 r.check(&format!("matmul_glu({tn})"), h_got, &h_ref.data, ROUNDED_MAX_NMSE);
                 let got = g.to_host(&y);
                 if let Ok(v) = &got {
@@ -341,6 +331,24 @@ mod int8 {
             }
             Err(e) => r.check(&format!("matmul_glu + down({tn})"), Err(e), &[], 0.0),
         }
+    }
+
+    /// The down product's reference, `q8(h) · Dᵀ`, for the `h` the GPU's GLU kernel computed
+    /// (`h_ref`'s where it failed). The down kernel reads the int8 blocks of that h, so its
+    /// reference rounds it: rounding the CPU's h instead flips a value that sits on a rounding
+    /// boundary whenever the adapter's f32 sums differ in the last bit (CI's lavapipe did, nmse
+    /// 5.7e-6 against 1e-6); the GLU's own tolerance is checked apart.
+    fn down_of_rounded(
+        c: &CpuBackend,
+        h_got: &Result<Vec<f32>, compute::OpError>,
+        h_ref: &CpuTensor,
+        down: &HostWeight,
+    ) -> CpuTensor {
+        let h = match h_got {
+            Ok(v) => CpuTensor { shape: h_ref.shape.clone(), data: v.clone() },
+            Err(_) => h_ref.clone(),
+        };
+        c.matmul(&q8_rounded(&h), down).expect("cpu")
     }
 
     /// glu(x · Gᵀ, x · Uᵀ) on the CPU.
@@ -437,13 +445,7 @@ mod int8 {
         // GLU whose input blocks are h's pair's neighbour; its down projection.
         let x2 = tensor(rng, &[1, k], 1.0);
         let x4 = tensor(rng, &[1, k], 1.0);
-        let h_ref = glu_ref(c, &q8_rounded(&x2), &cg64, &cu64, glu);
-        let h2_ref = glu_ref(c, &q8_rounded(&x4), &cg64, &cu64, glu);
-        let wants = [
-            c.matmul(&q8_rounded(&x4), &cq).expect("cpu"),
-            c.matmul(&q8_rounded(&h_ref), &cd).expect("cpu"),
-            c.matmul(&q8_rounded(&h2_ref), &cd).expect("cpu"),
-        ];
+        let h_refs = [&x2, &x4].map(|x| glu_ref(c, &q8_rounded(x), &cg64, &cu64, glu));
         let recorded = (|| {
             let (gx2, gx4) = (up(g, &x2), up(g, &x4));
             let h = g.matmul_glu(&gx2, &gg64, &gu64, glu)?;
@@ -451,12 +453,21 @@ mod int8 {
             let down_h = g.matmul(&h, &gd)?;
             let h2 = g.matmul_glu(&gx4, &gg64, &gu64, glu)?;
             let down_h2 = g.matmul(&h2, &gd)?;
-            Ok::<_, compute::OpError>([other, down_h, down_h2])
+            Ok::<_, compute::OpError>([other, down_h, down_h2, h, h2])
         })();
         match recorded {
-            Ok(ys) => {
-                for ((y, want), name) in ys.iter().zip(&wants).zip(["other activations", "down(h)", "down(h2)"]) {
-                    r.check(&format!("cached GLU blocks, {name}"), g.to_host(y), &want.data, ROUNDED_MAX_NMSE);
+            Ok([other, down_h, down_h2, h, h2]) => {
+                let want = c.matmul(&q8_rounded(&x4), &cq).expect("cpu");
+                r.check("cached GLU blocks, other activations", g.to_host(&other), &want.data, ROUNDED_MAX_NMSE);
+                // Each down product against the rounding of the h its GLU kernel computed
+                // (`down_of_rounded`).
+                for ((y, h, h_ref), name) in
+                    [(down_h, h, &h_refs[0]), (down_h2, h2, &h_refs[1])].into_iter().zip(["h", "h2"])
+                {
+                    let h_got = g.to_host(&h);
+                    let want = down_of_rounded(c, &h_got, h_ref, &cd);
+                    r.check(&format!("cached GLU blocks, {name}"), h_got, &h_ref.data, ROUNDED_MAX_NMSE);
+                    r.check(&format!("cached GLU blocks, down({name})"), g.to_host(&y), &want.data, ROUNDED_MAX_NMSE);
                 }
             }
             Err(e) => r.check("cached GLU blocks", Err(e), &[], 0.0),
