@@ -508,9 +508,7 @@ impl Dispatcher {
         }
         cpu
     }
-}
 
-impl Dispatcher {
     /// Layer `h`'s guessed misses as the previous call's routing kernel ranked them (its guess
     /// variant, [`WgpuBackend::guess_next_on_gpu`]), or `None` where that call made no guess for
     /// this layer or its guess is not in the mailbox (then the read-ahead guesses on the CPU).
