@@ -400,9 +400,9 @@ mod tests {
         }
     }
 
-    /// Once a poller has given up (the step idle past `MAX_IDLE`), regions fall back to spawned
-    /// tasks, which wake the sleeping worker, and their work is still all done; a step after it
-    /// broadcasts again.
+    /// Once half the pollers or more have given up (the step idle past `MAX_IDLE`: here both of
+    /// a 3-thread pool's), regions fall back to spawned tasks, which wake the sleeping workers,
+    /// and their work is still all done; the next step broadcasts again.
     #[test]
     fn regions_fall_back_once_a_poller_gave_up() {
         let p = pool(3);
