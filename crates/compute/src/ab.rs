@@ -32,7 +32,8 @@
 //! pollers spawned into rayon's deque), `cpuguess` (the read-ahead guesses the next layer's
 //! experts on the CPU instead of taking the routing kernel's guess), `prodspawn` (the CPU's
 //! one-token products spawn their region's tasks instead of broadcasting it to the step's
-//! pollers).
+//! pollers), `contig` (the CPU experts' threads own one contiguous range of all the experts'
+//! rows, read ahead and computed, instead of a stripe of each expert).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

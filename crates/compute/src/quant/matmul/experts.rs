@@ -8,7 +8,7 @@
 //! also left the threads idle at the first region's end and ran the gating and the
 //! quantization of its results on one thread between the two. Here the threads claim the
 //! gate/up rows of every expert first and then the down rows, in one region (each thread its
-//! own contiguous range of each phase first, [`OwnedClaims`], then what others left): the
+//! own stripe of each expert's rows first, [`OwnedClaims`], then what others left): the
 //! thread that finishes an expert's last gate/up rows quantizes its gated row, and a thread
 //! that claims down rows of an expert whose row is not ready yet spins until it is.
 //!
@@ -100,8 +100,8 @@ pub fn set_owned_claims(on: bool) {
 /// Owned rows unless `DISKFORMER_EXPERTS_CLAIMS=shared` (or [`set_owned_claims`]) says
 /// otherwise, or the A/B `shared` switches them off on this step.
 ///
-/// Why owned by default: each thread then streams one contiguous range of every matrix, and
-/// the same thread takes the same rows call after call. On the H200's 16-core host a call of
+/// Why owned by default: each thread then streams a contiguous range of each matrix, and the
+/// same thread takes the same rows call after call. On the H200's 16-core host a call of
 /// three Qwen3-30B-A3B experts from RAM took 82.7 us against 87.4 with shares taken in turn
 /// (four experts 107.2 against 110.6), and the split's uniform decode ran 2.3% faster in one
 /// process's A/B (thirty-fourth session, docs/NOTES.md). Rows the thread read just before
@@ -114,40 +114,103 @@ fn owned_claims() -> bool {
     switch_on(&OWNED_CLAIMS, || std::env::var("DISKFORMER_EXPERTS_CLAIMS").map_or(true, |v| v.trim() != "shared"))
 }
 
-/// Rows `0..n_rows` cut into one contiguous range per thread (multiples of eight), each taken
-/// in a few chunks: a thread takes its own range's chunks first, then any other range's left.
+/// Whether a thread's own rows are its stripe of every expert (the default) rather than one
+/// contiguous range of the phase's rows of all experts together (`DISKFORMER_EXPERTS_ROWS=contiguous`,
+/// or the A/B name `contig` on B steps).
+///
+/// Why stripes: the split's read-ahead reads each thread's own rows of the experts it guessed
+/// ([`owned_bytes`]), and the job then computes its own rows of the experts it was given. With
+/// one contiguous range over all experts, a thread's rows depend on every expert before them
+/// and on their count: one guessed expert that the job does not have, or a share that moved by
+/// one expert between the guess and the job (the share moves at every join), shifts every
+/// thread's range after it, so most of the lines read ahead sit in another core's L2, which
+/// serves them slower than RAM (seventeenth session). With stripes a thread's rows of an
+/// expert are the same whichever experts come with it: only the wrong guesses are wasted.
+fn striped_rows() -> bool {
+    static STRIPED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !crate::ab::is_b("contig")
+        && *STRIPED.get_or_init(|| std::env::var("DISKFORMER_EXPERTS_ROWS").map_or(true, |v| v.trim() != "contiguous"))
+}
+
+/// An atomic on a cache line of its own: each thread's claim counter is written by that thread
+/// mostly, and sixteen of them in one or two lines made every claim move a line between cores.
+#[repr(align(128))]
+struct PaddedCounter(AtomicUsize);
+
+/// One phase's rows of `n_experts` experts (`span` rows each, multiples of eight, one expert
+/// after the other) given out to the threads: each thread has its own rows, which it takes
+/// first, in chunks; then it takes what other threads left.
+///
+/// A thread's own rows are `n_pieces` pieces, piece `i` being rows `i * piece_span + lo ..
+/// i * piece_span + hi` of its `(lo, hi)`: striped ([`striped_rows`]), a piece per expert and
+/// `(lo, hi)` the thread's stripe of an expert's rows; contiguous, one piece over the whole
+/// phase. Either way a chunk never crosses a piece's end.
+///
+/// Thieves take from the front of another thread's rows, as the owner does. Taking from the
+/// back instead (the rows the split's read-ahead, stopped by the hand-over, most likely left in
+/// RAM rather than in the owner's L2) measured no different on the H200 (thirty-seventh
+/// session: B/A 1.0132 against the control's 1.0060-1.0103 uniform, 1.0043 against 1.0040
+/// skewed), and the job test's rows read just before by their owners stayed slower than from
+/// RAM either way: stealing is not why.
 struct OwnedClaims {
     ranges: Vec<(usize, usize)>,
-    next: Vec<AtomicUsize>,
+    n_pieces: usize,
+    piece_span: usize,
+    /// Per thread, how many of its rows (counted over its pieces in order) are taken.
+    next: Vec<PaddedCounter>,
+    /// Rows a claim takes in the contiguous layout (a quarter of a range); striped, a claim
+    /// takes a whole piece.
     chunk: usize,
 }
 
 impl OwnedClaims {
-    fn new(n_rows: usize, n_threads: usize) -> OwnedClaims {
-        let ranges = owned_ranges(n_rows, n_threads);
+    fn new(n_experts: usize, span: usize, n_threads: usize) -> OwnedClaims {
+        OwnedClaims::laid_out(n_experts, span, n_threads, striped_rows())
+    }
+
+    fn laid_out(n_experts: usize, span: usize, n_threads: usize, striped: bool) -> OwnedClaims {
+        let (n_pieces, piece_span, ranges) = owned_pieces(n_experts, span, n_threads, striped);
         let per = ranges.first().map_or(8, |r| r.1 - r.0);
         OwnedClaims {
-            next: ranges.iter().map(|r| AtomicUsize::new(r.0)).collect(),
+            next: ranges.iter().map(|_| PaddedCounter(AtomicUsize::new(0))).collect(),
             ranges,
+            n_pieces,
+            piece_span,
             chunk: (per / 4).next_multiple_of(8).max(8),
         }
     }
 
-    /// The next share for thread `me` (its own range first).
+    /// The next share for thread `me` (its own rows first).
     fn claim(&self, me: usize) -> Option<(usize, usize)> {
         let n = self.ranges.len();
         for r in (0..n).map(|i| (me + i) % n) {
-            let end = self.ranges[r].1;
+            let (lo, hi) = self.ranges[r];
+            let len = hi - lo;
+            let total = len * self.n_pieces;
             // A range already taken costs a load, not a contended add.
-            if self.next[r].load(Ordering::Relaxed) >= end {
+            if len == 0 || self.next[r].0.load(Ordering::Relaxed) >= total {
                 continue;
             }
-            let start = self.next[r].fetch_add(self.chunk, Ordering::Relaxed);
-            if start < end {
-                return Some((start, (start + self.chunk).min(end)));
+            // Striped, a claim is one whole piece of this thread's: none crosses a piece's end.
+            let chunk = if self.n_pieces == 1 { self.chunk } else { len };
+            let taken = self.next[r].0.fetch_add(chunk, Ordering::Relaxed);
+            if taken < total {
+                let (piece, at) = (taken / len, taken % len);
+                let base = piece * self.piece_span + lo;
+                return Some((base + at, base + (at + chunk).min(len)));
             }
         }
         None
+    }
+}
+
+/// The rows each of `n_threads` threads owns in a phase of `n_experts` experts of `span` rows
+/// (a multiple of eight): `(n_pieces, piece_span, ranges)` as [`OwnedClaims`] keeps them.
+fn owned_pieces(n_experts: usize, span: usize, n_threads: usize, striped: bool) -> (usize, usize, Vec<(usize, usize)>) {
+    if striped {
+        (n_experts, span, owned_ranges(span, n_threads))
+    } else {
+        (1, n_experts * span, owned_ranges(n_experts * span, n_threads))
     }
 }
 
@@ -161,11 +224,21 @@ fn owned_ranges(n_rows: usize, n_threads: usize) -> Vec<(usize, usize)> {
 
 /// The weight bytes thread `thread` of `n_threads` computes first in [`experts_one_token`] with
 /// owned claims, for `experts` of `n_ff` hidden rows: what that thread would read ahead (the
-/// perf test `cpu_experts_cache` reads them so; measured, it saves ~2% of a call).
+/// perf test `cpu_experts_cache` reads them so; measured, it saves ~2% of a call). In the order
+/// the thread computes them: its gate and up rows of each expert, then its down rows.
 pub fn owned_bytes<'a>(experts: &[ExpertRows<'a>], n_ff: usize, thread: usize, n_threads: usize) -> Vec<&'a [u8]> {
+    owned_bytes_laid_out(experts, n_ff, thread, n_threads, striped_rows())
+}
+
+fn owned_bytes_laid_out<'a>(
+    experts: &[ExpertRows<'a>],
+    n_ff: usize,
+    thread: usize,
+    n_threads: usize,
+    striped: bool,
+) -> Vec<&'a [u8]> {
     let mut out = Vec::new();
     let Some(k) = experts.first().map(|e| e.down.n_out) else { return out };
-    let (span_in, span_down) = (n_ff.next_multiple_of(8), k.next_multiple_of(8));
     let rows_of = |w: &WeightRows<'a>, lo: usize, hi: usize, out: &mut Vec<&'a [u8]>| {
         let row_bytes = w.bytes.len() / w.n_out.max(1);
         let (lo, hi) = (lo.min(w.n_out), hi.min(w.n_out));
@@ -173,21 +246,28 @@ pub fn owned_bytes<'a>(experts: &[ExpertRows<'a>], n_ff: usize, thread: usize, n
             out.push(&w.bytes[lo * row_bytes..hi * row_bytes]);
         }
     };
-    let (a, b) = owned_ranges(experts.len() * span_in, n_threads)[thread.min(n_threads.max(1) - 1)];
-    for (i, e) in experts.iter().enumerate() {
-        let (lo, hi) = (a.max(i * span_in), b.min((i + 1) * span_in));
-        if lo < hi {
-            if let Some(g) = &e.gate {
-                rows_of(g, lo - i * span_in, hi - i * span_in, &mut out);
+    let thread = thread.min(n_threads.max(1) - 1);
+    for phase_in in [true, false] {
+        let span = if phase_in { n_ff } else { k }.next_multiple_of(8);
+        let (n_pieces, piece_span, ranges) = owned_pieces(experts.len(), span, n_threads, striped);
+        let (a, b) = ranges[thread];
+        for piece in 0..n_pieces {
+            let (a, b) = (piece * piece_span + a, piece * piece_span + b);
+            for (i, e) in experts.iter().enumerate() {
+                let (lo, hi) = (a.max(i * span), b.min((i + 1) * span));
+                if lo >= hi {
+                    continue;
+                }
+                let (lo, hi) = (lo - i * span, hi - i * span);
+                if phase_in {
+                    if let Some(g) = &e.gate {
+                        rows_of(g, lo, hi, &mut out);
+                    }
+                    rows_of(&e.up, lo, hi, &mut out);
+                } else {
+                    rows_of(&e.down, lo, hi, &mut out);
+                }
             }
-            rows_of(&e.up, lo - i * span_in, hi - i * span_in, &mut out);
-        }
-    }
-    let (a, b) = owned_ranges(experts.len() * span_down, n_threads)[thread.min(n_threads.max(1) - 1)];
-    for (i, e) in experts.iter().enumerate() {
-        let (lo, hi) = (a.max(i * span_down), b.min((i + 1) * span_down));
-        if lo < hi {
-            rows_of(&e.down, lo - i * span_down, hi - i * span_down, &mut out);
         }
     }
     out
@@ -416,7 +496,7 @@ pub fn experts_one_token(
     let claims_down = Claims::with_min_bytes(n * span_down, row_bytes_down, n_threads, min_claim);
     let owned = owned_claims() && !old_region;
     let (owned_in, owned_down) = if owned {
-        (Some(OwnedClaims::new(n * span_in, n_threads)), Some(OwnedClaims::new(n * span_down, n_threads)))
+        (Some(OwnedClaims::new(n, span_in, n_threads)), Some(OwnedClaims::new(n, span_down, n_threads)))
     } else {
         (None, None)
     };
@@ -869,35 +949,46 @@ mod tests {
     }
 
     /// Owned claims hand out every row exactly once in whole groups of eight, a thread's own
-    /// range before any other, whichever threads ask and in whatever order; `owned_bytes`
-    /// names the bytes of exactly a thread's own rows.
+    /// rows before any other, whichever threads ask and in whatever order, in either layout;
+    /// `owned_bytes` names the bytes of exactly a thread's own rows.
     #[test]
-    fn owned_claims_hand_out_every_row_once_own_range_first() {
-        for (n_rows, n_threads) in [(2304, 16), (6144, 16), (96, 3), (8, 4), (0, 2), (1000, 7)] {
-            let claims = OwnedClaims::new(n_rows, n_threads);
-            let ranges = owned_ranges(n_rows, n_threads);
+    fn owned_claims_hand_out_every_row_once_own_rows_first() {
+        let cases = [(3, 768, 16), (3, 2048, 16), (5, 768, 16), (4, 96, 3), (1, 8, 4), (0, 768, 2), (7, 1000, 7)];
+        for ((n_experts, span, n_threads), striped) in cases.into_iter().flat_map(|c| [(c, true), (c, false)]) {
+            let n_rows = n_experts * span;
+            let what = format!("{n_experts} experts of {span} rows, {n_threads} threads, striped {striped}");
+            let claims = OwnedClaims::laid_out(n_experts, span, n_threads, striped);
             let mut seen = vec![0u8; n_rows];
             let mut order = 0..;
-            // Threads ask in a scrambled order; each one's first claims come from its own range.
+            // Threads ask in a scrambled order; each one's first claims come from its own rows.
             let mut firsts = vec![None; n_threads];
             loop {
                 let me = (order.next().unwrap() * 5 + 3) % n_threads;
                 // None only once every range is taken (a claim scans them all).
                 let Some((start, end)) = claims.claim(me) else { break };
-                assert!(start % 8 == 0 && start < end && end <= n_rows, "{n_rows}/{n_threads}: {start}..{end}");
+                assert!(start % 8 == 0 && start < end && end <= n_rows, "{what}: {start}..{end}");
+                if striped {
+                    assert_eq!(start / span, (end - 1) / span, "{what}: {start}..{end} crosses an expert");
+                }
                 firsts[me].get_or_insert((start, end));
                 seen[start..end].iter_mut().for_each(|s| *s += 1);
             }
-            assert!(seen.iter().all(|&s| s == 1), "{n_rows} rows, {n_threads} threads: a row given twice or never");
+            assert!(seen.iter().all(|&s| s == 1), "{what}: a row given twice or never");
+            let (_, _, ranges) = owned_pieces(n_experts, span, n_threads, striped);
             for (t, first) in firsts.iter().enumerate() {
                 let (lo, hi) = ranges[t];
-                if let Some((start, _)) = *first {
-                    if lo < hi {
-                        assert_eq!(start, lo, "{n_rows} rows: thread {t} did not start on its own range");
-                    }
+                if let (Some((start, _)), true) = (*first, lo < hi) {
+                    assert_eq!(start, lo, "{what}: thread {t} did not start on its own rows");
                 }
             }
         }
+        // Striped, a thread takes its own stripe of each expert in turn, then another's: two
+        // threads, three experts of 16 rows, thread 0 owning rows 0..8 of each.
+        let claims = OwnedClaims::laid_out(3, 16, 2, true);
+        let own: Vec<_> = (0..3).map(|_| claims.claim(0)).collect();
+        assert_eq!(own, [Some((0, 8)), Some((16, 24)), Some((32, 40))], "thread 0's own stripes, in order");
+        assert_eq!(claims.claim(1), Some((8, 16)), "thread 1 starts at its own stripe");
+        assert_eq!(claims.claim(0), Some((24, 32)), "then a thief takes the next stripe left");
         // Q4_K rows of 256 values are 144 bytes: gate and up 256 rows each, down 512 rows.
         let (k, n_ff) = (512, 256);
         let (gate, up, down) = (vec![1u8; n_ff * 288], vec![2u8; n_ff * 288], vec![3u8; k * 144]);
@@ -905,11 +996,58 @@ mod tests {
             WeightRows { dtype: GgmlType::Q4_K, bytes, n_out }
         }
         let experts = [ExpertRows { gate: Some(w(&gate, n_ff)), up: w(&up, n_ff), down: w(&down, k) }; 3];
-        for n_threads in [1, 4, 5, 16] {
-            let total: usize =
-                (0..n_threads).flat_map(|t| owned_bytes(&experts, n_ff, t, n_threads)).map(<[u8]>::len).sum();
+        for (n_threads, striped) in [1, 4, 5, 16].into_iter().flat_map(|n| [(n, true), (n, false)]) {
+            let total: usize = (0..n_threads)
+                .flat_map(|t| owned_bytes_laid_out(&experts, n_ff, t, n_threads, striped))
+                .map(<[u8]>::len)
+                .sum();
             assert_eq!(total, 3 * (gate.len() + up.len() + down.len()), "{n_threads} threads: each byte once");
         }
+    }
+
+    /// Striped, the rows a thread owns of an expert do not depend on the experts beside it, so
+    /// a read-ahead of a guess that differs from the job's experts by one still lands every
+    /// other expert's rows in the caches of the threads that compute them; contiguous, one
+    /// expert fewer before them moves them.
+    #[test]
+    fn striped_rows_of_an_expert_do_not_depend_on_the_others() {
+        let (k, n_ff, n_threads) = (512, 256, 16);
+        let mats: Vec<[Vec<u8>; 3]> =
+            (0..4u8).map(|e| [vec![e; n_ff * 144], vec![e + 10; n_ff * 144], vec![e + 20; k * 144]]).collect();
+        fn w(bytes: &[u8], n_out: usize) -> WeightRows<'_> {
+            WeightRows { dtype: GgmlType::Q4_K, bytes, n_out }
+        }
+        let rows = |ids: &[usize]| -> Vec<ExpertRows<'_>> {
+            ids.iter()
+                .map(|&e| ExpertRows {
+                    gate: Some(w(&mats[e][0], n_ff)),
+                    up: w(&mats[e][1], n_ff),
+                    down: w(&mats[e][2], k),
+                })
+                .collect()
+        };
+        // The bytes a thread owns of expert 3, as (start address, length) within expert 3's matrices.
+        let of_expert_3 = |ids: &[usize], thread: usize, striped: bool| -> Vec<(usize, usize)> {
+            let experts = rows(ids);
+            let bounds: Vec<(usize, usize)> =
+                mats[3].iter().map(|m| (m.as_ptr() as usize, m.as_ptr() as usize + m.len())).collect();
+            owned_bytes_laid_out(&experts, n_ff, thread, n_threads, striped)
+                .into_iter()
+                .map(|b| (b.as_ptr() as usize, b.len()))
+                .filter(|&(at, _)| bounds.iter().any(|&(lo, hi)| (lo..hi).contains(&at)))
+                .collect()
+        };
+        for thread in [0, 5, 15] {
+            assert_eq!(
+                of_expert_3(&[0, 1, 3], thread, true),
+                of_expert_3(&[0, 3], thread, true),
+                "striped: thread {thread}'s rows of expert 3 moved with the experts before it"
+            );
+        }
+        assert!(
+            (0..n_threads).any(|t| of_expert_3(&[0, 1, 3], t, false) != of_expert_3(&[0, 3], t, false)),
+            "contiguous ranges were expected to move (the case stripes are for)"
+        );
     }
 
     /// A down matrix of the wrong shape and an output of the wrong length are errors naming
