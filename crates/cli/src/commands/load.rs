@@ -186,6 +186,14 @@ pub fn report_stats(args: &ModelArgs, m: &Loaded) {
     if m.pager.is_none() && m.gpu_tier_stats.is_none() {
         eprintln!("expert cache: none (experts used in place from the memory map; --ram-budget pages them)");
     }
+    // A poller that gives up sleeps for the rest of its step, out of the step's broadcast
+    // regions (the CPU experts' jobs, the read-ahead): fewer threads on each, and spawned tasks
+    // once half of them are gone.
+    eprintln!(
+        "CPU pool: {} step pollers gave up over the run (nothing to run for {} ms)",
+        compute::cpu::warm::pollers_gave_up(),
+        compute::cpu::warm::MAX_IDLE.as_millis()
+    );
 }
 
 /// The CPU back end for `matmul` with the KV cache type of `--kv-type`.

@@ -35,11 +35,37 @@ use std::time::{Duration, Instant};
 /// How long a poller waits without finding work before it gives up. Decode's serial stretches
 /// last microseconds to tens of microseconds; this only bounds the rare case of a poller
 /// picked up by a thread that is waiting inside a job.
-const MAX_IDLE: Duration = Duration::from_millis(2);
+pub const MAX_IDLE: Duration = Duration::from_millis(2);
 
 /// Empty polls between clock reads and `sched_yield`s: the yield lets another process have the
 /// core on a busy machine without parking the thread.
 const POLLS_PER_CHECK: u32 = 256;
+
+/// A gap between two of a poller's clock reads longer than this is time off its core, not
+/// idleness it saw ([`poll_until`]). The reads come every [`POLLS_PER_CHECK`] polls, tens to a
+/// few hundred microseconds apart; the OS's time slices are milliseconds.
+///
+/// Why: a poller that the OS preempts for longer than [`MAX_IDLE`] (17 busy threads on 16 cores
+/// in the split's decode: the host thread records while every pool worker polls) would give up
+/// at its next read as if nothing had come for that long, and its worker would sleep for the
+/// rest of the step, out of every region broadcast after. Whether that happens there is not
+/// measured yet (`--stats` now counts the pollers that gave up). The give-ups seen so far were
+/// not this kind: in the job test on the 2-vCPU dev box the one poller gave up after 26-36
+/// thousand empty polls in 2 ms, on its core while no region came (the driver off its core?),
+/// and the step's later broadcasts all fell back (thirty-seventh session). A poller whose
+/// `sched_yield` gave its core to another process for that long restarts its count too: on a
+/// machine busy with other work it gives up only after [`MAX_IDLE`] of its own polling (or
+/// when the step ends).
+const OFF_CORE_GAP: Duration = Duration::from_micros(1000);
+
+/// Pollers that gave up, over the process (for `--stats`: [`pollers_gave_up`]).
+static GAVE_UP: AtomicU64 = AtomicU64::new(0);
+
+/// How many step pollers gave up after [`MAX_IDLE`] without work since the process started:
+/// each one's worker slept for the rest of its step, out of the step's broadcast regions.
+pub fn pollers_gave_up() -> u64 {
+    GAVE_UP.load(Ordering::Relaxed)
+}
 
 thread_local! {
     /// True while this thread runs a poller (a nested one returns at once).
@@ -244,6 +270,28 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
     out
 }
 
+/// How long a poller has polled without finding work, from its clock reads since the last
+/// work: time between two reads further apart than [`OFF_CORE_GAP`] does not count (the thread
+/// was off its core then).
+#[derive(Default)]
+struct IdleClock {
+    idle_since: Option<Instant>,
+    last_read: Option<Instant>,
+}
+
+impl IdleClock {
+    /// Records a clock read at `now`; whether the poller has now been idle on its core for more
+    /// than [`MAX_IDLE`].
+    fn idle_too_long(&mut self, now: Instant) -> bool {
+        if self.last_read.is_some_and(|at| now.saturating_duration_since(at) > OFF_CORE_GAP) {
+            // Off its core since the last read: regions published meanwhile went to the others.
+            self.idle_since = Some(now);
+        }
+        self.last_read = Some(now);
+        now.saturating_duration_since(*self.idle_since.get_or_insert(now)) > MAX_IDLE
+    }
+}
+
 /// Takes pool jobs and `slot`'s regions until `done` is set or nothing came for [`MAX_IDLE`].
 fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
     if rayon::current_thread_index() == driver || POLLING.with(Cell::get) {
@@ -251,20 +299,20 @@ fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
     }
     POLLING.with(|p| p.set(true));
     let _slot = SlotScope::enter(slot);
-    let mut idle_since: Option<Instant> = None;
+    let mut idle = IdleClock::default();
     let mut empty_polls = 0u32;
     let mut last_region = 0u64;
     while !done.load(Ordering::Acquire) {
         if slot.join(&mut last_region) || matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
-            idle_since = None;
+            idle = IdleClock::default();
             empty_polls = 0;
             continue;
         }
         empty_polls += 1;
         if empty_polls.is_multiple_of(POLLS_PER_CHECK) {
-            let now = Instant::now();
-            if now.duration_since(*idle_since.get_or_insert(now)) > MAX_IDLE {
+            if idle.idle_too_long(Instant::now()) {
                 slot.gave_up.fetch_add(1, Ordering::Relaxed);
+                GAVE_UP.fetch_add(1, Ordering::Relaxed);
                 break;
             }
             std::thread::yield_now();
@@ -424,6 +472,30 @@ mod tests {
             })
         });
         assert!(p.install(|| run_step(|| broadcast(&|| ()))), "the next step's pollers");
+    }
+
+    /// A poller's idle time counts only while it polls: reads every 100 us give up just past
+    /// MAX_IDLE, a gap of several milliseconds between two reads (the thread off its core)
+    /// starts the count again, and a fresh clock (after work) starts from nothing.
+    #[test]
+    fn idle_time_off_the_core_does_not_count() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let reads_until_give_up = |clock: &mut IdleClock, from_us: u64| {
+            (0..1000u64).map(|i| from_us + 100 * i).find(|&us| clock.idle_too_long(at(us)))
+        };
+        let mut polling = IdleClock::default();
+        let gave_up_at = reads_until_give_up(&mut polling, 0).expect("gives up");
+        assert!(gave_up_at > MAX_IDLE.as_micros() as u64, "gave up at {gave_up_at} us");
+        assert!(gave_up_at <= MAX_IDLE.as_micros() as u64 + 100, "gave up late, at {gave_up_at} us");
+
+        let mut preempted = IdleClock::default();
+        assert!(!preempted.idle_too_long(at(0)));
+        assert!(!preempted.idle_too_long(at(100)));
+        // Five milliseconds off the core: not idleness the poller saw.
+        assert!(!preempted.idle_too_long(at(5100)), "gave up on time spent off the core");
+        let gave_up_at = reads_until_give_up(&mut preempted, 5200).expect("gives up");
+        assert!(gave_up_at > 5100 + MAX_IDLE.as_micros() as u64, "gave up at {gave_up_at} us");
     }
 
     /// A body that panics on a poller still lets the region close, and the panic reaches the
