@@ -113,6 +113,11 @@ impl Slot {
         }
     }
 
+    /// Whether a region is published and not yet closed.
+    fn is_open(&self) -> bool {
+        !self.epoch.load(Ordering::Relaxed).is_multiple_of(2)
+    }
+
     /// Runs the open region's body if there is one this poller has not run (`last_seen`).
     /// Returns whether it ran one.
     fn join(&self, last_seen: &mut u64) -> bool {
@@ -310,6 +315,13 @@ fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
         }
         empty_polls += 1;
         if empty_polls.is_multiple_of(POLLS_PER_CHECK) {
+            // A region still open (this poller ran its share) will close when its publisher's
+            // own share ends, and more work follows it: not idle. Without this, a publisher
+            // held up for MAX_IDLE inside its share (off its core) cost the step every poller
+            // that had finished theirs (the job test on the dev box, thirty-seventh session).
+            if slot.is_open() {
+                idle = IdleClock::default();
+            }
             if idle.idle_too_long(Instant::now()) {
                 slot.gave_up.fetch_add(1, Ordering::Relaxed);
                 GAVE_UP.fetch_add(1, Ordering::Relaxed);
@@ -472,6 +484,31 @@ mod tests {
             })
         });
         assert!(p.install(|| run_step(|| broadcast(&|| ()))), "the next step's pollers");
+    }
+
+    /// Pollers that ran their share of a region do not give up while its publisher is still in
+    /// its own (here for three times MAX_IDLE), and take the next region.
+    #[test]
+    fn pollers_wait_out_a_long_region() {
+        let p = pool(3);
+        p.install(|| {
+            run_step(|| {
+                let publisher = std::thread::current().id();
+                let ran = AtomicUsize::new(0);
+                assert!(broadcast(&|| {
+                    ran.fetch_add(1, Ordering::AcqRel);
+                    if std::thread::current().id() == publisher {
+                        std::thread::sleep(3 * MAX_IDLE);
+                    }
+                }));
+                assert_eq!(gave_up(), 0, "a poller gave up while the region was open");
+                assert!(ran.load(Ordering::Acquire) >= 1);
+                let after = AtomicUsize::new(0);
+                assert!(broadcast(&|| {
+                    after.fetch_add(1, Ordering::AcqRel);
+                }));
+            })
+        });
     }
 
     /// A poller's idle time counts only while it polls: reads every 100 us give up just past
