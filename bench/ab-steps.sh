@@ -9,6 +9,7 @@
 # Usage: bench/ab-steps.sh MODEL.gguf NAME...
 #   names in use: park, map (with DISKFORMER_MAPPED_EXPERTS=huge), alloc, signal, qknorm, qkfuse, router, submit, attnsplit, addnorm, gpufirst, touch, ffnnorm, ahead, pace, prefetch (with DISKFORMER_SPLIT_PREFETCH=1), copyq (with DISKFORMER_SPLIT_COPY_REFILLS=1), shared, spawned, pollspawn, cpuguess, prodspawn, contig (compute::ab)
 # Environment (defaults in brackets): ROUNDS [2]   N [64]   REPS [3]   THREADS [0: every core]
+#   WARMUP [1: one untimed run first; 0: none]
 #   FLAGS [--gpu-budget 4G]   DF [target/release/diskformer, else BIN/diskformer]
 #
 # Example on lavapipe with a ../shared fixture:
@@ -23,6 +24,7 @@ ROUNDS=${ROUNDS:-2}
 N=${N:-64}
 REPS=${REPS:-3}
 THREADS=${THREADS:-0}
+WARMUP=${WARMUP:-1}
 FLAGS=${FLAGS:---gpu-budget 4G}
 DF=${DF:-$repo/target/release/diskformer}
 [ -x "$DF" ] || DF=${BIN:-$repo/.gpubin}/diskformer
@@ -32,6 +34,13 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
 fi
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
+if [ "$WARMUP" != 0 ]; then
+  # The first run after a model is written (or copied) read 1.24-1.27 for the control on the
+  # H200 where later ones read ~1.01 (thirty-seventh session): one untimed run first.
+  # shellcheck disable=SC2086 # FLAGS is a list of flags
+  "$DF" bench -m "$model" -p 0 -n "$N" -r 1 -t "$THREADS" $FLAGS --json >/dev/null 2>&1 \
+    || echo "warm-up run failed (going on)" >&2
+fi
 for ((round = 1; round <= ROUNDS; round++)); do
   for name in none "$@"; do
     extra=()
