@@ -150,8 +150,9 @@ struct PaddedCounter(AtomicUsize);
 /// back instead (the rows the split's read-ahead, stopped by the hand-over, most likely left in
 /// RAM rather than in the owner's L2) measured no different on the H200 (thirty-seventh
 /// session: B/A 1.0132 against the control's 1.0060-1.0103 uniform, 1.0043 against 1.0040
-/// skewed), and the job test's rows read just before by their owners stayed slower than from
-/// RAM either way: stealing is not why.
+/// skewed). (The job test's calls on rows their owners had just read ran slower than from RAM
+/// with either; that was the test's pollers giving up, not stealing: NOTES, thirty-seventh
+/// session.)
 struct OwnedClaims {
     ranges: Vec<(usize, usize)>,
     n_pieces: usize,
@@ -224,8 +225,9 @@ fn owned_ranges(n_rows: usize, n_threads: usize) -> Vec<(usize, usize)> {
 
 /// The weight bytes thread `thread` of `n_threads` computes first in [`experts_one_token`] with
 /// owned claims, for `experts` of `n_ff` hidden rows: what that thread would read ahead (the
-/// perf test `cpu_experts_cache` reads them so; measured, it saves ~2% of a call). In the order
-/// the thread computes them: its gate and up rows of each expert, then its down rows.
+/// perf test `cpu_experts_cache` reads them so: from RAM it saved 21-27% of a call on the H200's
+/// host, thirty-seventh session). In the order the thread computes them: its gate and up rows
+/// of each expert, then its down rows.
 pub fn owned_bytes<'a>(experts: &[ExpertRows<'a>], n_ff: usize, thread: usize, n_threads: usize) -> Vec<&'a [u8]> {
     owned_bytes_laid_out(experts, n_ff, thread, n_threads, striped_rows())
 }
