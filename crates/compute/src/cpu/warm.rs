@@ -317,8 +317,9 @@ fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
         if empty_polls.is_multiple_of(POLLS_PER_CHECK) {
             // A region still open (this poller ran its share) will close when its publisher's
             // own share ends, and more work follows it: not idle. Without this, a publisher
-            // held up for MAX_IDLE inside its share (off its core) cost the step every poller
-            // that had finished theirs (the job test on the dev box, thirty-seventh session).
+            // held up for MAX_IDLE inside its share (off its core: the dev box's vCPUs saw
+            // steal time, thirty-seventh session) would cost the step every poller that had
+            // finished theirs.
             if slot.is_open() {
                 idle = IdleClock::default();
             }
