@@ -2355,6 +2355,13 @@ mod tests {
         }
     }
 
+    /// The read-ahead tests' store (guessing experts 9, 3, 12, 6), down mailbox and shared state.
+    fn read_ahead_fixture() -> (Arc<GuessingStore>, Arc<Mailbox>, Arc<SplitShared>) {
+        let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
+        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
+        (store, down, Arc::new(SplitShared::default()))
+    }
+
     /// While a layer's hand-over is not there, the dispatcher guesses its experts from the
     /// previous layer's input, reads ahead the CPU's of them (the partition's rule on the
     /// layer's table and share) and stops at the hand-over's flag; it guesses nothing from a
@@ -2362,9 +2369,7 @@ mod tests {
     #[test]
     fn read_ahead_reads_the_cpus_guessed_experts_until_the_hand_over() {
         let n_embd = 8usize;
-        let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
-        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
-        let shared = Arc::new(SplitShared::default());
+        let (store, down, shared) = read_ahead_fixture();
         let handoff = |layer: usize| read_ahead_handoff(layer, &down, &store, &shared);
         let dispatcher = Dispatcher::default();
         let x: Vec<f32> = (0..n_embd).map(|i| i as f32 * 0.25).collect();
@@ -2405,9 +2410,7 @@ mod tests {
     #[test]
     fn read_ahead_takes_the_routing_kernels_guess_when_it_is_there() {
         let n_embd = 8usize;
-        let store = Arc::new(GuessingStore { guess: vec![9, 3, 12, 6], ..Default::default() });
-        let down = Arc::new(Mailbox::in_host_memory(MAILBOX_DATA + MAILBOX_SLOTS * 64));
-        let shared = Arc::new(SplitShared::default());
+        let (store, down, shared) = read_ahead_fixture();
         let h = read_ahead_handoff(5, &down, &store, &shared);
         // Call 6 (slot 0) guessed layer 5's misses 14, 10, 13, 2 (as the kernel writes them:
         // the ids and count, then the number); an id past the layer's experts is dropped.
