@@ -33,7 +33,8 @@
 //! experts on the CPU instead of taking the routing kernel's guess), `prodspawn` (the CPU's
 //! one-token products spawn their region's tasks instead of broadcasting it to the step's
 //! pollers), `contig` (the CPU experts' threads own one contiguous range of all the experts'
-//! rows, read ahead and computed, instead of a stripe of each expert).
+//! rows, read ahead and computed, instead of a stripe of each expert), `longidle` (the step's
+//! pollers give up after 20 ms without work instead of `cpu::warm::MAX_IDLE`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -189,10 +189,16 @@ pub fn report_stats(args: &ModelArgs, m: &Loaded) {
     // A poller that gives up sleeps for the rest of its step, out of the step's broadcast
     // regions (the CPU experts' jobs, the read-ahead): fewer threads on each, and spawned tasks
     // once half of them are gone.
+    let polls = compute::cpu::warm::poll_stats();
     eprintln!(
-        "CPU pool: {} step pollers gave up over the run (nothing to run for {} ms)",
-        compute::cpu::warm::pollers_gave_up(),
-        compute::cpu::warm::MAX_IDLE.as_millis()
+        "CPU pool: {} step pollers gave up over the run (nothing to run for {} ms), in {} of {} polled steps \
+         ({} with half or more gone, their later regions spawned; the first give-up {} us into its step on average)",
+        polls.pollers_gave_up,
+        compute::cpu::warm::MAX_IDLE.as_millis(),
+        polls.steps_losing_pollers,
+        polls.steps,
+        polls.steps_losing_broadcasts,
+        polls.first_give_up_mean_us
     );
 }
 

@@ -58,13 +58,58 @@ const POLLS_PER_CHECK: u32 = 256;
 /// when the step ends).
 const OFF_CORE_GAP: Duration = Duration::from_micros(1000);
 
-/// Pollers that gave up, over the process (for `--stats`: [`pollers_gave_up`]).
+/// Pollers that gave up, over the process (for `--stats`: [`poll_stats`]).
 static GAVE_UP: AtomicU64 = AtomicU64::new(0);
+/// Polled steps, those where a poller gave up, those where half or more did, and the sum of
+/// the first give-ups' times into their steps in microseconds (for [`poll_stats`]).
+static STEPS: AtomicU64 = AtomicU64::new(0);
+static STEPS_LOSING_POLLERS: AtomicU64 = AtomicU64::new(0);
+static STEPS_LOSING_BROADCASTS: AtomicU64 = AtomicU64::new(0);
+static FIRST_GIVE_UP_US: AtomicU64 = AtomicU64::new(0);
 
 /// How many step pollers gave up after [`MAX_IDLE`] without work since the process started:
 /// each one's worker slept for the rest of its step, out of the step's broadcast regions.
 pub fn pollers_gave_up() -> u64 {
     GAVE_UP.load(Ordering::Relaxed)
+}
+
+/// The polled steps' give-ups since the process started (`--stats`): where in a run pollers
+/// give up tells whether it costs the decode (every step losing a few) or not (the first step
+/// of a run, waiting on a cold file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// Steps run with pollers ([`run_step`]).
+    pub steps: u64,
+    /// Pollers that gave up, over all steps.
+    pub pollers_gave_up: u64,
+    /// Steps where at least one poller gave up.
+    pub steps_losing_pollers: u64,
+    /// Steps where half the pollers or more gave up: their later regions were spawned tasks.
+    pub steps_losing_broadcasts: u64,
+    /// Mean time from a losing step's start to its first give-up, in microseconds.
+    pub first_give_up_mean_us: u64,
+}
+
+/// [`PollStats`] so far.
+pub fn poll_stats() -> PollStats {
+    let losing = STEPS_LOSING_POLLERS.load(Ordering::Relaxed);
+    PollStats {
+        steps: STEPS.load(Ordering::Relaxed),
+        pollers_gave_up: GAVE_UP.load(Ordering::Relaxed),
+        steps_losing_pollers: losing,
+        steps_losing_broadcasts: STEPS_LOSING_BROADCASTS.load(Ordering::Relaxed),
+        first_give_up_mean_us: FIRST_GIVE_UP_US.load(Ordering::Relaxed).checked_div(losing).unwrap_or(0),
+    }
+}
+
+/// [`MAX_IDLE`], or 20 ms on the B steps of the A/B name `longidle` (a poller then outlasts
+/// any wait inside a decode step: is a give-up a loss there?).
+fn max_idle() -> Duration {
+    if crate::ab::is_b("longidle") {
+        Duration::from_millis(20)
+    } else {
+        MAX_IDLE
+    }
 }
 
 thread_local! {
@@ -96,6 +141,9 @@ struct Slot {
     /// Pollers of the step that gave up after [`MAX_IDLE`] without work: their workers sleep
     /// until a task wakes them, which a published region never does.
     gave_up: AtomicUsize,
+    /// When the step began, and microseconds from then to its first give-up (0: none yet).
+    started: Instant,
+    first_give_up_us: AtomicU64,
 }
 
 // SAFETY: `body` is written only by the publisher holding `busy` while no poller can read it,
@@ -110,6 +158,29 @@ impl Slot {
             busy: AtomicBool::new(false),
             body: UnsafeCell::new(None),
             gave_up: AtomicUsize::new(0),
+            started: Instant::now(),
+            first_give_up_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a poller giving up at `now`.
+    fn give_up(&self, now: Instant) {
+        self.gave_up.fetch_add(1, Ordering::Relaxed);
+        GAVE_UP.fetch_add(1, Ordering::Relaxed);
+        let into_step = (now.saturating_duration_since(self.started).as_micros() as u64).max(1);
+        let _ = self.first_give_up_us.compare_exchange(0, into_step, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Adds the ended step to the process's [`PollStats`].
+    fn count_step(&self, pollers: usize) {
+        STEPS.fetch_add(1, Ordering::Relaxed);
+        let gave_up = self.gave_up.load(Ordering::Relaxed);
+        if gave_up > 0 {
+            STEPS_LOSING_POLLERS.fetch_add(1, Ordering::Relaxed);
+            FIRST_GIVE_UP_US.fetch_add(self.first_give_up_us.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        if 2 * gave_up >= pollers.max(1) {
+            STEPS_LOSING_BROADCASTS.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -271,6 +342,7 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
         let _slot = SlotScope::enter(slot);
         step()
     });
+    slot.count_step(n_threads - 1);
     crate::trace::mark("pollers joined", None);
     out
 }
@@ -293,7 +365,7 @@ impl IdleClock {
             self.idle_since = Some(now);
         }
         self.last_read = Some(now);
-        now.saturating_duration_since(*self.idle_since.get_or_insert(now)) > MAX_IDLE
+        now.saturating_duration_since(*self.idle_since.get_or_insert(now)) > max_idle()
     }
 }
 
@@ -323,9 +395,9 @@ fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
             if slot.is_open() {
                 idle = IdleClock::default();
             }
-            if idle.idle_too_long(Instant::now()) {
-                slot.gave_up.fetch_add(1, Ordering::Relaxed);
-                GAVE_UP.fetch_add(1, Ordering::Relaxed);
+            let now = Instant::now();
+            if idle.idle_too_long(now) {
+                slot.give_up(now);
                 break;
             }
             std::thread::yield_now();
@@ -467,6 +539,8 @@ mod tests {
     #[test]
     fn regions_fall_back_once_a_poller_gave_up() {
         let p = pool(3);
+        // Other tests' steps may count too (the counters are the process's): at least.
+        let before = poll_stats();
         p.install(|| {
             run_step(|| {
                 // Every poller gives up within MAX_IDLE of polling nothing (waited for up to
@@ -484,6 +558,11 @@ mod tests {
                 assert_eq!(items.load(Ordering::Relaxed), 100);
             })
         });
+        let after = poll_stats();
+        assert!(after.steps > before.steps, "the step counted");
+        assert!(after.pollers_gave_up >= before.pollers_gave_up + 2, "{before:?} then {after:?}");
+        assert!(after.steps_losing_broadcasts > before.steps_losing_broadcasts, "{before:?} then {after:?}");
+        assert!(after.first_give_up_mean_us >= 1, "the first give-up came into the step: {after:?}");
         assert!(p.install(|| run_step(|| broadcast(&|| ()))), "the next step's pollers");
     }
 
