@@ -104,7 +104,9 @@ for r in $(seq 1 "$ROUNDS"); do
   stats="$MODELS_DIR/bench-larger-than-ram-$stamp-round$r.stats.txt"
   # Prefill and decode in separate processes, so the decode statistics count decode only.
   df_pp=$("$DF" bench -m "$model" -p "$P" -n 0 -r 1 -t "$THREADS" "${flags[@]}" --json 2>/dev/null)
-  df_tg=$("$DF" bench -m "$model" -p 0 -n "$N" -r 1 -t "$THREADS" "${flags[@]}" --stats --json 2>"$stats")
+  # One warm-up token, as llama-bench's (bench's longer default waits out a GPU's clock ramp,
+  # which a disk-bound CPU decode does not have, and would warm the expert cache further).
+  df_tg=$(DISKFORMER_BENCH_WARMUP_MS=0 "$DF" bench -m "$model" -p 0 -n "$N" -r 1 -t "$THREADS" "${flags[@]}" --stats --json 2>"$stats")
   lb_json="[]"
   if [ -n "$LB" ]; then
     lb_json=$("$LB" -m "$model" -p "$P" -n "$N" -r 1 -t "$THREADS" -o json 2>/dev/null)
@@ -116,7 +118,7 @@ stats, n_gen, disk_bps = sys.argv[5], int(sys.argv[6]), float(sys.argv[7])
 # The "all" row of --stats: selected hits misses evicted readMiB cpu prefetched pfhits hit%
 row = next(l.split() for l in open(stats) if l.split()[:1] == ["all"])
 selected, hits, read_mib, prefetched = int(row[1]), int(row[2]), float(row[5]), int(row[7])
-tokens = n_gen + 1  # the warm-up token is decoded too
+tokens = n_gen + tg.get("tg_warmup_tokens", 1)  # the warm-up's tokens are decoded too
 bytes_per_token = read_mib * 2**20 / tokens
 lb_pp = next((x["avg_ts"] for x in lb if x["n_prompt"] > 0 and x["n_gen"] == 0), None)
 lb_tg = next((x["avg_ts"] for x in lb if x["n_gen"] > 0 and x["n_prompt"] == 0), None)

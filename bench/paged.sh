@@ -229,7 +229,9 @@ host_reads = int(row[8]) if len(row) > 9 else 0
 evicted = int(row[7])  # uploads that replaced a pooled expert; the others filled empty slots once
 profile = next((l for l in lines if l.startswith("tier host time per step")), "")
 placement = next((l for l in lines if l.startswith("GPU placement:")), "")
-tokens = 1 + reps * n_gen  # bench's warm-up token is decoded too
+# The warm-up's tokens are decoded (and counted in the stats) too: one, or as many as bench's
+# warm-up time took (its JSON says how many).
+tokens = tg.get("tg_warmup_tokens", 1) + reps * n_gen
 slot = re.search(r"GPU expert tier: \d+ slots of ([0-9.]+) MiB", lines[head])
 expert_bytes = float(slot.group(1)) * 2**20 if slot else None
 probe = json.loads(sys.argv[18]) if sys.argv[18].strip() else {}

@@ -6,9 +6,9 @@
 //! - tgN: N single-token steps on an empty context, each feeding a random id (no sampling,
 //!   like llama-bench's `test_gen`); tokens/s = N / time.
 //! - `-d D` first fills the context with D random tokens (untimed), as llama-bench's `-d`.
-//! - One untimed warmup per test (the whole prompt for pp, one token for tg), then `-r`
-//!   repetitions, each on a cleared context; mean ± sample standard deviation of the per-run
-//!   tokens/s.
+//! - One untimed warmup per test (the whole prompt for pp; for tg one token as llama-bench, then
+//!   more until 0.5 s have passed: [`tg_warmup`] says why), then `-r` repetitions, each on a
+//!   cleared context; mean ± sample standard deviation of the per-run tokens/s.
 
 use crate::commands::load::{load, Loaded, MatmulFlag, ModelArgs};
 use compute::quant::MatmulMode;
@@ -20,6 +20,26 @@ use std::time::Instant;
 fn pause_between_reps() -> Option<std::time::Duration> {
     let ms: u64 = std::env::var("DISKFORMER_BENCH_PAUSE_MS").ok()?.trim().parse().ok()?;
     (ms > 0).then(|| std::time::Duration::from_millis(ms))
+}
+
+/// How long the tg test's warmup decodes at least: `DISKFORMER_BENCH_WARMUP_MS`, default 500
+/// (0: one token, exactly as llama-bench).
+///
+/// Why longer than llama-bench's one token: after the load, or any pause, the H200's SM clock
+/// sits at ~400 MHz and comes back to 1980 only 200-280 ms after work resumes (nvidia-smi
+/// sampled beside `bench` with pauses, thirty-eighth session); a decode step of many small
+/// dependent kernels took ~26 ms until then against ~13 after, so the first repetition carried
+/// a start-up curve the others did not. llama.cpp's repetitions showed none. The warmup's aim
+/// is llama-bench's: the repetitions measure the steady decode.
+fn tg_warmup() -> std::time::Duration {
+    let ms = std::env::var("DISKFORMER_BENCH_WARMUP_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(500);
+    std::time::Duration::from_millis(ms)
+}
+
+/// `DISKFORMER_BENCH_STEPS=1`: each timed tg repetition's step times on standard error, for
+/// diagnosing a warm-up curve inside a repetition (llama-bench prints none).
+fn print_step_times() -> bool {
+    std::env::var("DISKFORMER_BENCH_STEPS").is_ok_and(|v| v.trim() == "1")
 }
 
 /// Arguments of `diskformer bench`.
@@ -119,28 +139,58 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut tg = Vec::new();
     // Decode steps' seconds by parity, for `DISKFORMER_AB` (compute::ab).
     let mut ab_steps: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    // Tokens the tg warmup decoded (the stats count them with the repetitions').
+    let mut warmup_tokens = 0usize;
+    // The first decode step after the load (and after the prompt test, if any).
+    let mut first_token_secs = 0.0;
     if args.n_gen > 0 {
-        for rep in 0..=args.reps {
+        // The warmup (rep 0): one token, as llama-bench's, then more (passes of up to n_gen
+        // tokens, each on a cleared context) until `tg_warmup` has passed since that token (the
+        // first token after the load alone took over 0.5 s on the H200: `tg_first_token_s`).
+        let mut warm_until = None;
+        let mut rep = 0;
+        while rep <= args.reps {
+            let warmup_pass = rep == 0;
             fill(&mut m, &mut ids, args.n_depth, bos)?;
-            // The warmup (rep 0) is one token, as llama-bench's.
-            let n = if rep == 0 { 1 } else { args.n_gen };
+            let n = args.n_gen;
             let mut token = if args.n_depth == 0 { bos.unwrap_or_else(|| ids.next()) } else { ids.next() };
             // One logits buffer for the run, as a generation loop keeps (`Runner::eval_into`).
             let mut logits = Vec::new();
+            let mut step_ms = Vec::new();
+            let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             let t0 = Instant::now();
             for step in 0..n {
                 compute::ab::set_step(step as u64);
                 let t = Instant::now();
                 m.runner.eval_into(&[token], Outputs::Last, &mut logits)?;
+                if warmup_pass {
+                    warmup_tokens += 1;
+                    let until = *warm_until.get_or_insert_with(|| {
+                        first_token_secs = t.elapsed().as_secs_f64();
+                        Instant::now() + tg_warmup()
+                    });
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
                 if rep > 0 {
-                    ab_steps[step % 2].push(t.elapsed().as_secs_f64());
+                    let secs = t.elapsed().as_secs_f64();
+                    ab_steps[step % 2].push(secs);
+                    step_ms.push(format!("{:.1}", secs * 1e3));
                 }
                 token = ids.next();
             }
             let secs = t0.elapsed().as_secs_f64();
+            if rep > 0 && print_step_times() {
+                let at = started.as_secs_f64();
+                eprintln!("tg repetition {rep} (from unix time {at:.3} s), step times in ms: {}", step_ms.join(" "));
+            }
             if rep > 0 {
                 tg.push(n as f64 / secs);
+            } else if warm_until.is_some_and(|until| Instant::now() < until) {
+                continue;
             }
+            rep += 1;
             if let Some(pause) = pause_between_reps() {
                 // Tells a slow start that follows idle time from one that follows the load
                 // (docs/PAGING.md): each timed repetition begins after this much idle time.
@@ -184,6 +234,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "n_params": n_params,
             "pp_samples": pp,
             "tg_samples": tg,
+            "tg_warmup_tokens": warmup_tokens,
+            "tg_first_token_s": first_token_secs,
             "ram_budget_bytes": margs.ram_budget,
             "ab": ab,
         });
