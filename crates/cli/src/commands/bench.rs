@@ -161,6 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let t0 = Instant::now();
             for step in 0..n {
                 compute::ab::set_step(step as u64);
+                compute::trace::mark("bench step", None);
                 let t = Instant::now();
                 m.runner.eval_into(&[token], Outputs::Last, &mut logits)?;
                 if warmup_pass {

@@ -666,6 +666,8 @@ impl Ctx {
         if let Some(x) = p.get(key) {
             return x.clone();
         }
+        // Marks around each compile, so a trace says what a step's first run spends on them.
+        crate::trace::mark("pipeline compile", None);
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(key),
             source: wgpu::ShaderSource::Wgsl(source().into()),
@@ -684,6 +686,7 @@ impl Ctx {
         if let Some(t) = &self.timer {
             t.name_pipeline(&pipe, key);
         }
+        crate::trace::mark("pipeline made", None);
         p.insert(key.to_string(), pipe.clone());
         pipe
     }
