@@ -156,7 +156,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut token = if args.n_depth == 0 { bos.unwrap_or_else(|| ids.next()) } else { ids.next() };
             // One logits buffer for the run, as a generation loop keeps (`Runner::eval_into`).
             let mut logits = Vec::new();
-            let mut step_ms = Vec::new();
+            // Each timed step's seconds, kept only when they will be printed.
+            let mut step_secs = Vec::new();
+            let keep_steps = rep > 0 && print_step_times();
             let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             let t0 = Instant::now();
             for step in 0..n {
@@ -177,14 +179,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 if rep > 0 {
                     let secs = t.elapsed().as_secs_f64();
                     ab_steps[step % 2].push(secs);
-                    step_ms.push(format!("{:.1}", secs * 1e3));
+                    if keep_steps {
+                        step_secs.push(secs);
+                    }
                 }
                 token = ids.next();
             }
             let secs = t0.elapsed().as_secs_f64();
-            if rep > 0 && print_step_times() {
+            if keep_steps {
                 let at = started.as_secs_f64();
-                eprintln!("tg repetition {rep} (from unix time {at:.3} s), step times in ms: {}", step_ms.join(" "));
+                let ms: Vec<String> = step_secs.iter().map(|s| format!("{:.1}", s * 1e3)).collect();
+                eprintln!("tg repetition {rep} (from unix time {at:.3} s), step times in ms: {}", ms.join(" "));
             }
             if rep > 0 {
                 tg.push(n as f64 / secs);
