@@ -56,7 +56,9 @@ pub struct Args {
     /// Tokens already in the context before each test (untimed).
     #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
     n_depth: usize,
-    /// Repetitions of each test.
+    /// Repetitions of each test, after an untimed warm-up (the whole prompt for pp; for tg one
+    /// token, then more until 0.5 s have passed, so that a GPU's clock has ramped up:
+    /// DISKFORMER_BENCH_WARMUP_MS sets that time, 0 for one token as llama-bench).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
     /// Seed of the random token ids.
