@@ -74,8 +74,8 @@ pub fn pollers_gave_up() -> u64 {
 }
 
 /// The polled steps' give-ups since the process started (`--stats`): where in a run pollers
-/// give up tells whether it costs the decode (every step losing a few) or not (the first step
-/// of a run, waiting on a cold file).
+/// give up tells whether it costs the decode (every step losing a few) or not (a few steps
+/// losing them all: on the H200, the first steps after the load, thirty-eighth session).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PollStats {
     /// Steps run with pollers ([`run_step`]).
@@ -179,9 +179,15 @@ impl Slot {
             STEPS_LOSING_POLLERS.fetch_add(1, Ordering::Relaxed);
             FIRST_GIVE_UP_US.fetch_add(self.first_give_up_us.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        if 2 * gave_up >= pollers.max(1) {
+        if self.broadcasts_lost(pollers) {
             STEPS_LOSING_BROADCASTS.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether half or more of the step's `pollers` have given up: [`broadcast`] then falls
+    /// back to spawned tasks, which wake the sleeping workers.
+    fn broadcasts_lost(&self, pollers: usize) -> bool {
+        2 * self.gave_up.load(Ordering::Relaxed) >= pollers.max(1)
     }
 
     /// Whether a region is published and not yet closed.
@@ -271,7 +277,7 @@ pub fn broadcast(body: &(dyn Fn() + Sync)) -> bool {
     // SAFETY: a non-null SLOT points at the running step's slot, which outlives the step's
     // driver and pollers, the only threads where it is set (`SlotScope`).
     let slot = unsafe { &*slot };
-    if 2 * slot.gave_up.load(Ordering::Relaxed) >= rayon::current_num_threads().saturating_sub(1).max(1) {
+    if slot.broadcasts_lost(rayon::current_num_threads().saturating_sub(1)) {
         return false;
     }
     if slot.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
