@@ -34,7 +34,12 @@
 //! one-token products spawn their region's tasks instead of broadcasting it to the step's
 //! pollers), `contig` (the CPU experts' threads own one contiguous range of all the experts'
 //! rows, read ahead and computed, instead of a stripe of each expert), `longidle` (the step's
-//! pollers give up after 20 ms without work instead of `cpu::warm::MAX_IDLE`).
+//! pollers give up after 20 ms without work instead of `cpu::warm::MAX_IDLE`), `ralines` (the
+//! split's read-ahead loads each line instead of prefetching it into the L2), `ranks` (the CPU
+//! experts' owned rows and the read-ahead shared over every pool thread, the step's driver
+//! included, instead of the threads a poller's region runs on: `cpu::warm::RegionRanks`),
+//! `lastpf` (the CPU's eight-row kernels prefetch the rows after a claim's last group, another
+//! thread's, as they do after every other group).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

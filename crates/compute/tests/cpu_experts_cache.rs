@@ -215,13 +215,14 @@ fn perf_cpu_experts_from_ram_and_cache() {
     let touched_by = std::sync::atomic::AtomicUsize::new(0);
     let touch_broadcast = |first: usize| -> f64 {
         let rows: Vec<ExpertRows<'_>> = (0..per_call).map(|i| experts[(first + i) % pool].rows()).collect();
-        let n_threads = rayon::current_num_threads();
+        // Ranked as the job that follows ranks its threads (the driver left out when a poller
+        // publishes), so each thread reads the rows it then computes.
+        let ranks = compute::cpu::warm::RegionRanks::for_region();
         let sink = std::sync::atomic::AtomicU64::new(0);
         let ran = std::sync::atomic::AtomicUsize::new(0);
         let t = Instant::now();
         let published = compute::cpu::warm::broadcast(&|| {
-            let me = rayon::current_thread_index().unwrap_or(0);
-            let s: u64 = owned_bytes(&rows, N_FF, me, n_threads)
+            let s: u64 = owned_bytes(&rows, N_FF, ranks.current(), ranks.count())
                 .iter()
                 .map(|b| b.iter().step_by(64).map(|&v| v as u64).sum::<u64>())
                 .sum();

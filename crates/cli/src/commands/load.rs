@@ -212,9 +212,19 @@ pub fn cpu_backend(args: &ModelArgs, matmul: MatmulMode) -> compute::cpu::CpuBac
 }
 
 /// Sets the CPU thread count once for the process.
+/// A pool with a thread per core also has thread `i` pinned to the `i`-th core
+/// (`compute::cpu::pin`, which says why; `DISKFORMER_PIN_THREADS=0` leaves them free).
 pub fn set_threads(threads: usize) -> anyhow::Result<()> {
-    if threads > 0 {
-        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
+    let n = if threads > 0 { threads } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
+    let pin = compute::cpu::pin::wanted(n);
+    if threads > 0 || pin {
+        let mut pool = rayon::ThreadPoolBuilder::new().num_threads(threads);
+        if pin {
+            pool = pool.start_handler(|i| {
+                compute::cpu::pin::pin_current_thread(i);
+            });
+        }
+        pool.build_global().context("setting the thread count")?;
     }
     Ok(())
 }

@@ -86,20 +86,20 @@ pub fn read_owned_into_cache(
     n_ff: usize,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Option<u64> {
-    let n_threads = rayon::current_num_threads();
+    let ranks = super::warm::RegionRanks::for_region();
+    let n_threads = ranks.count();
     let read = AtomicU64::new(0);
     let body = || {
-        let me = rayon::current_thread_index().unwrap_or(0);
+        let me = ranks.current();
         let mut sum = 0u64;
         let mut bytes = 0u64;
+        let order = touch_order();
         'pieces: for piece in crate::quant::owned_bytes(experts, n_ff, me, n_threads) {
             for chunk in piece.chunks(CHUNK) {
                 if stop() {
                     break 'pieces;
                 }
-                for line in chunk.chunks(LINE) {
-                    sum = sum.wrapping_add(line[0] as u64);
-                }
+                sum = sum.wrapping_add(touch(chunk, order));
                 bytes += chunk.len() as u64;
             }
         }
@@ -107,6 +107,87 @@ pub fn read_owned_into_cache(
         read.fetch_add(bytes, Ordering::Relaxed);
     };
     super::warm::broadcast(&body).then(|| read.into_inner())
+}
+
+/// How [`read_owned_into_cache`] reads a chunk's lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TouchOrder {
+    /// A PREFETCHT1 per line (to the L2, where the job's kernels look), no loads: the default.
+    Prefetch,
+    /// One load per line, in address order.
+    Lines,
+    /// One load per line, the chunk's four 4 KiB quarters interleaved (line i of each quarter,
+    /// then line i + 1): four streams at once for the L2's streamer, which stops at each 4 KiB
+    /// page.
+    Pages,
+}
+
+/// `DISKFORMER_READ_AHEAD_LOOP=prefetch|lines|pages` (read once; default `prefetch`), or on B
+/// steps of the A/B name `ralines` one load per line.
+///
+/// Why PREFETCHT1: a load per line keeps at most the core's ~16 line fill buffers of misses in
+/// flight, and the loop issues the next only as they retire. On the H200's host (thirty-ninth
+/// session, uniform decode, 15 threads reading during the ~90 us waits) the read-ahead issued
+/// 338-361 MiB a step at 94-103 GB/s with loads, 473-490 MiB at 141-147 GB/s with PREFETCHT1
+/// (those figures count lines asked for, not lines arrived: above the RAM's ~134 GB/s),
+/// 409-414 with PREFETCHT0, 445-450 with PREFETCHT2; interleaved pages read 458-493 with
+/// PREFETCHT1 and no more than in order with loads. Steps with PREFETCHT1 against loads in one
+/// process (`ab-steps.sh`): B/A 1.0154, 1.0190, then 1.0192, 1.0134, 1.0030 (control 1.0141,
+/// 0.9995, 1.0181), then 1.0236, 1.0006, 0.9867 (control 0.9984, 0.9881, 0.9928): about 1%
+/// faster, near the noise.
+fn touch_order() -> TouchOrder {
+    static ORDER: std::sync::OnceLock<TouchOrder> = std::sync::OnceLock::new();
+    if crate::ab::is_b("ralines") {
+        return TouchOrder::Lines;
+    }
+    *ORDER.get_or_init(|| match std::env::var("DISKFORMER_READ_AHEAD_LOOP").as_deref().map(str::trim) {
+        Ok("lines") => TouchOrder::Lines,
+        Ok("pages") => TouchOrder::Pages,
+        _ => TouchOrder::Prefetch,
+    })
+}
+
+/// Brings every line of `chunk` into this core's caches in `order`; returns a sum of bytes
+/// read (zero for prefetches), for the caller to keep from the optimiser.
+fn touch(chunk: &[u8], order: TouchOrder) -> u64 {
+    let mut sum = 0u64;
+    match order {
+        TouchOrder::Prefetch => {
+            for line in chunk.chunks(LINE) {
+                prefetch_l2(line.as_ptr());
+            }
+        }
+        TouchOrder::Lines => {
+            for line in chunk.chunks(LINE) {
+                sum = sum.wrapping_add(line[0] as u64);
+            }
+        }
+        TouchOrder::Pages => {
+            const QUARTER: usize = CHUNK / 4;
+            let quarters: Vec<&[u8]> = chunk.chunks(QUARTER).collect();
+            for at in (0..QUARTER).step_by(LINE) {
+                for q in &quarters {
+                    if let Some(&b) = q.get(at) {
+                        sum = sum.wrapping_add(b as u64);
+                    }
+                }
+            }
+        }
+    }
+    sum
+}
+
+/// A hint to bring the line holding `p` into the L2 (PREFETCHT1); elsewhere nothing.
+#[inline]
+fn prefetch_l2(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT1 is a hint: it reads no architectural state and raises no fault for any
+    // address (and `p` points into a live slice besides).
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    std::hint::black_box(p);
 }
 
 /// Whether lines read are also demoted to the shared last-level cache

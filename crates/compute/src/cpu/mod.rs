@@ -11,6 +11,7 @@ pub mod cache_fill;
 mod experts;
 mod gelu;
 pub mod kernels;
+pub mod pin;
 mod pool;
 pub mod warm;
 

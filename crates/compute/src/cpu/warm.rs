@@ -138,6 +138,8 @@ struct Slot {
     /// The open region's body, lifetime erased: valid while the epoch it was published under
     /// is open and until every poller inside has left (the protocol above).
     body: UnsafeCell<Option<*const (dyn Fn() + Sync)>>,
+    /// The step's driver (its pool index), which runs the step and never polls.
+    driver: Option<usize>,
     /// Pollers of the step that gave up after [`MAX_IDLE`] without work: their workers sleep
     /// until a task wakes them, which a published region never does.
     gave_up: AtomicUsize,
@@ -151,8 +153,9 @@ struct Slot {
 unsafe impl Sync for Slot {}
 
 impl Slot {
-    fn new() -> Slot {
+    fn new(driver: Option<usize>) -> Slot {
         Slot {
+            driver,
             epoch: AtomicU64::new(0),
             inside: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
@@ -296,6 +299,72 @@ pub fn broadcast(body: &(dyn Fn() + Sync)) -> bool {
     true
 }
 
+/// The pool threads a region published from this thread runs on, numbered `0..count()`: the
+/// ranks by which a region's body gives each thread its own share of the work (the CPU experts'
+/// owned rows, `quant::owned_bytes`, and the split's read-ahead of the same rows).
+///
+/// Why not the pool's thread indices: a region that a poller publishes (the split's
+/// dispatcher) runs on the pollers only, not on the step's driver, which records the GPU's
+/// next layers meanwhile. With shares over every index, the driver's share (a sixteenth of
+/// every expert's rows on the H200's 16-thread host) was never read ahead and was computed by
+/// thieves at the end of each phase, from RAM. So a poller's region ranks the pool without
+/// the driver; a region the driver publishes (the CPU back end's steps), or one outside a
+/// polled step, ranks every thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionRanks {
+    count: usize,
+    /// The pool index left out (the driver), when one is.
+    skip: Option<usize>,
+}
+
+impl RegionRanks {
+    /// The ranks of a region this thread would publish now.
+    pub fn here() -> RegionRanks {
+        let n = rayon::current_num_threads().max(1);
+        let slot = SLOT.with(Cell::get);
+        // SAFETY: a non-null SLOT points at the running step's slot, which outlives the step's
+        // driver and pollers, the only threads where it is set (`SlotScope`).
+        let driver = if slot.is_null() { None } else { unsafe { &*slot }.driver };
+        match driver {
+            Some(d) if n > 1 && d < n && rayon::current_thread_index() != Some(d) => {
+                RegionRanks { count: n - 1, skip: Some(d) }
+            }
+            _ => RegionRanks { count: n, skip: None },
+        }
+    }
+
+    /// [`RegionRanks::here`], or on the B steps of the A/B name `ranks` every pool thread ranked
+    /// by its index (as before the thirty-ninth session, driver included).
+    pub fn for_region() -> RegionRanks {
+        if crate::ab::is_b("ranks") {
+            RegionRanks { count: rayon::current_num_threads().max(1), skip: None }
+        } else {
+            RegionRanks::here()
+        }
+    }
+
+    /// How many threads have a rank.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The rank of the thread with pool index `thread`. The thread left out, should it run the
+    /// body after all (a region that fell back to spawned tasks), takes a neighbour's rank: its
+    /// share is then shared, which claims allow.
+    pub fn rank(&self, thread: usize) -> usize {
+        let r = match self.skip {
+            Some(d) if thread > d => thread - 1,
+            _ => thread,
+        };
+        r.min(self.count - 1)
+    }
+
+    /// The calling thread's rank (0 outside the pool).
+    pub fn current(&self) -> usize {
+        self.rank(rayon::current_thread_index().unwrap_or(0))
+    }
+}
+
 /// Sets the flag when dropped, so the pollers stop even if the step panics.
 struct StopOnDrop<'a>(&'a AtomicBool);
 
@@ -325,7 +394,8 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
         return rayon::scope(|_| step());
     }
     let done = AtomicBool::new(false);
-    let slot = Slot::new();
+    // `rayon::scope` runs its closure on this thread: the driver.
+    let slot = Slot::new(rayon::current_thread_index());
     crate::trace::mark("step begins", None);
     let out = rayon::scope(|s| {
         let driver = rayon::current_thread_index();
@@ -429,6 +499,36 @@ mod tests {
         let slot = SLOT.with(Cell::get);
         // SAFETY: a non-null SLOT points at the running step's slot (as in `broadcast`).
         unsafe { slot.as_ref() }.map_or(0, |s| s.gave_up.load(Ordering::Relaxed))
+    }
+
+    /// A region's ranks: every thread outside a step and in a region the driver publishes; in
+    /// one a poller publishes (the split's dispatcher), the pollers only, numbered `0..n - 1`
+    /// without a gap, the driver's index mapped into that range too.
+    #[test]
+    fn ranks_leave_out_the_driver_when_a_poller_publishes() {
+        let n = 4;
+        let p = pool(n);
+        assert_eq!(p.install(RegionRanks::here), RegionRanks { count: n, skip: None }, "outside a step");
+        let (driver, from_driver, from_poller) = p.install(|| {
+            run_step(|| {
+                let driver = rayon::current_thread_index().unwrap();
+                let from_driver = RegionRanks::here();
+                // A task a poller takes while the driver waits for it.
+                let (tx, rx) = std::sync::mpsc::channel();
+                rayon::spawn(move || {
+                    let _ = tx.send((rayon::current_thread_index().unwrap(), RegionRanks::here()));
+                });
+                let (poller, ranks) = rx.recv_timeout(Duration::from_secs(10)).expect("a poller took the task");
+                assert_ne!(poller, driver);
+                (driver, from_driver, ranks)
+            })
+        });
+        assert_eq!(from_driver, RegionRanks { count: n, skip: None }, "published by the driver");
+        assert_eq!(from_poller, RegionRanks { count: n - 1, skip: Some(driver) }, "published by a poller");
+        let mut ranks: Vec<usize> = (0..n).filter(|&t| t != driver).map(|t| from_poller.rank(t)).collect();
+        ranks.sort_unstable();
+        assert_eq!(ranks, (0..n - 1).collect::<Vec<_>>());
+        assert!(from_poller.rank(driver) < n - 1);
     }
 
     /// Nested parallel work inside a step gives the serial result on pools of 1 to 4 threads,

@@ -354,7 +354,13 @@ impl<'a> DecodePart<'a> {
             let rows = std::array::from_fn(|i| row_at(o0 + i));
             // SAFETY: every pointer is the start of a row of `row_bytes = nb` blocks inside `w`
             // (checked by `check_shapes`).
-            let values = unsafe { self.tiles.rows8(&rows, nb, x) };
+            let values = unsafe {
+                if o0 + 8 >= o_end {
+                    self.tiles.rows8_last(&rows, nb, x)
+                } else {
+                    self.tiles.rows8(&rows, nb, x)
+                }
+            };
             for (i, &v) in values.iter().enumerate().take(o_end - o0) {
                 // SAFETY: `o0 + i < n_out`, token 0: inside this part's output; the caller
                 // owns rows start..end.

@@ -295,6 +295,7 @@ struct TierProfile {
     read_ahead_experts: u64,
     read_ahead_right: u64,
     read_ahead_guess_secs: f64,
+    read_ahead_secs: f64,
     /// Layers whose read-ahead took the routing kernel's guess (`split::Dispatcher::guess_from_gpu`).
     read_ahead_gpu_guesses: u64,
     split_gpu_first: u64,
@@ -379,9 +380,12 @@ impl TierProfile {
                     per(self.split_queued_secs),
                     if self.read_ahead_experts > 0 {
                         format!(
-                            "; the CPU read {:.1} MiB of guessed experts ahead per step, {:.1} experts, {:.0}% of them \
-                             then its own ({:.1} layers guessed by the GPU's routing, the rest on the CPU in {:.0} us)",
+                            "; the CPU read {:.1} MiB of guessed experts ahead per step in {:.0} us ({:.1} GB/s), {:.1} \
+                             experts, {:.0}% of them then its own ({:.1} layers guessed by the GPU's routing, the rest on \
+                             the CPU in {:.0} us)",
                             self.read_ahead_bytes as f64 / 1048576.0 / self.steps.max(1) as f64,
+                            per(self.read_ahead_secs),
+                            self.read_ahead_bytes as f64 / self.read_ahead_secs.max(1e-9) / 1e9,
                             self.read_ahead_experts as f64 / self.steps.max(1) as f64,
                             100.0 * self.read_ahead_right as f64 / self.read_ahead_experts as f64,
                             self.read_ahead_gpu_guesses as f64 / self.steps.max(1) as f64,

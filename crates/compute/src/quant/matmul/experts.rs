@@ -497,12 +497,16 @@ pub fn experts_one_token(
     let claims_in = Claims::with_min_bytes(n * span_in, row_bytes_in, n_threads, min_claim);
     let claims_down = Claims::with_min_bytes(n * span_down, row_bytes_down, n_threads, min_claim);
     let owned = owned_claims() && !old_region;
+    // The threads the region will run on, ranked as the split's read-ahead ranks them
+    // (`RegionRanks`: without a polled step's driver when a poller publishes it).
+    let ranks = crate::cpu::warm::RegionRanks::for_region();
     let (owned_in, owned_down) = if owned {
-        (Some(OwnedClaims::new(n, span_in, n_threads)), Some(OwnedClaims::new(n, span_down, n_threads)))
+        let n_ranked = ranks.count();
+        (Some(OwnedClaims::new(n, span_in, n_ranked)), Some(OwnedClaims::new(n, span_down, n_ranked)))
     } else {
         (None, None)
     };
-    let me = || rayon::current_thread_index().unwrap_or(0);
+    let me = || ranks.current();
     let claim_in = |me: usize| match &owned_in {
         Some(c) => c.claim(me),
         None => claims_in.claim(),

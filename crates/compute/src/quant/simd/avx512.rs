@@ -375,13 +375,33 @@ unsafe fn q4_k_min_sums8(mins_lo: __m256i, mins_hi: __m256i, groups: __m128i) ->
 /// must point at `nb` super-blocks of `T`; `x` must hold at least `nb` blocks (checked).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { rows8_k_with::<T, true>(rows, nb, x) }
+}
+
+/// [`rows8_k`] without the prefetch of the next eight rows (a claim's last group: those rows
+/// are another thread's). Same bits.
+///
+/// # Safety
+/// As [`rows8_k`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn rows8_k_last<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { rows8_k_with::<T, false>(rows, nb, x) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows8_k_with<const T: u8, const NEXT: bool>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
     assert!(x.qs.len() >= nb * 256 && x.d.len() >= nb && x.sums.len() >= nb * 16, "activation row too short");
     let bb = k_block_bytes(T);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm256_setzero_ps();
     for ib in 0..nb {
         let at = ib * bb;
-        prefetch_next_rows::<_MM_HINT_T1>(rows, nb * bb, at, bb);
+        if NEXT {
+            prefetch_next_rows::<_MM_HINT_T1>(rows, nb * bb, at, bb);
+        }
         let xq = x.qs.as_ptr().add(256 * ib);
         let dx = _mm256_set1_ps(*x.d.get_unchecked(ib));
         if T == Q4_K {

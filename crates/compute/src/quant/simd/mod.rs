@@ -223,6 +223,9 @@ struct TileKernel(OctetTileKernel<2>, OctetTileKernel<1>);
 #[derive(Clone, Copy)]
 pub(crate) struct Tiles {
     rows8: RowsKernel,
+    /// `rows8` without its prefetch of the next eight rows, for a claim's last group (whose
+    /// next rows are another thread's), where the kernel has that variant.
+    rows8_last: Option<RowsKernel>,
     tile: TileKernel,
     /// Four rows by four octets (32 tokens), where a type gains from the taller tile (AVX-512
     /// Q4_0 and Q4_K); same bits as two two-octet tiles.
@@ -259,7 +262,12 @@ impl Tiles {
                 GgmlType::Q4_K => Some(l::tile4_q4_k as OctetTileKernel<4>),
                 _ => None,
             };
-            return Some(Tiles { rows8, tile: TileKernel(two, one), quad });
+            let rows8_last = match dtype {
+                GgmlType::Q4_K if avx512_decode_pays() => Some(avx512::rows8_k_last::<{ avx512::Q4_K }> as RowsKernel),
+                GgmlType::Q6_K if avx512_decode_pays() => Some(avx512::rows8_k_last::<{ avx512::Q6_K }> as RowsKernel),
+                _ => None,
+            };
+            return Some(Tiles { rows8, rows8_last, tile: TileKernel(two, one), quad });
         }
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx2 && kernel.is_available() {
@@ -268,31 +276,37 @@ impl Tiles {
             use avx2_tiles as t;
             return Some(match dtype {
                 GgmlType::Q4_0 => Tiles {
+                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q4_0 }>,
                     tile: TileKernel(l::tile::<{ t::Q4_0 }, 2>, l::tile::<{ t::Q4_0 }, 1>),
                     quad: None,
                 },
                 GgmlType::Q4_1 => Tiles {
+                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q4_1 }>,
                     tile: TileKernel(l::tile::<{ t::Q4_1 }, 2>, l::tile::<{ t::Q4_1 }, 1>),
                     quad: None,
                 },
                 GgmlType::Q5_0 => Tiles {
+                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q5_0 }>,
                     tile: TileKernel(l::tile::<{ t::Q5_0 }, 2>, l::tile::<{ t::Q5_0 }, 1>),
                     quad: None,
                 },
                 GgmlType::Q8_0 => Tiles {
+                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q8_0 }>,
                     tile: TileKernel(l::tile_q8_0::<2>, l::tile_q8_0::<1>),
                     quad: None,
                 },
                 GgmlType::Q4_K => Tiles {
+                    rows8_last: None,
                     rows8: k::rows8::<{ k::Q4_K }>,
                     tile: TileKernel(l::tile_q4_k::<2>, l::tile_q4_k::<1>),
                     quad: None,
                 },
                 GgmlType::Q6_K => Tiles {
+                    rows8_last: None,
                     rows8: k::rows8::<{ k::Q6_K }>,
                     tile: TileKernel(l::tile_q6_k::<2>, l::tile_q6_k::<1>),
                     quad: None,
@@ -303,7 +317,7 @@ impl Tiles {
         #[cfg(target_arch = "aarch64")]
         if kernel == Kernel::Neon && kernel.is_available() {
             let (rows8, two, one) = neon_tiles::kernels(dtype)?;
-            return Some(Tiles { rows8, tile: TileKernel(two, one), quad: None });
+            return Some(Tiles { rows8, rows8_last: None, tile: TileKernel(two, one), quad: None });
         }
         None
     }
@@ -370,6 +384,22 @@ impl Tiles {
         // SAFETY: `new` set the kernel only after confirming the CPU features; the caller
         // guarantees the rows; the kernel checks the activation lengths.
         unsafe { (self.rows8)(rows, nb, x) }
+    }
+
+    /// [`Tiles::rows8`] for the last group of rows a thread claimed: no prefetch of the rows
+    /// after them, which another thread computes (its own caches are where they should go).
+    /// Same bits as `rows8`. The A/B name `lastpf` keeps the prefetch on B steps.
+    ///
+    /// # Safety
+    /// As [`Tiles::rows8`].
+    #[inline]
+    pub(crate) unsafe fn rows8_last(&self, rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
+        let kernel = match self.rows8_last {
+            Some(k) if !crate::ab::is_b("lastpf") => k,
+            _ => self.rows8,
+        };
+        // SAFETY: as in `rows8`.
+        unsafe { kernel(rows, nb, x) }
     }
 }
 

@@ -879,7 +879,7 @@ mod tests {
     fn builds(dtype: GgmlType) -> Vec<(&'static str, Tiles)> {
         let tiles = |sdot: bool| {
             let (rows8, two, one) = kernels_built(dtype, sdot).unwrap();
-            Tiles { rows8, tile: TileKernel(two, one), quad: None }
+            Tiles { rows8, rows8_last: None, tile: TileKernel(two, one), quad: None }
         };
         let mut out = vec![("smull", tiles(false))];
         if std::arch::is_aarch64_feature_detected!("dotprod") {

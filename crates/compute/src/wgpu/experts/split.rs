@@ -503,7 +503,9 @@ impl Dispatcher {
         let is_miss = |e: u32| h.missed.get(e as usize).copied().unwrap_or(false);
         let cpu = cpu_misses(&guess, is_miss, h.share_q);
         if !cpu.is_empty() {
+            let t_read = Instant::now();
             let bytes = h.store.read_ahead(h.layer, &cpu, threads, &|| h.down.load(h.slot) == h.seq);
+            h.shared.read_ahead_nanos.fetch_add(t_read.elapsed().as_nanos() as u64, Ordering::Relaxed);
             h.shared.read_ahead_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
         cpu
@@ -666,6 +668,8 @@ pub(super) struct SplitShared {
     pub(super) read_ahead_right: Arc<AtomicU64>,
     /// The guesses' time, summed.
     pub(super) read_ahead_guess_nanos: Arc<AtomicU64>,
+    /// The reading's time (from its start to the last thread's stop), summed.
+    pub(super) read_ahead_nanos: Arc<AtomicU64>,
     /// Layers whose read-ahead took the guess the routing kernel made.
     pub(super) read_ahead_gpu_guesses: Arc<AtomicU64>,
 }
@@ -684,6 +688,7 @@ impl Default for SplitShared {
             read_ahead_experts: Arc::default(),
             read_ahead_right: Arc::default(),
             read_ahead_guess_nanos: Arc::default(),
+            read_ahead_nanos: Arc::default(),
             read_ahead_gpu_guesses: Arc::default(),
         }
     }
@@ -1582,6 +1587,7 @@ impl WgpuBackend {
                 prof.read_ahead_experts = tier.split.read_ahead_experts.load(Ordering::Relaxed);
                 prof.read_ahead_right = tier.split.read_ahead_right.load(Ordering::Relaxed);
                 prof.read_ahead_guess_secs = tier.split.read_ahead_guess_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+                prof.read_ahead_secs = tier.split.read_ahead_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
                 prof.read_ahead_gpu_guesses = tier.split.read_ahead_gpu_guesses.load(Ordering::Relaxed);
             }
             if at_step_start || st.host.call_refills_left == Some(0) {
