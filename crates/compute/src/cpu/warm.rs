@@ -398,7 +398,7 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
     let slot = Slot::new(rayon::current_thread_index());
     crate::trace::mark("step begins", None);
     let out = rayon::scope(|s| {
-        let driver = rayon::current_thread_index();
+        let driver = slot.driver;
         let (done, slot) = (&done, &slot);
         // One poller on every worker (the driver's returns at once), each woken by rayon: 15
         // plain spawns into this thread's deque woke only the first few sleeping workers, and
