@@ -105,8 +105,21 @@ pub fn read_owned_into_cache(
         }
         std::hint::black_box(sum);
         read.fetch_add(bytes, Ordering::Relaxed);
+        READ_AHEAD_BYTES.with(|b| b.set(bytes));
     };
     super::warm::broadcast(&body).then(|| read.into_inner())
+}
+
+thread_local! {
+    /// The bytes this thread read in the last [`read_owned_into_cache`], until the experts'
+    /// region takes them ([`take_read_ahead_bytes`]): its timing says how fast the rows read
+    /// ahead were computed against the rest.
+    static READ_AHEAD_BYTES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The bytes this thread read ahead since the last call, which resets them.
+pub(crate) fn take_read_ahead_bytes() -> u64 {
+    READ_AHEAD_BYTES.with(|b| b.replace(0))
 }
 
 /// How [`read_owned_into_cache`] reads a chunk's lines.
@@ -258,6 +271,20 @@ mod tests {
         assert!(got > 0 && got <= whole, "read {got} of {whole} bytes");
         let stopped = pool.install(|| crate::cpu::warm::run_step(|| read_owned_into_cache(&experts, 64, &|| true)));
         assert_eq!(stopped, Some(0));
+        // Each thread keeps what it read for the experts' region to take, once: the driver
+        // (the publisher here, so one of the 3 ranked threads) its own rows.
+        let (mine, again, own) = pool.install(|| {
+            crate::cpu::warm::run_step(|| {
+                read_owned_into_cache(&experts, 64, &|| false);
+                let ranks = crate::cpu::warm::RegionRanks::here();
+                assert_eq!(ranks.count(), 3);
+                let own: usize =
+                    crate::quant::owned_bytes(&experts, 64, ranks.current(), 3).iter().map(|p| p.len()).sum();
+                (take_read_ahead_bytes(), take_read_ahead_bytes(), own as u64)
+            })
+        });
+        assert!(own > 0);
+        assert_eq!((mine, again), (own, 0));
     }
 
     #[test]

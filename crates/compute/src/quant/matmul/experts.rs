@@ -591,13 +591,28 @@ pub fn experts_one_token(
     let worker = |task: usize| {
         let mut t = timing::TaskTiming::default();
         let since = |at: std::time::Instant| at.saturating_duration_since(region_start).as_nanos() as u64;
+        // What this thread read ahead of the call (the split's read-ahead), taken whether timed
+        // or not so that a later call does not find it.
+        let ahead = crate::cpu::cache_fill::take_read_ahead_bytes();
         if timed {
             t.start = since(std::time::Instant::now());
+            t.ahead_bytes = ahead;
         }
+        // Counts a claim's bytes and notes when those computed reach what was read ahead (the
+        // rows read ahead are the thread's own, in the order it computes them).
+        let count = |t: &mut timing::TaskTiming, bytes: u64| {
+            if timed {
+                t.bytes += bytes;
+                if t.ahead_done == 0 && t.ahead_bytes > 0 && t.bytes >= t.ahead_bytes {
+                    t.ahead_done = since(std::time::Instant::now());
+                }
+            }
+        };
         let me = me();
         while let Some((start, end)) = claim_in(me) {
             gate_up_rows(start, end);
             t.claims += 1;
+            count(&mut t, ((end - start) * row_bytes_in) as u64);
         }
         if timed {
             t.gate_up_done = since(std::time::Instant::now());
@@ -605,6 +620,7 @@ pub fn experts_one_token(
         while let Some((start, end)) = claim_down(me) {
             down_rows(start, end, &mut t.waited);
             t.claims += 1;
+            count(&mut t, ((end - start) * row_bytes_down) as u64);
         }
         if timed {
             t.end = since(std::time::Instant::now());
@@ -739,6 +755,12 @@ pub mod timing {
         pub waited: u64,
         /// Claims taken.
         pub claims: u32,
+        /// Weight bytes of its claims (rows times the widest row of their phase).
+        pub bytes: u64,
+        /// Bytes this thread read ahead before the call (`cpu::cache_fill`).
+        pub ahead_bytes: u64,
+        /// When the bytes it computed reached `ahead_bytes` (0: never).
+        pub ahead_done: u64,
     }
 
     /// One call, in nanoseconds.
@@ -814,7 +836,8 @@ pub mod timing {
             per_task(&|t| us(t.waited)),
             per_task(&|t| t.claims as f64),
             mean(&|c| us(c.region) - us(c.tasks.iter().map(|t| t.end).max().unwrap_or(0))),
-        ) + &format!(
+        ) + &ahead_rates(calls)
+            + &format!(
             "; over calls (median / 90th percentile): region {}, gate/up ends' spread {}, longest wait {}",
             percentiles(calls, |c| c.region),
             // Over the tasks that claimed rows: one that started after every row was taken
@@ -824,6 +847,33 @@ pub mod timing {
                 ends.clone().max().unwrap_or(0) - ends.min().unwrap_or(0)
             }),
             percentiles(calls, |c| c.tasks.iter().map(|t| t.waited).max().unwrap_or(0)),
+        )
+    }
+
+    /// Over the tasks that read ahead and computed past it: the bytes read ahead a task and the
+    /// rate a thread computed them at (from its start to reaching them), and the rate of the
+    /// rest (to its end, less its waits for gated rows); empty when no task read ahead.
+    fn ahead_rates(calls: &[CallTiming]) -> String {
+        let (mut n, mut ahead, mut ahead_ns, mut rest, mut rest_ns) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        for t in calls.iter().flat_map(|c| &c.tasks) {
+            if t.ahead_done == 0 || t.bytes <= t.ahead_bytes || t.end <= t.ahead_done {
+                continue;
+            }
+            n += 1;
+            ahead += t.ahead_bytes;
+            ahead_ns += t.ahead_done.saturating_sub(t.start);
+            rest += t.bytes - t.ahead_bytes;
+            rest_ns += (t.end - t.ahead_done).saturating_sub(t.waited);
+        }
+        if n == 0 {
+            return String::new();
+        }
+        format!(
+            "; {n} tasks read ahead {:.0} KB each: computed at {:.1} GB/s a thread, the rest ({:.0} KB) at {:.1}",
+            ahead as f64 / n as f64 / 1e3,
+            ahead as f64 / ahead_ns.max(1) as f64,
+            rest as f64 / n as f64 / 1e3,
+            rest as f64 / rest_ns.max(1) as f64,
         )
     }
 
@@ -847,6 +897,44 @@ pub mod timing {
             tasks,
         };
         CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(call);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The rates of the rows read ahead and of the rest, over the tasks that read ahead and
+        /// went past it: bytes over time, the rest's time less its waits.
+        #[test]
+        fn ahead_rates_split_each_task_at_its_read_ahead() {
+            let task = |ahead_bytes, ahead_done, bytes, end, waited| TaskTiming {
+                start: 100,
+                gate_up_done: 0,
+                end,
+                waited,
+                claims: 1,
+                bytes,
+                ahead_bytes,
+                ahead_done,
+            };
+            let call = CallTiming {
+                tasks: vec![
+                    // 1000 B in 100 ns (10 GB/s), then 2000 B in 600 - 200 - 100 = 300 ns.
+                    task(1000, 200, 3000, 600, 100),
+                    // 3000 B in 300 ns, then 1000 B in 100 ns.
+                    task(3000, 400, 4000, 500, 0),
+                    // Left out: no read-ahead, and one that never got past it.
+                    task(0, 0, 5000, 900, 0),
+                    task(9000, 0, 5000, 900, 0),
+                ],
+                ..CallTiming::default()
+            };
+            assert_eq!(
+                ahead_rates(&[call]),
+                "; 2 tasks read ahead 2 KB each: computed at 10.0 GB/s a thread, the rest (2 KB) at 7.5"
+            );
+            assert_eq!(ahead_rates(&[]), "");
+        }
     }
 }
 
