@@ -135,8 +135,8 @@ enum TouchOrder {
     Pages,
 }
 
-/// `DISKFORMER_READ_AHEAD_LOOP=prefetch|lines|pages` (read once; default `prefetch`), or on B
-/// steps of the A/B name `ralines` one load per line.
+/// `DISKFORMER_READ_AHEAD_LOOP=prefetch|lines|pages` (read once; default `prefetch` on x86-64,
+/// `lines` elsewhere), or on B steps of the A/B name `ralines` one load per line.
 ///
 /// Why PREFETCHT1: a load per line keeps at most the core's ~16 line fill buffers of misses in
 /// flight, and the loop issues the next only as they retire. On the H200's host (thirty-ninth
@@ -156,7 +156,9 @@ fn touch_order() -> TouchOrder {
     *ORDER.get_or_init(|| match std::env::var("DISKFORMER_READ_AHEAD_LOOP").as_deref().map(str::trim) {
         Ok("lines") => TouchOrder::Lines,
         Ok("pages") => TouchOrder::Pages,
-        _ => TouchOrder::Prefetch,
+        // Only x86-64 has the prefetch here (`prefetch_l2`); elsewhere a hint would read nothing.
+        _ if cfg!(target_arch = "x86_64") => TouchOrder::Prefetch,
+        _ => TouchOrder::Lines,
     })
 }
 
