@@ -276,38 +276,38 @@ impl Tiles {
             use avx2_tiles as t;
             return Some(match dtype {
                 GgmlType::Q4_0 => Tiles {
-                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q4_0 }>,
+                    rows8_last: None,
                     tile: TileKernel(l::tile::<{ t::Q4_0 }, 2>, l::tile::<{ t::Q4_0 }, 1>),
                     quad: None,
                 },
                 GgmlType::Q4_1 => Tiles {
-                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q4_1 }>,
+                    rows8_last: None,
                     tile: TileKernel(l::tile::<{ t::Q4_1 }, 2>, l::tile::<{ t::Q4_1 }, 1>),
                     quad: None,
                 },
                 GgmlType::Q5_0 => Tiles {
-                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q5_0 }>,
+                    rows8_last: None,
                     tile: TileKernel(l::tile::<{ t::Q5_0 }, 2>, l::tile::<{ t::Q5_0 }, 1>),
                     quad: None,
                 },
                 GgmlType::Q8_0 => Tiles {
-                    rows8_last: None,
                     rows8: t::rows8::<{ t::Q8_0 }>,
+                    rows8_last: None,
                     tile: TileKernel(l::tile_q8_0::<2>, l::tile_q8_0::<1>),
                     quad: None,
                 },
                 GgmlType::Q4_K => Tiles {
-                    rows8_last: None,
                     rows8: k::rows8::<{ k::Q4_K }>,
+                    rows8_last: None,
                     tile: TileKernel(l::tile_q4_k::<2>, l::tile_q4_k::<1>),
                     quad: None,
                 },
                 GgmlType::Q6_K => Tiles {
-                    rows8_last: None,
                     rows8: k::rows8::<{ k::Q6_K }>,
+                    rows8_last: None,
                     tile: TileKernel(l::tile_q6_k::<2>, l::tile_q6_k::<1>),
                     quad: None,
                 },
