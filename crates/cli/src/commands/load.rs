@@ -190,8 +190,12 @@ pub fn report_stats(args: &ModelArgs, m: &Loaded) {
     // regions (the CPU experts' jobs, the read-ahead): fewer threads on each, and spawned tasks
     // once half of them are gone.
     let polls = compute::cpu::warm::poll_stats();
+    let pinned = match compute::cpu::pin::pinned_threads() {
+        0 => "threads not pinned".to_string(),
+        n => format!("{n} threads pinned to cores"),
+    };
     eprintln!(
-        "CPU pool: {} step pollers gave up over the run (nothing to run for {} ms), in {} of {} polled steps \
+        "CPU pool: {pinned}; {} step pollers gave up over the run (nothing to run for {} ms), in {} of {} polled steps \
          ({} with half or more gone, their later regions spawned; the first give-up {} us into its step on average)",
         polls.pollers_gave_up,
         compute::cpu::warm::MAX_IDLE.as_millis(),

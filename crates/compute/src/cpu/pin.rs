@@ -38,6 +38,13 @@ fn allowed_cpus() -> Vec<usize> {
     Vec::new()
 }
 
+/// How many threads [`pin_current_thread`] has pinned in this process (for `--stats`).
+pub fn pinned_threads() -> usize {
+    PINNED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static PINNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Pins the calling thread to the `index`-th CPU (modulo their count) of the set the process may
 /// run on. Returns whether it did; a failure (not Linux, a call refused) leaves the thread as it
 /// was.
@@ -54,7 +61,11 @@ pub fn pin_current_thread(index: usize) -> bool {
         unsafe {
             let mut one: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(cpu, &mut one);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) == 0
+            let pinned = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) == 0;
+            if pinned {
+                PINNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            pinned
         }
     }
     #[cfg(not(target_os = "linux"))]
