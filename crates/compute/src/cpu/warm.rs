@@ -393,8 +393,19 @@ pub fn run_step<R: Send>(step: impl FnOnce() -> R + Send) -> R {
     if n_threads < 2 || !polling_enabled() {
         return rayon::scope(|_| step());
     }
+    if rayon::current_thread_index().is_none() && !crate::ab::is_b("outsidestep") {
+        // Called from outside the pool (the CLI's generation loop), `rayon::scope` would run the
+        // step on a worker whose index is known only there: the step's slot would name no
+        // driver (so `RegionRanks` could not leave it out), and once the pollers took their
+        // driver from the slot (thirty-ninth session), that worker's own poller, still queued
+        // for it, ran nested inside the step's first wait for a task (the logits' copy on the
+        // pool) and held the step there until it gave up after `MAX_IDLE`: ~2.4 ms of every
+        // ~14 ms split decode step on the H200 (fortieth session's trace). Enter the pool
+        // first. (B steps of the A/B name `outsidestep` do not, for that comparison.)
+        return rayon::scope(|_| run_step(step));
+    }
     let done = AtomicBool::new(false);
-    // `rayon::scope` runs its closure on this thread: the driver.
+    // `rayon::scope` runs its closure on this thread (a pool worker): the driver.
     let slot = Slot::new(rayon::current_thread_index());
     crate::trace::mark("step begins", None);
     let out = rayon::scope(|s| {
@@ -451,6 +462,7 @@ fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
         return;
     }
     POLLING.with(|p| p.set(true));
+    crate::trace::mark("poller starts", None);
     let _slot = SlotScope::enter(slot);
     let mut idle = IdleClock::default();
     let mut empty_polls = 0u32;
@@ -474,6 +486,7 @@ fn poll_until(done: &AtomicBool, slot: &Slot, driver: Option<usize>) {
             let now = Instant::now();
             if idle.idle_too_long(now) {
                 slot.give_up(now);
+                crate::trace::mark("poller gave up", None);
                 break;
             }
             std::thread::yield_now();
@@ -499,6 +512,44 @@ mod tests {
         let slot = SLOT.with(Cell::get);
         // SAFETY: a non-null SLOT points at the running step's slot (as in `broadcast`).
         unsafe { slot.as_ref() }.map_or(0, |s| s.gave_up.load(Ordering::Relaxed))
+    }
+
+    /// Called from outside the pool, a step runs on a worker that is its driver: that worker's
+    /// own poller, still queued for it, returns at once instead of running nested inside the
+    /// step's first wait for a stolen task, where it held the step until it gave up after
+    /// `MAX_IDLE` (every split decode step on the H200 until the fortieth session).
+    #[test]
+    fn a_step_from_outside_the_pool_is_driven_by_its_worker() {
+        assert!(rayon::current_thread_index().is_none(), "the test thread is outside the global pool");
+        if rayon::current_num_threads() < 2 {
+            return;
+        }
+        let started_elsewhere = AtomicBool::new(false);
+        let (driver_is_worker, stolen, gave_up_in_step) = run_step(|| {
+            let me = rayon::current_thread_index();
+            // The second half sleeps on another thread (a poller steals it) while this one, its
+            // own half done, must wait for it: rayon then looks for other work on this thread.
+            let (stolen, ()) = rayon::join(
+                || {
+                    let t = Instant::now();
+                    while !started_elsewhere.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(2) {
+                        std::hint::spin_loop();
+                    }
+                    started_elsewhere.load(Ordering::Acquire)
+                },
+                || {
+                    if rayon::current_thread_index() != me {
+                        started_elsewhere.store(true, Ordering::Release);
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                },
+            );
+            (me.is_some(), stolen, gave_up())
+        });
+        assert!(driver_is_worker, "the step ran outside the pool");
+        if stolen {
+            assert_eq!(gave_up_in_step, 0, "a poller gave up inside the step's wait");
+        }
     }
 
     /// A region's ranks: every thread outside a step and in a region the driver publishes; in
