@@ -177,21 +177,37 @@ type RowsKernel = unsafe fn(&[*const u8; 8], usize, ActRow<'_>) -> [f32; 8];
 /// Four weight rows against `N` octets of tokens (32-value types): `out[row][octet][token]`.
 type OctetTileKernel<const N: usize> = unsafe fn(&[*const u8; 4], usize, &[TokenOctet<'_>; N]) -> [[[f32; 8]; N]; 4];
 
-/// Whether the AVX-512 decode kernels (eight rows against one token) beat the AVX2 ones on this
-/// CPU; the prefill tiles are AVX-512's either way. Not on AMD Zen 4 (family 0x19), which runs
-/// a 512-bit instruction as two 256-bit halves: on a 2-core EPYC of that family, 1B decode
-/// measured 30-31 tok/s with the AVX-512 kernels against 35-41 with AVX2's for Q4_0 and 25-27
-/// against 28-29 for Q4_K (2 threads; one thread 18.3 against 26.8 and 14.4 against 17.3),
-/// while its AVX-512 prefill tiles were 15-80% ahead. The two give the same bits (see
-/// `avx512`), so this only moves speed. `DISKFORMER_AVX512_DECODE=1|0` overrides.
+/// Whether the AVX-512 decode kernels (eight rows against one token) of `dtype` beat the AVX2
+/// ones on this CPU; the prefill tiles are AVX-512's either way. The two give the same bits (see
+/// `avx512`), so this only moves speed. `DISKFORMER_AVX512_DECODE=1|0` overrides for every type.
+///
+/// Not on AMD Zen 4 (family 0x19), which runs a 512-bit instruction as two 256-bit halves, except
+/// for Q4_K: on a 2-core EPYC of that family, 1B decode measured 30-31 tok/s with the AVX-512
+/// kernels against 35-41 with AVX2's for Q4_0 (one thread 18.3 against 26.8), while its AVX-512
+/// prefill tiles were 15-80% ahead. Q4_K read 25-27 against 28-29 then; since its heads of eight
+/// rows are unpacked in vectors and its sub-block sums packed ([`avx512::rows8_k`]), a 1B Q4_K
+/// decode there reads 43.1-46.2 tok/s with the AVX-512 kernel against 38.0-40.8 with AVX2's
+/// (fortieth session, 2 threads, alternating processes).
 #[cfg(target_arch = "x86_64")]
-fn avx512_decode_pays() -> bool {
-    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PAYS.get_or_init(|| match std::env::var("DISKFORMER_AVX512_DECODE").as_deref().map(str::trim) {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => !is_amd_zen4(),
-    })
+fn avx512_decode_pays(dtype: GgmlType) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    static ZEN4: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| match std::env::var("DISKFORMER_AVX512_DECODE").as_deref().map(str::trim) {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    });
+    forced.unwrap_or_else(|| dtype == GgmlType::Q4_K || !*ZEN4.get_or_init(is_amd_zen4))
+}
+
+/// The AVX-512 Q4_K decode with its sub-block sums packed ([`avx512::rows8_k`]), except on B
+/// steps of the A/B name `q4kmadd` or under `DISKFORMER_Q4K_PACKED=0` (the unpacked kernel,
+/// for comparison on other CPUs).
+#[cfg(target_arch = "x86_64")]
+fn q4_k_packed() -> bool {
+    static PACKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PACKED.get_or_init(|| std::env::var("DISKFORMER_Q4K_PACKED").map_or(true, |v| v.trim() != "0"))
+        && !crate::ab::is_b("q4kmadd")
 }
 
 /// AMD family 0x19 (Zen 3 and Zen 4; of those only Zen 4 has AVX-512) by CPUID.
@@ -250,11 +266,12 @@ impl Tiles {
                 GgmlType::Q4_1 => (avx512::rows8::<{ t::Q4_1 }>, l::tile::<{ t::Q4_1 }>),
                 GgmlType::Q5_0 => (avx2.rows8, l::tile::<{ t::Q5_0 }>),
                 GgmlType::Q8_0 => (avx512::rows8::<{ t::Q8_0 }>, l::tile_q8_0),
+                GgmlType::Q4_K if !q4_k_packed() => (avx512::rows8_k_madd::<{ avx512::Q4_K }>, l::tile_q4_k),
                 GgmlType::Q4_K => (avx512::rows8_k::<{ avx512::Q4_K }>, l::tile_q4_k),
                 GgmlType::Q6_K => (avx512::rows8_k::<{ avx512::Q6_K }>, l::tile_q6_k),
                 _ => return Some(avx2),
             };
-            if !avx512_decode_pays() {
+            if !avx512_decode_pays(dtype) {
                 rows8 = avx2.rows8;
             }
             let quad = match dtype {
@@ -263,8 +280,15 @@ impl Tiles {
                 _ => None,
             };
             let rows8_last = match dtype {
-                GgmlType::Q4_K if avx512_decode_pays() => Some(avx512::rows8_k_last::<{ avx512::Q4_K }> as RowsKernel),
-                GgmlType::Q6_K if avx512_decode_pays() => Some(avx512::rows8_k_last::<{ avx512::Q6_K }> as RowsKernel),
+                GgmlType::Q4_K if avx512_decode_pays(dtype) && !q4_k_packed() => {
+                    Some(avx512::rows8_k_madd_last::<{ avx512::Q4_K }> as RowsKernel)
+                }
+                GgmlType::Q4_K if avx512_decode_pays(dtype) => {
+                    Some(avx512::rows8_k_last::<{ avx512::Q4_K }> as RowsKernel)
+                }
+                GgmlType::Q6_K if avx512_decode_pays(dtype) => {
+                    Some(avx512::rows8_k_last::<{ avx512::Q6_K }> as RowsKernel)
+                }
                 _ => None,
             };
             return Some(Tiles { rows8, rows8_last, tile: TileKernel(two, one), quad });
