@@ -7,7 +7,7 @@
 # speed (the odd steps' over the even steps', by mean step time) and each name's mean.
 #
 # Usage: bench/ab-steps.sh MODEL.gguf NAME...
-#   names in use: park, map (with DISKFORMER_MAPPED_EXPERTS=huge), alloc, signal, qknorm, qkfuse, router, submit, attnsplit, addnorm, gpufirst, touch, ffnnorm, ahead, pace, prefetch (with DISKFORMER_SPLIT_PREFETCH=1), copyq (with DISKFORMER_SPLIT_COPY_REFILLS=1), shared, spawned, pollspawn, cpuguess, prodspawn, contig, longidle, ralines, ranks, lastpf, q4kmadd, outsidestep (compute::ab)
+#   names in use: park, map (with DISKFORMER_MAPPED_EXPERTS=huge), alloc, signal, qknorm, qkfuse, router, submit, attnsplit, addnorm, gpufirst, touch, ffnnorm, ahead, pace, prefetch (with DISKFORMER_SPLIT_PREFETCH=1), copyq (with DISKFORMER_SPLIT_COPY_REFILLS=1), shared, spawned, pollspawn, cpuguess, prodspawn, contig, longidle, ralines, ranks, lastpf, kmadd, outsidestep (compute::ab)
 # Environment (defaults in brackets): ROUNDS [2]   N [64]   REPS [3]   THREADS [0: every core]
 #   WARMUP [1: one untimed run first; 0: none]
 #   FLAGS [--gpu-budget 4G]   DF [target/release/diskformer, else BIN/diskformer]
@@ -19,7 +19,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 model=${1:?usage: bench/ab-steps.sh MODEL.gguf NAME...}
 shift
-[ $# -gt 0 ] || { echo "name at least one setting (park, map, alloc, signal, qknorm, qkfuse, router, submit, attnsplit, addnorm, gpufirst, touch, ffnnorm, ahead, pace, prefetch, copyq, shared, spawned, pollspawn, cpuguess, prodspawn, contig, longidle, ralines, ranks, lastpf, q4kmadd, outsidestep)" >&2; exit 1; }
+[ $# -gt 0 ] || { echo "name at least one setting (park, map, alloc, signal, qknorm, qkfuse, router, submit, attnsplit, addnorm, gpufirst, touch, ffnnorm, ahead, pace, prefetch, copyq, shared, spawned, pollspawn, cpuguess, prodspawn, contig, longidle, ralines, ranks, lastpf, kmadd, outsidestep)" >&2; exit 1; }
 ROUNDS=${ROUNDS:-2}
 N=${N:-64}
 REPS=${REPS:-3}

@@ -39,9 +39,9 @@
 //! experts' owned rows and the read-ahead shared over every pool thread, the step's driver
 //! included, instead of the threads a poller's region runs on: `cpu::warm::RegionRanks`),
 //! `lastpf` (the CPU's eight-row kernels prefetch the rows after a claim's last group, another
-//! thread's, as they do after every other group), `q4kmadd` (the AVX-512 Q4_K decode kernel
-//! multiplies each sub-block's levels and activations to i16 pairs and those by the scales,
-//! instead of packing the sub-blocks' i32 sums and multiplying them by the scales once),
+//! thread's, as they do after every other group), `kmadd` (the AVX-512 Q4_K and Q6_K decode
+//! kernels multiply each sub-block's levels and activations to i16 pairs and those by the
+//! scales, instead of packing the sub-blocks' i32 sums and multiplying them by the scales once),
 //! `outsidestep` (a polled step called from outside the thread pool runs its scope from there
 //! instead of entering the pool first: its worker's own poller then runs nested inside the
 //! step's first wait for a task).

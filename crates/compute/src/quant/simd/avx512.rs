@@ -378,6 +378,80 @@ unsafe fn q6_k_pair(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -
     sumi
 }
 
+/// [`q6_k_pair`] with one multiply fewer per 64 values, as [`q4_k_pair_packed`]: each group's
+/// levels (0..64) against the activations by `vpdpbusd` (four products, at most 4 * 63 * 128 in
+/// size: they pack to i16 without saturating), two groups' sums packed into one register and
+/// multiplied by their sixteen-value sub-blocks' scales in one `vpdpwssd`. The same integers as
+/// [`q6_k_pair`], so the same bits.
+///
+/// # Safety
+/// As [`q6_k_pair`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
+    let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+    let scales16_a = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.add(192) as *const __m128i));
+    let scales16_b = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+    // |scale| <= 128 and |bsum| <= 16 * 127: each madd lane and its times 32 fit i32.
+    let start =
+        |s: __m256i| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s, bsums), 5));
+    let mut sumi = join(start(scales16_a), start(scales16_b));
+    // The scales of groups `g0` and `g1` (32 values each: the first 16 take the half's scale
+    // 2 g, the next 16 scale 2 g + 1) laid as `vpackssdw` lays the two groups' sums: in each
+    // 128-bit lane `l`, words 0..4 scale 2 g0 + l, words 4..8 scale 2 g1 + l.
+    let pair_index = |g0: usize, g1: usize| {
+        let w = |j: usize| (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+        let (p, q, r, t) = (w(2 * g0), w(2 * g1), w(2 * g0 + 1), w(2 * g1 + 1));
+        _mm512_broadcast_i64x4(_mm256_setr_epi16(p, p, p, p, q, q, q, q, r, r, r, r, t, t, t, t))
+    };
+    for half in 0..2 {
+        let half_scales = if half == 0 {
+            join(
+                _mm256_permute2x128_si256(scales16_a, scales16_a, 0x00),
+                _mm256_permute2x128_si256(scales16_b, scales16_b, 0x00),
+            )
+        } else {
+            join(
+                _mm256_permute2x128_si256(scales16_a, scales16_a, 0x11),
+                _mm256_permute2x128_si256(scales16_b, scales16_b, 0x11),
+            )
+        };
+        let load2 = |offset: usize| {
+            join(
+                _mm256_loadu_si256(a.add(offset) as *const __m256i),
+                _mm256_loadu_si256(b.add(offset) as *const __m256i),
+            )
+        };
+        let ql0 = load2(64 * half);
+        let ql1 = load2(64 * half + 32);
+        let qh = load2(128 + 32 * half);
+        let groups = [
+            _mm512_or_si512(_mm512_and_si512(ql0, m4), _mm512_slli_epi16::<4>(_mm512_and_si512(qh, m3))),
+            _mm512_or_si512(
+                _mm512_and_si512(ql1, m4),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<2>(qh), m3)),
+            ),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql0), m4),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<4>(qh), m3)),
+            ),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), m4),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<6>(qh), m3)),
+            ),
+        ];
+        let dot = |gi: usize| {
+            let xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(128 * half + 32 * gi) as *const __m256i));
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), groups[gi], xv)
+        };
+        for (g0, g1) in [(0, 1), (2, 3)] {
+            let s = _mm512_shuffle_epi8(half_scales, pair_index(g0, g1));
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(dot(g0), dot(g1)), s);
+        }
+    }
+    sumi
+}
+
 /// The exact `sum_j min_j * (bsum 2j + bsum 2j+1)` of eight Q4_K rows, row `r` in lane `r`,
 /// from [`q4_k_heads8`]'s mins and the token's [`group_sums`]: two `j` per `madd`, no fold (as
 /// in `avx2_ktiles::rows8`).
@@ -420,8 +494,8 @@ pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: u
     unsafe { rows8_k_with::<T, true, false>(rows, nb, x) }
 }
 
-/// [`rows8_k`] with Q4_K's super-blocks by [`q4_k_pair`] (two multiplies per sub-block), for
-/// comparison (the A/B name `q4kmadd`). Same bits.
+/// [`rows8_k`] with the super-blocks by [`q4_k_pair`] and [`q6_k_pair`] (two multiplies per 32
+/// values), for comparison (the A/B name `kmadd`). Same bits.
 ///
 /// # Safety
 /// As [`rows8_k`].
@@ -500,7 +574,11 @@ unsafe fn rows8_k_with<const T: u8, const NEXT: bool, const MADD: bool>(
             let bsums = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
             let mut p = [_mm512_setzero_si512(); 4];
             for (k, p) in p.iter_mut().enumerate() {
-                *p = q6_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums);
+                *p = if MADD {
+                    q6_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums)
+                } else {
+                    q6_k_pair_packed(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums)
+                };
             }
             let dw = f16_firsts8(rows, at + 208);
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_pairs(&p)), _mm256_mul_ps(dw, dx), acc);

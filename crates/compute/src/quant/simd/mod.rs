@@ -182,12 +182,14 @@ type OctetTileKernel<const N: usize> = unsafe fn(&[*const u8; 4], usize, &[Token
 /// `avx512`), so this only moves speed. `DISKFORMER_AVX512_DECODE=1|0` overrides for every type.
 ///
 /// Not on AMD Zen 4 (family 0x19), which runs a 512-bit instruction as two 256-bit halves, except
-/// for Q4_K: on a 2-core EPYC of that family, 1B decode measured 30-31 tok/s with the AVX-512
-/// kernels against 35-41 with AVX2's for Q4_0 (one thread 18.3 against 26.8), while its AVX-512
-/// prefill tiles were 15-80% ahead. Q4_K read 25-27 against 28-29 then; since its heads of eight
-/// rows are unpacked in vectors and its sub-block sums packed ([`avx512::rows8_k`]), a 1B Q4_K
-/// decode there reads 43.1-46.2 tok/s with the AVX-512 kernel against 38.0-40.8 with AVX2's
-/// (fortieth session, 2 threads, alternating processes).
+/// for the k-quants: on a 2-core EPYC of that family, 1B decode measured 30-31 tok/s with the
+/// AVX-512 kernels against 35-41 with AVX2's for Q4_0 (one thread 18.3 against 26.8), while its
+/// AVX-512 prefill tiles were 15-80% ahead. Q4_K read 25-27 against 28-29 then; since the k-quant
+/// kernels unpack eight rows' heads in vectors and pack their sub-block sums
+/// ([`avx512::rows8_k`]), a 1B decode there reads, AVX-512 against AVX2 (fortieth session, 2
+/// threads, alternating processes on a noisy host): Q4_K 43.1-46.2 against 38.0-40.8 tok/s; Q6_K
+/// 28.8, 22.8, 25.0, 28.7, 20.8, 19.4 against 23.7, 19.8, 20.6, 26.8, 25.6, 17.2 (one thread on
+/// a 768 x 2048 matrix in L2: 28.6-31.1 GB/s against 16.3-24.0).
 #[cfg(target_arch = "x86_64")]
 fn avx512_decode_pays(dtype: GgmlType) -> bool {
     static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
@@ -197,17 +199,17 @@ fn avx512_decode_pays(dtype: GgmlType) -> bool {
         Ok("0") => Some(false),
         _ => None,
     });
-    forced.unwrap_or_else(|| dtype == GgmlType::Q4_K || !*ZEN4.get_or_init(is_amd_zen4))
+    forced.unwrap_or_else(|| matches!(dtype, GgmlType::Q4_K | GgmlType::Q6_K) || !*ZEN4.get_or_init(is_amd_zen4))
 }
 
-/// The AVX-512 Q4_K decode with its sub-block sums packed ([`avx512::rows8_k`]), except on B
-/// steps of the A/B name `q4kmadd` or under `DISKFORMER_Q4K_PACKED=0` (the unpacked kernel,
-/// for comparison on other CPUs).
+/// The AVX-512 Q4_K and Q6_K decode with their sub-block sums packed ([`avx512::rows8_k`]),
+/// except on B steps of the A/B name `kmadd` or under `DISKFORMER_K_PACKED=0` (the kernels that
+/// multiply each sub-block twice, for comparison on other CPUs).
 #[cfg(target_arch = "x86_64")]
-fn q4_k_packed() -> bool {
+fn k_packed() -> bool {
     static PACKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PACKED.get_or_init(|| std::env::var("DISKFORMER_Q4K_PACKED").map_or(true, |v| v.trim() != "0"))
-        && !crate::ab::is_b("q4kmadd")
+    *PACKED.get_or_init(|| std::env::var("DISKFORMER_K_PACKED").map_or(true, |v| v.trim() != "0"))
+        && !crate::ab::is_b("kmadd")
 }
 
 /// AMD family 0x19 (Zen 3 and Zen 4; of those only Zen 4 has AVX-512) by CPUID.
@@ -266,8 +268,9 @@ impl Tiles {
                 GgmlType::Q4_1 => (avx512::rows8::<{ t::Q4_1 }>, l::tile::<{ t::Q4_1 }>),
                 GgmlType::Q5_0 => (avx2.rows8, l::tile::<{ t::Q5_0 }>),
                 GgmlType::Q8_0 => (avx512::rows8::<{ t::Q8_0 }>, l::tile_q8_0),
-                GgmlType::Q4_K if !q4_k_packed() => (avx512::rows8_k_madd::<{ avx512::Q4_K }>, l::tile_q4_k),
+                GgmlType::Q4_K if !k_packed() => (avx512::rows8_k_madd::<{ avx512::Q4_K }>, l::tile_q4_k),
                 GgmlType::Q4_K => (avx512::rows8_k::<{ avx512::Q4_K }>, l::tile_q4_k),
+                GgmlType::Q6_K if !k_packed() => (avx512::rows8_k_madd::<{ avx512::Q6_K }>, l::tile_q6_k),
                 GgmlType::Q6_K => (avx512::rows8_k::<{ avx512::Q6_K }>, l::tile_q6_k),
                 _ => return Some(avx2),
             };
@@ -279,16 +282,12 @@ impl Tiles {
                 GgmlType::Q4_K => Some(l::tile4_q4_k as OctetTileKernel<4>),
                 _ => None,
             };
-            let rows8_last = match dtype {
-                GgmlType::Q4_K if avx512_decode_pays(dtype) && !q4_k_packed() => {
-                    Some(avx512::rows8_k_madd_last::<{ avx512::Q4_K }> as RowsKernel)
-                }
-                GgmlType::Q4_K if avx512_decode_pays(dtype) => {
-                    Some(avx512::rows8_k_last::<{ avx512::Q4_K }> as RowsKernel)
-                }
-                GgmlType::Q6_K if avx512_decode_pays(dtype) => {
-                    Some(avx512::rows8_k_last::<{ avx512::Q6_K }> as RowsKernel)
-                }
+            let rows8_last = match (dtype, k_packed()) {
+                _ if !avx512_decode_pays(dtype) => None,
+                (GgmlType::Q4_K, true) => Some(avx512::rows8_k_last::<{ avx512::Q4_K }> as RowsKernel),
+                (GgmlType::Q4_K, false) => Some(avx512::rows8_k_madd_last::<{ avx512::Q4_K }> as RowsKernel),
+                (GgmlType::Q6_K, true) => Some(avx512::rows8_k_last::<{ avx512::Q6_K }> as RowsKernel),
+                (GgmlType::Q6_K, false) => Some(avx512::rows8_k_madd_last::<{ avx512::Q6_K }> as RowsKernel),
                 _ => None,
             };
             return Some(Tiles { rows8, rows8_last, tile: TileKernel(two, one), quad });
