@@ -259,28 +259,11 @@ const fn k_block_bytes(t: u8) -> usize {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_k_pair(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
-    let m4 = _mm512_set1_epi8(0x0F);
-    // Byte `j` zero-extended to every i16 lane (0x80 zeroes the high byte).
-    let scale = |j: i16| _mm512_shuffle_epi8(scales, _mm512_set1_epi16(j | 0x80 << 8));
-    let mut sumi = _mm512_setzero_si512();
-    for c in 0..4 {
-        let q = join(
-            _mm256_loadu_si256(a.add(16 + 32 * c) as *const __m256i),
-            _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i),
-        );
-        let lo = _mm512_and_si512(q, m4);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-        let (s_lo, s_hi) = (scale(2 * c as i16), scale(2 * c as i16 + 1));
-        let x_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c) as *const __m256i));
-        let x_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c + 32) as *const __m256i));
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, x_lo), s_lo);
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, x_hi), s_hi);
-    }
-    sumi
+    q4_k_pair_with::<false>(a, b, xq, scales)
 }
 
 /// [`q4_k_pair`] with one multiply fewer per 32 bytes: each sub-block's levels against the
-/// activations by `vpdpbusd` (four products to an i32, at most 4 * 15 * 128 in size, so they
+/// activations by `vpdpbusd` (four products to an i32, at most `4 * 15 * 128` in size, so they
 /// pack to i16 without saturating), the two sub-blocks of a 32-byte chunk packed into one
 /// register and multiplied by their scales in one `vpdpwssd`. The same integers as
 /// [`q4_k_pair`], so the same bits. `scales` as there.
@@ -296,7 +279,19 @@ unsafe fn q4_k_pair(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
+    q4_k_pair_with::<true>(a, b, xq, scales)
+}
+
+/// [`q4_k_pair`] (`PACKED` false) or [`q4_k_pair_packed`].
+///
+/// # Safety
+/// As [`q4_k_pair`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_pair_with<const PACKED: bool>(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
     let m4 = _mm512_set1_epi8(0x0F);
+    // Byte `j` zero-extended to every i16 lane (0x80 zeroes the high byte).
+    let scale = |j: i16| _mm512_shuffle_epi8(scales, _mm512_set1_epi16(j | 0x80 << 8));
     // Words 0..4 of every 128-bit lane: scale byte `j`, words 4..8: byte `j + 1`, zero-extended.
     let scale_pair = |j: u8| {
         let w = |b: u8| i16::from_le_bytes([b, 0x80]);
@@ -313,82 +308,47 @@ unsafe fn q4_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, scales: __
         let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
         let x_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c) as *const __m256i));
         let x_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(64 * c + 32) as *const __m256i));
-        let t_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo);
-        let t_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, x_hi);
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(t_lo, t_hi), scale_pair(2 * c as u8));
-    }
-    sumi
-}
-
-/// One Q6_K super-block of two rows with one token, as `avx2_ktiles`'s `q6_k_block`: levels
-/// taken unsigned (0..64), `32 * sum(scale * bsum)` off the start value.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_pair(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
-    let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
-    let scales16_a = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.add(192) as *const __m128i));
-    let scales16_b = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
-    // |scale| <= 128 and |bsum| <= 16 * 127: each madd lane and its times 32 fit i32.
-    let start =
-        |s: __m256i| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s, bsums), 5));
-    let mut sumi = join(start(scales16_a), start(scales16_b));
-    for half in 0..2 {
-        let half_scales = if half == 0 {
-            join(
-                _mm256_permute2x128_si256(scales16_a, scales16_a, 0x00),
-                _mm256_permute2x128_si256(scales16_b, scales16_b, 0x00),
-            )
+        if PACKED {
+            let t_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo);
+            let t_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, x_hi);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(t_lo, t_hi), scale_pair(2 * c as u8));
         } else {
-            join(
-                _mm256_permute2x128_si256(scales16_a, scales16_a, 0x11),
-                _mm256_permute2x128_si256(scales16_b, scales16_b, 0x11),
-            )
-        };
-        let load2 = |offset: usize| {
-            join(
-                _mm256_loadu_si256(a.add(offset) as *const __m256i),
-                _mm256_loadu_si256(b.add(offset) as *const __m256i),
-            )
-        };
-        let ql0 = load2(64 * half);
-        let ql1 = load2(64 * half + 32);
-        let qh = load2(128 + 32 * half);
-        let groups = [
-            _mm512_or_si512(_mm512_and_si512(ql0, m4), _mm512_slli_epi16::<4>(_mm512_and_si512(qh, m3))),
-            _mm512_or_si512(
-                _mm512_and_si512(ql1, m4),
-                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<2>(qh), m3)),
-            ),
-            _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(ql0), m4),
-                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<4>(qh), m3)),
-            ),
-            _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), m4),
-                _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<6>(qh), m3)),
-            ),
-        ];
-        for (gi, lv) in groups.into_iter().enumerate() {
-            // Lanes 0..8 of each row (values 0..16) take scale 2 gi of this half, 8..16 the next.
-            let s = _mm512_shuffle_epi8(half_scales, _mm512_broadcast_i64x4(pair_broadcast_index(2 * gi)));
-            let xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(128 * half + 32 * gi) as *const __m256i));
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lv, xv), s);
+            let (s_lo, s_hi) = (scale(2 * c as i16), scale(2 * c as i16 + 1));
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, x_lo), s_lo);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, x_hi), s_hi);
         }
     }
     sumi
 }
 
-/// [`q6_k_pair`] with one multiply fewer per 64 values, as [`q4_k_pair_packed`]: each group's
-/// levels (0..64) against the activations by `vpdpbusd` (four products, at most 4 * 63 * 128 in
-/// size: they pack to i16 without saturating), two groups' sums packed into one register and
-/// multiplied by their sixteen-value sub-blocks' scales in one `vpdpwssd`. The same integers as
+/// One Q6_K super-block of two rows with one token, as `avx2_ktiles`'s `q6_k_block`: levels
+/// taken unsigned (0..64), `32 * sum(scale * bsum)` off the start value. Each 32 values take
+/// `maddubs` and `vpdpwssd` with their two sixteen-value sub-blocks' scales.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_pair(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
+    q6_k_pair_with::<false>(a, b, xq, bsums)
+}
+
+/// [`q6_k_pair`] with one multiply fewer per 64 values, as [`q4_k_pair_packed`]: each 32
+/// values' levels (0..64) against the activations by `vpdpbusd` (four products, at most
+/// `4 * 63 * 128` in size: they pack to i16 without saturating), two such groups' sums packed into one
+/// register and multiplied by their sub-blocks' scales in one `vpdpwssd`. The same integers as
 /// [`q6_k_pair`], so the same bits.
-///
-/// # Safety
-/// As [`q6_k_pair`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q6_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
+    q6_k_pair_with::<true>(a, b, xq, bsums)
+}
+
+/// [`q6_k_pair`] (`PACKED` false) or [`q6_k_pair_packed`].
+///
+/// # Safety
+/// The features of [`rows8_k`] must be available; `a` and `b` must start whole Q6_K
+/// super-blocks and `xq` their 256 activation quants.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_pair_with<const PACKED: bool>(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
     let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
     let scales16_a = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.add(192) as *const __m128i));
     let scales16_b = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
@@ -396,9 +356,9 @@ unsafe fn q6_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, bsums: __m
     let start =
         |s: __m256i| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s, bsums), 5));
     let mut sumi = join(start(scales16_a), start(scales16_b));
-    // The scales of groups `g0` and `g1` (32 values each: the first 16 take the half's scale
-    // 2 g, the next 16 scale 2 g + 1) laid as `vpackssdw` lays the two groups' sums: in each
-    // 128-bit lane `l`, words 0..4 scale 2 g0 + l, words 4..8 scale 2 g1 + l.
+    // For the packed sums of groups `g0` and `g1` (32 values each: the first 16 take the half's
+    // scale 2 g, the next 16 scale 2 g + 1), the scales laid as `vpackssdw` lays the sums: in
+    // each 128-bit lane `l`, words 0..4 scale 2 g0 + l, words 4..8 scale 2 g1 + l.
     let pair_index = |g0: usize, g1: usize| {
         let w = |j: usize| (2 * j as i16) | ((2 * j as i16 + 1) << 8);
         let (p, q, r, t) = (w(2 * g0), w(2 * g1), w(2 * g0 + 1), w(2 * g1 + 1));
@@ -440,13 +400,19 @@ unsafe fn q6_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, bsums: __m
                 _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srli_epi16::<6>(qh), m3)),
             ),
         ];
-        let dot = |gi: usize| {
-            let xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(128 * half + 32 * gi) as *const __m256i));
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), groups[gi], xv)
-        };
-        for (g0, g1) in [(0, 1), (2, 3)] {
-            let s = _mm512_shuffle_epi8(half_scales, pair_index(g0, g1));
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(dot(g0), dot(g1)), s);
+        let x = |gi: usize| _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(128 * half + 32 * gi) as *const __m256i));
+        if PACKED {
+            let dot = |gi: usize| _mm512_dpbusd_epi32(_mm512_setzero_si512(), groups[gi], x(gi));
+            for (g0, g1) in [(0, 1), (2, 3)] {
+                let s = _mm512_shuffle_epi8(half_scales, pair_index(g0, g1));
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(dot(g0), dot(g1)), s);
+            }
+        } else {
+            for (gi, lv) in groups.into_iter().enumerate() {
+                // Lanes 0..8 of each row (values 0..16) take scale 2 gi of this half, 8..16 the next.
+                let s = _mm512_shuffle_epi8(half_scales, _mm512_broadcast_i64x4(pair_broadcast_index(2 * gi)));
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lv, x(gi)), s);
+            }
         }
     }
     sumi
