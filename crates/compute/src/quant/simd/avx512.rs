@@ -248,47 +248,29 @@ const fn k_block_bytes(t: u8) -> usize {
 }
 
 /// One Q4_K super-block of two rows (`a` in the low half, `b` in the high half) with one
-/// token: the AVX2 kernel's `maddubs` of levels and activations and `madd` with the sub-block
-/// scales (here one `vpdpwssd`), so each half's eight i32 lanes sum to that row's
-/// `sum_j scale_j * dot(levels_j, x_j)`. `scales` holds, in every 128-bit lane of a half, that
-/// row's eight scales as bytes 0..8 (from [`q4_k_heads8`], see [`rows8_k`]).
+/// token, so that each half's eight i32 lanes sum to that row's `sum_j scale_j * dot(levels_j,
+/// x_j)`. `scales` holds, in every 128-bit lane of a half, that row's eight scales as bytes 0..8
+/// (from [`q4_k_heads8`], see [`rows8_k`]).
+///
+/// Not `PACKED`: the AVX2 kernel's `maddubs` of levels and activations and `madd` with the
+/// sub-block scales (here one `vpdpwssd`). `PACKED`: one multiply fewer per 32 bytes, each
+/// sub-block's levels against the activations by `vpdpbusd` (four products to an i32, at most
+/// `4 * 15 * 128` in size, so they pack to i16 without saturating), the two sub-blocks of a
+/// 32-byte chunk packed into one register and multiplied by their scales in one `vpdpwssd`. The
+/// same integers either way, so the same bits.
+///
+/// Measured, packed against not (fortieth session, `quant_speed`, Q4_K 768 x 2048 in L2 and 768
+/// x 65536 from RAM, one thread): Zen 4 24.0-24.3 -> 26.8-28.2 GB/s and 19.2-20.0 -> 22.0-23.3;
+/// the H200 host's Xeon 14.3-14.4 -> 13.1-13.5 and 11.2-12.5 -> 13.3-15.0, on every core at once
+/// 9.0-15.0 -> 10.4-19.1 (in L2). In the split's decode there, in one process (`ab-steps.sh`):
+/// B/A 1.0016 against the control's 1.0010, no difference.
 ///
 /// # Safety
 /// The features of [`rows8_k`] must be available; `a` and `b` must start whole Q4_K
 /// super-blocks and `xq` their 256 activation quants.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_pair(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
-    q4_k_pair_with::<false>(a, b, xq, scales)
-}
-
-/// [`q4_k_pair`] with one multiply fewer per 32 bytes: each sub-block's levels against the
-/// activations by `vpdpbusd` (four products to an i32, at most `4 * 15 * 128` in size, so they
-/// pack to i16 without saturating), the two sub-blocks of a 32-byte chunk packed into one
-/// register and multiplied by their scales in one `vpdpwssd`. The same integers as
-/// [`q4_k_pair`], so the same bits. `scales` as there.
-///
-/// Measured (fortieth session, `quant_speed`, Q4_K 768 x 2048 in L2 and 768 x 65536 from RAM,
-/// one thread): Zen 4 24.0-24.3 -> 26.8-28.2 GB/s and 19.2-20.0 -> 22.0-23.3; the H200 host's
-/// Xeon 14.3-14.4 -> 13.1-13.5 and 11.2-12.5 -> 13.3-15.0, on every core at once 9.0-15.0 ->
-/// 10.4-19.1 (in L2). In the split's decode there, in one process (`ab-steps.sh`): B/A 1.0016
-/// against the control's 1.0010, no difference.
-///
-/// # Safety
-/// As [`q4_k_pair`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
-    q4_k_pair_with::<true>(a, b, xq, scales)
-}
-
-/// [`q4_k_pair`] (`PACKED` false) or [`q4_k_pair_packed`].
-///
-/// # Safety
-/// As [`q4_k_pair`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_pair_with<const PACKED: bool>(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
+unsafe fn q4_k_pair<const PACKED: bool>(a: *const u8, b: *const u8, xq: *const i8, scales: __m512i) -> __m512i {
     let m4 = _mm512_set1_epi8(0x0F);
     // Byte `j` zero-extended to every i16 lane (0x80 zeroes the high byte).
     let scale = |j: i16| _mm512_shuffle_epi8(scales, _mm512_set1_epi16(j | 0x80 << 8));
@@ -322,33 +304,20 @@ unsafe fn q4_k_pair_with<const PACKED: bool>(a: *const u8, b: *const u8, xq: *co
 }
 
 /// One Q6_K super-block of two rows with one token, as `avx2_ktiles`'s `q6_k_block`: levels
-/// taken unsigned (0..64), `32 * sum(scale * bsum)` off the start value. Each 32 values take
-/// `maddubs` and `vpdpwssd` with their two sixteen-value sub-blocks' scales.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_pair(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
-    q6_k_pair_with::<false>(a, b, xq, bsums)
-}
-
-/// [`q6_k_pair`] with one multiply fewer per 64 values, as [`q4_k_pair_packed`]: each 32
-/// values' levels (0..64) against the activations by `vpdpbusd` (four products, at most
-/// `4 * 63 * 128` in size: they pack to i16 without saturating), two such groups' sums packed into one
-/// register and multiplied by their sub-blocks' scales in one `vpdpwssd`. The same integers as
-/// [`q6_k_pair`], so the same bits.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_pair_packed(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
-    q6_k_pair_with::<true>(a, b, xq, bsums)
-}
-
-/// [`q6_k_pair`] (`PACKED` false) or [`q6_k_pair_packed`].
+/// taken unsigned (0..64), `32 * sum(scale * bsum)` off the start value. Not `PACKED`: each 32
+/// values take `maddubs` and `vpdpwssd` with their two sixteen-value sub-blocks' scales.
+/// `PACKED`: one multiply fewer per 64 values, as [`q4_k_pair`]'s: each 32 values' levels
+/// against the activations by `vpdpbusd` (four products, at most `4 * 63 * 128` in size: they
+/// pack to i16 without saturating), two such groups' sums packed into one register and
+/// multiplied by their sub-blocks' scales in one `vpdpwssd`. The same integers either way, so
+/// the same bits.
 ///
 /// # Safety
 /// The features of [`rows8_k`] must be available; `a` and `b` must start whole Q6_K
 /// super-blocks and `xq` their 256 activation quants.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_pair_with<const PACKED: bool>(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
+unsafe fn q6_k_pair<const PACKED: bool>(a: *const u8, b: *const u8, xq: *const i8, bsums: __m256i) -> __m512i {
     let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
     let scales16_a = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.add(192) as *const __m128i));
     let scales16_b = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
@@ -457,18 +426,18 @@ unsafe fn q4_k_min_sums8(mins_lo: __m256i, mins_hi: __m256i, groups: __m128i) ->
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(in crate::quant) unsafe fn rows8_k<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
     // SAFETY: the caller's promise, passed on.
-    unsafe { rows8_k_with::<T, true, false>(rows, nb, x) }
+    unsafe { rows8_k_with::<T, true, true>(rows, nb, x) }
 }
 
-/// [`rows8_k`] with the super-blocks by [`q4_k_pair`] and [`q6_k_pair`] (two multiplies per 32
-/// values), for comparison (the A/B name `kmadd`). Same bits.
+/// [`rows8_k`] with the super-blocks by [`q4_k_pair`] and [`q6_k_pair`] not packed (two
+/// multiplies per 32 values), for comparison (the A/B name `kmadd`). Same bits.
 ///
 /// # Safety
 /// As [`rows8_k`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(in crate::quant) unsafe fn rows8_k_madd<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
     // SAFETY: the caller's promise, passed on.
-    unsafe { rows8_k_with::<T, true, true>(rows, nb, x) }
+    unsafe { rows8_k_with::<T, true, false>(rows, nb, x) }
 }
 
 /// [`rows8_k_madd`] without the prefetch of the next eight rows. Same bits.
@@ -482,7 +451,7 @@ pub(in crate::quant) unsafe fn rows8_k_madd_last<const T: u8>(
     x: ActRow<'_>,
 ) -> [f32; 8] {
     // SAFETY: the caller's promise, passed on.
-    unsafe { rows8_k_with::<T, false, true>(rows, nb, x) }
+    unsafe { rows8_k_with::<T, false, false>(rows, nb, x) }
 }
 
 /// [`rows8_k`] without the prefetch of the next eight rows (a claim's last group: those rows
@@ -493,12 +462,12 @@ pub(in crate::quant) unsafe fn rows8_k_madd_last<const T: u8>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(in crate::quant) unsafe fn rows8_k_last<const T: u8>(rows: &[*const u8; 8], nb: usize, x: ActRow<'_>) -> [f32; 8] {
     // SAFETY: the caller's promise, passed on.
-    unsafe { rows8_k_with::<T, false, false>(rows, nb, x) }
+    unsafe { rows8_k_with::<T, false, true>(rows, nb, x) }
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn rows8_k_with<const T: u8, const NEXT: bool, const MADD: bool>(
+unsafe fn rows8_k_with<const T: u8, const NEXT: bool, const PACKED: bool>(
     rows: &[*const u8; 8],
     nb: usize,
     x: ActRow<'_>,
@@ -525,11 +494,7 @@ unsafe fn rows8_k_with<const T: u8, const NEXT: bool, const MADD: bool>(
                 let idx =
                     _mm512_setr_epi32(a, a + 8, a, a + 8, a, a + 8, a, a + 8, b, b + 8, b, b + 8, b, b + 8, b, b + 8);
                 let pair_scales = _mm512_permutexvar_epi32(idx, scales);
-                *p = if MADD {
-                    q4_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, pair_scales)
-                } else {
-                    q4_k_pair_packed(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, pair_scales)
-                };
+                *p = q4_k_pair::<PACKED>(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, pair_scales);
             }
             let s = fold_row_pairs(&p);
             let mins = q4_k_min_sums8(mins_lo, mins_hi, group_sums(&x, ib));
@@ -540,11 +505,7 @@ unsafe fn rows8_k_with<const T: u8, const NEXT: bool, const MADD: bool>(
             let bsums = _mm256_loadu_si256(x.sums.as_ptr().add(16 * ib) as *const __m256i);
             let mut p = [_mm512_setzero_si512(); 4];
             for (k, p) in p.iter_mut().enumerate() {
-                *p = if MADD {
-                    q6_k_pair(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums)
-                } else {
-                    q6_k_pair_packed(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums)
-                };
+                *p = q6_k_pair::<PACKED>(rows[2 * k].add(at), rows[2 * k + 1].add(at), xq, bsums);
             }
             let dw = f16_firsts8(rows, at + 208);
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_pairs(&p)), _mm256_mul_ps(dw, dx), acc);
