@@ -21,7 +21,7 @@ pub enum MatmulFlag {
 pub enum CachePolicyFlag {
     /// Least recently used.
     Lru,
-    /// Least frequently selected, with decay.
+    /// Least frequently selected, with decay (selections count on a miss too).
     Lfu,
 }
 
@@ -129,7 +129,8 @@ pub struct ModelArgs {
     /// many bytes (e.g. 8G) instead of mapping them: for models larger than RAM.
     #[arg(long, value_parser = parse_size)]
     pub ram_budget: Option<u64>,
-    /// Which cached expert a miss evicts (with --ram-budget).
+    /// Which cached expert a miss evicts, in the RAM cache (--ram-budget) and in the GPU's expert
+    /// slots (--gpu-budget).
     #[arg(long, value_enum, default_value_t = CachePolicyFlag::Lfu)]
     pub cache_policy: CachePolicyFlag,
     /// Print per-layer expert-cache statistics (hits, misses, bytes read) to stderr when done.

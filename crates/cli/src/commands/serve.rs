@@ -77,7 +77,8 @@ pub struct Args {
     /// default: the host copy when every expert fits in RAM, else auto).
     #[arg(long, value_enum)]
     pub moe_miss: Option<crate::commands::load::MoeMissFlag>,
-    /// Which cached expert a miss evicts (with --ram-budget).
+    /// Which cached expert a miss evicts, in the RAM cache (--ram-budget) and in the GPU's expert
+    /// slots (--gpu-budget).
     #[arg(long, value_enum, default_value_t = crate::commands::load::CachePolicyFlag::Lfu)]
     pub cache_policy: crate::commands::load::CachePolicyFlag,
     /// With --ram-budget: read the next layer's likely experts in the background.
